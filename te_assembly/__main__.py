@@ -1,0 +1,3 @@
+from te_assembly.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""The op catalog: every op and module a config may name, declared once.
+
+The validator, both engines, ``explain``, ``graph`` and the docs all read these entries.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from te_assembly.catalog.modules import MODULES
+from te_assembly.catalog.moe_ops import MOE_OPS
+from te_assembly.catalog.spec import REQUIRED, ModuleSpec, OpSpec, Param, Slot, Width
+from te_assembly.catalog.te_ops import TE_OPS
+
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in (*TE_OPS, *MOE_OPS)}
+MODULE_ALLOWLIST: dict[str, ModuleSpec] = {spec.name: spec for spec in MODULES}
+
+
+def load_object(path: str) -> Any:
+    """Import ``module:attr``. Only called with paths from this catalog, never from a config."""
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+__all__ = [
+    "MODULE_ALLOWLIST",
+    "OPS",
+    "REQUIRED",
+    "ModuleSpec",
+    "OpSpec",
+    "Param",
+    "Slot",
+    "Width",
+    "load_object",
+]

@@ -1,0 +1,57 @@
+"""Catalog entries for te_assembly's mixture-of-experts ops. TE ships no router, dispatch or combine."""
+
+from __future__ import annotations
+
+from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
+
+_REF = "te_assembly.reference.ops.moe"
+_EXPERTS = ("groups", "num_experts")
+_TOP_K = ("top_k", "top_k")
+
+MOE_OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        name="TopKRouter",
+        doc="Scores tokens against experts (linear, softmax or sigmoid), keeps the top k, "
+        "normalises their probabilities; x passes through unchanged.",
+        params=(
+            Param("in_features", int),
+            Param("num_experts", int),
+            Param("top_k", int),
+            Param("score_function", str, "softmax", choices=("softmax", "sigmoid")),
+            Param("aux_loss_coeff", float, 0.01, doc="Weight of the load-balancing loss."),
+        ),
+        outputs=(
+            Slot("probs", "float", agree=(_EXPERTS, _TOP_K), doc="[tokens, top_k] normalised probabilities."),
+            Slot("routing_map", "int", agree=(_EXPERTS, _TOP_K), doc="[tokens, top_k] expert ids (int64)."),
+            Slot("aux_loss", "float", doc="Scalar load-balancing loss, already weighted."),
+        ),
+        width=Width(in_arg="in_features"),
+        reference=f"{_REF}:TopKRouter",
+        param_shapes=lambda a: {"weight": (a["num_experts"], a["in_features"])},
+        te_runs_on_cpu=True,
+    ),
+    OpSpec(
+        name="Dispatch",
+        doc="Copies each token top_k times and groups the copies by expert.",
+        params=(Param("num_experts", int), Param("top_k", int)),
+        inputs=(
+            Slot("probs", "float", agree=(_EXPERTS, _TOP_K), doc="[tokens, top_k] probabilities."),
+            Slot("routing_map", "int", agree=(_EXPERTS, _TOP_K), doc="[tokens, top_k] expert ids."),
+        ),
+        outputs=(
+            Slot("split_sizes", "int", agree=(_EXPERTS,), doc="[num_experts] rows per expert (int64)."),
+            Slot("row_probs", "float", doc="[tokens * top_k] probability of each dispatched row."),
+            Slot("row_map", "int", agree=(_TOP_K,), doc="[tokens * top_k] source slot of each row."),
+        ),
+        reference=f"{_REF}:Dispatch",
+        te_runs_on_cpu=True,
+    ),
+    OpSpec(
+        name="Combine",
+        doc="Undoes Dispatch's permutation and sums each token's top_k rows.",
+        params=(Param("top_k", int),),
+        inputs=(Slot("row_map", "int", agree=(_TOP_K,), doc="Dispatch's row_map."),),
+        reference=f"{_REF}:Combine",
+        te_runs_on_cpu=True,
+    ),
+)

@@ -1,0 +1,143 @@
+"""The shape of a catalog entry. Pure data: importing this never imports torch or TE."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor argument as the YAML spells it."""
+
+    name: str
+    type: type | tuple[type, ...]
+    default: Any = REQUIRED
+    choices: tuple[Any, ...] | None = None
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    @property
+    def type_name(self) -> str:
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        return " | ".join(t.__name__ for t in types)
+
+    def accepts(self, value: Any) -> bool:
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if isinstance(value, bool) and bool not in types:
+            return False  # YAML ``true`` must not pass as an int or float
+        if float in types and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        return isinstance(value, types) and (self.choices is None or value in self.choices)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """An extra input or output slot, in TE's slot order."""
+
+    name: str
+    dtype: str = "float"
+    """``float`` tensors carry gradients; ``int`` tensors (split sizes, maps) do not."""
+    agree: tuple[tuple[str, str], ...] = ()
+    """(role, argument) pairs that must agree across a channel between producer and consumer,
+    e.g. ``("groups", "num_experts")`` on a producer and ``("groups", "num_groups")`` on a consumer."""
+    enabled_if: tuple[str, ...] = ()
+    """The slot exists only when all these bool arguments are true (TE sizes slots at init)."""
+    doc: str = ""
+
+    def enabled(self, args: Mapping[str, Any]) -> bool:
+        return all(bool(args.get(a)) for a in self.enabled_if)
+
+
+@dataclass(frozen=True)
+class Width:
+    """How an op changes the feature width of the main-path tensor."""
+
+    in_arg: str | None = None
+    """Argument that must equal the width arriving at the op."""
+    out_arg: str | None = None
+    """Argument giving the width leaving the op; otherwise ``in // divisor``."""
+    divisor: int = 1
+    """2 for gated (GLU) activations: the input is split in halves."""
+
+    def out_width(self, in_width: int, args: Mapping[str, Any]) -> int:
+        if self.out_arg is not None:
+            return int(args[self.out_arg])
+        return in_width // self.divisor
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One fusible op: the single description that validator, engines, explain and docs read."""
+
+    name: str
+    doc: str
+    params: tuple[Param, ...] = ()
+    inputs: tuple[Slot, ...] = ()
+    outputs: tuple[Slot, ...] = ()
+    width: Width = field(default_factory=Width)
+    te_class: str | None = None
+    """``module:Class`` of TE's op; None for our own ops (the TE engine adapts the reference)."""
+    reference: str = ""
+    """``module:Class`` of the pure-PyTorch implementation."""
+    expands_to: Callable[[Mapping[str, Any]], tuple[tuple[str, dict[str, Any]], ...]] | None = None
+    """For TE fused ops (``Linear``): the basic ops and their args, as TE builds them."""
+    param_shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] = lambda args: {}
+    """Parameter names and shapes, exactly as TE's module names them."""
+    te_runs_on_cpu: bool = False
+    """TE's own kernel for this op runs without a GPU."""
+    in_place_arg: bool = False
+    """Has an ``in_place`` argument whose aliasing matters at channel endpoints."""
+    validation_only_params: tuple[str, ...] = ()
+    """Params checked by the validator but not passed to the TE constructor."""
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def input_slots(self, args: Mapping[str, Any]) -> tuple[Slot, ...]:
+        return tuple(s for s in self.inputs if s.enabled(args))
+
+    def output_slots(self, args: Mapping[str, Any]) -> tuple[Slot, ...]:
+        return tuple(s for s in self.outputs if s.enabled(args))
+
+    def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        full = {p.name: p.default for p in self.params if not p.required}
+        full.update(args)
+        return full
+
+    def basic_ops(self, args: Mapping[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
+        if self.expands_to is None:
+            return ((self.name, dict(args)),)
+        return self.expands_to(args)
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """A non-fusible torch module from the allowlist. It ends a fuser, as in ``te.ops.Sequential``."""
+
+    name: str
+    doc: str
+    torch_class: str
+    params: tuple[Param, ...] = ()
+    width: Width = field(default_factory=Width)
+    param_shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] = lambda args: {}
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        full = {p.name: p.default for p in self.params if not p.required}
+        full.update(args)
+        return full

@@ -1,0 +1,1 @@
+"""Command line: ``python -m te_assembly [command] [hydra overrides...]``."""

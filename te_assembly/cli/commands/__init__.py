@@ -1,0 +1,1 @@
+"""One module per command; each exposes ``main(overrides, console) -> exit code``."""

@@ -1,0 +1,46 @@
+"""What every command does first: compose, validate, and fail with all diagnostics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from te_assembly.config import LoadedConfig, compose, locate
+from te_assembly.diagnostics import Diagnostic, has_errors, sort_diagnostics
+from te_assembly.errors import ConfigError
+from te_assembly.plan import Plan
+from te_assembly.validate import analyze
+
+
+def load_and_validate(overrides: Sequence[str]) -> tuple[LoadedConfig, list[Diagnostic], Plan | None]:
+    loaded = compose(overrides)
+    diags, plan = analyze(loaded.model)
+    extra = list(loaded.diagnostics)
+    extra.extend(_recipe_diagnostics(loaded))
+    diags = locate(sort_diagnostics([*extra, *diags]), loaded.file, loaded.lines)
+    return loaded, diags, (None if has_errors(diags) else plan)
+
+
+def _recipe_diagnostics(loaded: LoadedConfig) -> list[Diagnostic]:
+    if "recipe" not in loaded.cfg:
+        return []
+    from omegaconf import OmegaConf
+
+    from te_assembly.recipes import validate_recipe
+
+    recipe = OmegaConf.to_container(loaded.cfg.recipe, resolve=True)
+    assert isinstance(recipe, dict)
+    return validate_recipe(recipe, prefix="recipe")
+
+
+def require_plan(overrides: Sequence[str], console: Console) -> tuple[LoadedConfig, Plan]:
+    """Compose and validate; print warnings; raise ConfigError (exit 2) on any error."""
+    loaded, diags, plan = load_and_validate(overrides)
+    if plan is None:
+        raise ConfigError(diags)
+    if diags:
+        from te_assembly.cli.report import print_diagnostics
+
+        print_diagnostics(diags, console)
+    return loaded, plan

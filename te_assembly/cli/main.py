@@ -1,0 +1,78 @@
+"""Entry point: pick the command, compose the config with Hydra, map typed errors to exit codes.
+
+Exit codes: 0 ok, 1 runtime failure (verify mismatch, non-finite loss, engine unavailable),
+2 config or composition error. No Python traceback for any error te_assembly raises on purpose.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from te_assembly.errors import CompositionError, ConfigError, TeAssemblyError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("te_assembly.cli.commands.run", "build the model and run a few forward+backward steps (default)"),
+    "validate": ("te_assembly.cli.commands.validate", "check the config; exit 2 with every error"),
+    "explain": ("te_assembly.cli.commands.explain", "print the resolved plan, channels and call signature"),
+    "graph": ("te_assembly.cli.commands.graph", "draw the channel graph (Mermaid, DOT, SVG/PNG)"),
+    "verify": ("te_assembly.cli.commands.verify", "compare the TE engine against the reference engine"),
+    "train": ("te_assembly.cli.commands.train", "train the block on a synthetic teacher task"),
+    "bench": ("te_assembly.cli.commands.bench", "time forward, backward and step"),
+}
+
+USAGE = """usage: python -m te_assembly [COMMAND] [KEY=VALUE ...]
+
+Hydra overrides select and change the config, e.g. model=residual_mlp recipe=mxfp8 model.dims.hidden=128.
+
+commands:
+{commands}
+"""
+
+
+def usage() -> str:
+    lines = "\n".join(f"  {name:<9} {doc}" for name, (_, doc) in COMMANDS.items())
+    return USAGE.format(commands=lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    if args and args[0] in ("-h", "--help", "help"):
+        console.print(usage(), markup=False)
+        return 0
+    command = "run"
+    if args and "=" not in args[0]:
+        command = args.pop(0)
+        if command not in COMMANDS:
+            from te_assembly.diagnostics import did_you_mean
+
+            hint = did_you_mean(command, COMMANDS)
+            err.print(f"error: unknown command {command!r}" + (f" ({hint})" if hint else ""), markup=False)
+            err.print(usage(), markup=False)
+            return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        return int(module.main(args, console))
+    except ConfigError as exc:
+        from te_assembly.cli.report import print_diagnostics
+
+        print_diagnostics(exc.diagnostics, err)
+        return 2
+    except CompositionError as exc:
+        err.print(f"error: {exc}", markup=False)
+        return 2
+    except TeAssemblyError as exc:
+        err.print(f"error: {exc}", markup=False)
+        return 1
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Printing diagnostics and plans for people. Formatting only: no checks happen here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from te_assembly.diagnostics import Diagnostic
+from te_assembly.plan import Plan
+
+
+def print_diagnostics(diags: Sequence[Diagnostic], console: Console) -> None:
+    errors = [d for d in diags if d.is_error]
+    for d in diags:
+        style = "bold red" if d.is_error else "yellow"
+        console.print(d.format(), style=style, markup=False, soft_wrap=True)
+    warnings = len(diags) - len(errors)
+    if errors:
+        console.print(f"{len(errors)} error(s), {warnings} warning(s)", style="bold red", markup=False)
+
+
+def signature(plan: Plan) -> str:
+    inputs = ", ".join(["x", *(t.name for t in plan.public_inputs)])
+    outputs = ", ".join(["y", *(t.name for t in plan.public_outputs)])
+    return f"model({inputs}) -> ({outputs})"
+
+
+def plan_tables(plan: Plan) -> list[Table]:
+    steps = Table(title=f"{plan.name}: steps", title_justify="left")
+    for col in ("#", "step", "type", "fuser", "TE basic ops", "width", "params"):
+        steps.add_column(col, justify="right" if col in ("#", "params") else "left")
+    for s in plan.steps:
+        if s.kind == "module":
+            basic, fuser = "(module: ends the fuser)", "-"
+        else:
+            n = len(s.basic_ops)
+            idx = f"{s.first_basic_op}" if n == 1 else f"{s.first_basic_op}-{s.first_basic_op + n - 1}"
+            basic, fuser = f"{idx}: {' + '.join(b for b, _ in s.basic_ops)}", str(s.fuser)
+        width = f"{s.in_width} -> {s.out_width}"
+        steps.add_row(str(s.index), s.name, s.type, fuser, basic, width, f"{s.num_params:,}")
+    steps.add_row("", "total", "", "", "", "", f"{plan.num_params:,}")
+
+    channels = Table(title="channels", title_justify="left")
+    for col in ("channel", "dtype", "producer", "consumers", "visibility"):
+        channels.add_column(col)
+    for c in plan.channels.values():
+        prod = plan.steps_by_index[c.producer.step]
+        cons = ", ".join(f"{plan.steps_by_index[r.step].name}.{r.slot_name}" for r in c.consumers) or "(none)"
+        channels.add_row(
+            c.name, c.dtype, f"{prod.name}.{c.producer.slot_name}", cons, "public" if c.public else "internal"
+        )
+
+    fusers = Table(title="fusers", title_justify="left")
+    for col in ("fuser", "steps", "basic ops", "ended by"):
+        fusers.add_column(col)
+    for f in plan.fusers:
+        names = ", ".join(plan.steps_by_index[i].name for i in f.steps)
+        end = plan.steps_by_index[f.ended_by].name if f.ended_by is not None else "-"
+        fusers.add_row(str(f.index), names, str(f.num_basic_ops), end)
+
+    sig = Table(title=f"call signature: {signature(plan)}", title_justify="left")
+    for col in ("direction", "name", "slot", "dtype"):
+        sig.add_column(col)
+    for t in plan.public_inputs:
+        step = plan.steps_by_index[t.ref.step]
+        sig.add_row("input", t.name, f"{step.name}.{t.ref.slot_name} (fuser {t.fuser})", t.dtype)
+    for t in plan.public_outputs:
+        step = plan.steps_by_index[t.ref.step]
+        sig.add_row("output", t.name, f"{step.name}.{t.ref.slot_name} (fuser {t.fuser})", t.dtype)
+    return [steps, fusers, channels, sig]

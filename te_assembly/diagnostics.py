@@ -1,0 +1,83 @@
+"""Diagnostics: the validator's findings as data. The CLI decides how to print them."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from enum import Enum
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    severity: Severity
+    path: str
+    """Config key path, e.g. ``model.ops[4].extra_inputs.split_sizes``."""
+    message: str
+    code: str
+    """Stable rule id (``dangling-input``, ``unknown-op``...), for tests and tooling."""
+    hint: str | None = None
+    file: str | None = None
+    line: int | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+    def located(self, file: str | None, line: int | None) -> Diagnostic:
+        return replace(self, file=file, line=line)
+
+    def format(self) -> str:
+        where = ""
+        if self.file is not None:
+            where = f"{self.file}:{self.line}: " if self.line is not None else f"{self.file}: "
+        text = f"{where}{self.severity.value}: {self.path}: {self.message}"
+        if self.hint:
+            text += f" ({self.hint})"
+        return text
+
+
+def error(path: str, code: str, message: str, hint: str | None = None) -> Diagnostic:
+    return Diagnostic(Severity.ERROR, path, message, code, hint)
+
+
+def warning(path: str, code: str, message: str, hint: str | None = None) -> Diagnostic:
+    return Diagnostic(Severity.WARNING, path, message, code, hint)
+
+
+def did_you_mean(word: object, candidates: Iterable[str]) -> str | None:
+    """A did-you-mean hint for a misspelled name, or None when nothing is close."""
+    if not isinstance(word, str):
+        return None
+    pool = sorted(set(candidates))
+    matches = difflib.get_close_matches(word, pool, n=1, cutoff=0.6)
+    if not matches:
+        lowered = {c.lower(): c for c in pool}
+        if word.lower() in lowered:
+            matches = [lowered[word.lower()]]
+    return f"did you mean {matches[0]!r}?" if matches else None
+
+
+_PATH_TOKEN = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def path_sort_key(path: str) -> tuple[tuple[int, int | str], ...]:
+    """Order paths by position: list indices numerically, keys by name."""
+    key: list[tuple[int, int | str]] = []
+    for index, name in _PATH_TOKEN.findall(path):
+        key.append((0, int(index)) if index else (1, name))
+    return tuple(key)
+
+
+def sort_diagnostics(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    return sorted(diagnostics, key=lambda d: (path_sort_key(d.path), d.severity is Severity.WARNING, d.code))
+
+
+def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
+    return any(d.is_error for d in diagnostics)

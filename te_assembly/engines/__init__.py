@@ -1,0 +1,102 @@
+"""Engines: ``build(config, engine=...)`` turns a validated plan into an ``nn.Module``."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from te_assembly.engines.base import AssembledModel, ModelOutput
+from te_assembly.errors import EngineUnavailableError
+from te_assembly.plan import Plan
+
+ENGINES = ("auto", "reference", "te")
+KERNELS = ("te", "reference")
+
+
+def te_available() -> bool:
+    """TE's PyTorch extension imports (it needs ``import torch`` first for libnccl)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken TE install is "unavailable", whatever it raises
+        return False
+    return True
+
+
+def resolve_engine(engine: str, kernels: str = "te") -> tuple[str, str]:
+    """The engine to use and a one-line reason, for ``engine=auto``."""
+    if engine not in ENGINES:
+        raise EngineUnavailableError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if kernels not in KERNELS:
+        raise EngineUnavailableError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
+    if engine != "auto":
+        return engine, f"engine={engine} (asked for)"
+    has_te, has_gpu = te_available(), torch.cuda.is_available()
+    if has_te and has_gpu:
+        return "te", "engine=te: Transformer Engine and a CUDA GPU are present"
+    missing = " and ".join(m for m, ok in (("Transformer Engine", has_te), ("a CUDA GPU", has_gpu)) if not ok)
+    return "reference", f"engine=reference: no {missing} here, using the pure-PyTorch reference engine"
+
+
+def to_plan(config: Plan | Mapping[str, Any] | str | Path) -> Plan:
+    """Accept a plan, a model mapping, a shipped model name, or a YAML file path."""
+    from te_assembly.config import compose, load_model_file
+    from te_assembly.errors import ConfigError
+    from te_assembly.validate import analyze
+
+    if isinstance(config, Plan):
+        return config
+    if isinstance(config, Path) or (isinstance(config, str) and config.endswith((".yaml", ".yml"))):
+        loaded = load_model_file(config)
+    elif isinstance(config, str):
+        loaded = compose([f"model={config}"])
+    else:
+        model = config.get("model", config) if isinstance(config, Mapping) else config
+        diags, plan = analyze(model)
+        if plan is None:
+            raise ConfigError(diags)
+        return plan
+    if loaded.diagnostics:
+        raise ConfigError(loaded.diagnostics)
+    diags, plan = analyze(loaded.model)
+    if plan is None:
+        from te_assembly.config import locate
+
+        raise ConfigError(locate(diags, loaded.file, loaded.lines))
+    return plan
+
+
+def build(
+    config: Plan | Mapping[str, Any] | str | Path,
+    engine: str = "auto",
+    *,
+    kernels: str = "te",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> AssembledModel:
+    """Build a model. ``engine``: ``reference`` (pure PyTorch, any machine), ``te`` (Transformer
+    Engine fusers, locked at build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our
+    reference math inside TE's real ``OperationFuser``."""
+    plan = to_plan(config)
+    chosen, _ = resolve_engine(engine, kernels)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if chosen == "reference":
+        from te_assembly.engines.reference import build_reference
+
+        return build_reference(plan, device=dev, dtype=dtype)
+    if not te_available():
+        raise EngineUnavailableError(
+            "engine=te needs Transformer Engine: pip install 'te_assembly[te]' "
+            "(on a machine without a GPU: scripts/install_te_cpu.sh)"
+        )
+    from te_assembly.engines.te import build_te
+
+    return build_te(plan, kernels=kernels, device=dev, dtype=dtype)
+
+
+__all__ = ["AssembledModel", "ModelOutput", "build", "resolve_engine", "te_available", "to_plan"]

@@ -1,0 +1,80 @@
+"""What every engine's model looks like to its caller: one call API, one parameter naming."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+
+from te_assembly.diagnostics import did_you_mean
+from te_assembly.errors import TeAssemblyError
+from te_assembly.plan import Plan
+
+
+class CallError(TeAssemblyError, TypeError):
+    """A model was called with missing, unknown or surplus public inputs."""
+
+
+class ModelOutput(NamedTuple):
+    """``y, extras = model(x, ...)``: the main output and the public extra outputs by name."""
+
+    y: torch.Tensor
+    extras: dict[str, torch.Tensor]
+
+
+class AssembledModel(torch.nn.Module):
+    """A built model. Parameters are named ``steps.<step name>.<TE parameter name>`` in every engine,
+    so a state dict from one engine loads into another."""
+
+    engine: str = "?"
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__()
+        self.plan = plan
+        self.steps = torch.nn.ModuleDict()
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.plan.public_inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.plan.public_outputs]
+
+    def forward(self, x: torch.Tensor, *extra_inputs: torch.Tensor, **named: torch.Tensor) -> ModelOutput:
+        ordered = self.order_inputs(extra_inputs, named)
+        return self.name_outputs(self.forward_positional(x, *ordered))
+
+    def forward_positional(
+        self, x: torch.Tensor, *extra_inputs: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """TE's calling convention: public extra inputs in (basic-op, slot) order, fuser after fuser;
+        returns ``x`` alone or ``(x, *public extra outputs)``."""
+        raise NotImplementedError
+
+    def order_inputs(self, positional: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        names = self.input_names
+        if len(positional) > len(names):
+            raise CallError(f"{self.plan.name} takes {len(names)} public extra input(s), got {len(positional)}")
+        values: dict[str, torch.Tensor] = dict(zip(names, positional))
+        for key, value in named.items():
+            if key not in names:
+                hint = did_you_mean(key, names)
+                expected = ", ".join(names) or "none"
+                raise CallError(
+                    f"{self.plan.name} has no public input {key!r} (public inputs: {expected})"
+                    + (f"; {hint}" if hint else "")
+                )
+            if key in values:
+                raise CallError(f"public input {key!r} given twice")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise CallError(f"{self.plan.name} is missing public input(s): {', '.join(missing)}")
+        return [values[n] for n in names]
+
+    def name_outputs(self, outputs: torch.Tensor | tuple[torch.Tensor, ...]) -> ModelOutput:
+        if isinstance(outputs, torch.Tensor):
+            return ModelOutput(outputs, {})
+        return ModelOutput(outputs[0], dict(zip(self.output_names, outputs[1:], strict=True)))

@@ -1,0 +1,48 @@
+"""Typed exceptions. Library code raises these; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from te_assembly.diagnostics import Diagnostic
+
+
+class TeAssemblyError(Exception):
+    """Base class of every error te_assembly raises on purpose."""
+
+
+class ConfigError(TeAssemblyError):
+    """A config failed validation; ``diagnostics`` holds every finding, errors and warnings."""
+
+    def __init__(self, diagnostics: Sequence[Diagnostic], summary: str | None = None) -> None:
+        self.diagnostics = list(diagnostics)
+        errors = [d for d in self.diagnostics if d.is_error]
+        text = summary or f"{len(errors)} config error(s)"
+        if errors:
+            text += ":\n" + "\n".join("  " + d.format() for d in errors)
+        super().__init__(text)
+
+
+class CompositionError(TeAssemblyError):
+    """Hydra could not compose the config (unknown model name, bad override...)."""
+
+
+class EngineUnavailableError(TeAssemblyError):
+    """The requested engine cannot run here (TE not installed, no GPU for TE kernels...)."""
+
+
+class UnsupportedRecipeError(TeAssemblyError):
+    """The quantization recipe needs hardware this machine does not have."""
+
+
+class NonFiniteError(TeAssemblyError):
+    """A loss or gradient became NaN/Inf during training."""
+
+    def __init__(self, step: int, tensor: str, message: str | None = None) -> None:
+        self.step = step
+        self.tensor = tensor
+        super().__init__(message or f"non-finite value in {tensor} at step {step}")
+
+
+class VerificationError(TeAssemblyError):
+    """Two engines disagreed beyond tolerance."""

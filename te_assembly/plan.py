@@ -1,0 +1,121 @@
+"""The validated plan: what every engine, ``explain`` and ``graph`` build from.
+
+A plan is only made from a config with no errors, so engines never re-check the graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec, Slot
+from te_assembly.diagnostics import Diagnostic
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    step: int
+    slot: int
+    """TE slot index (enabled slots only, in catalog order)."""
+    slot_name: str
+
+
+@dataclass
+class PlannedStep:
+    index: int
+    name: str
+    kind: str
+    """``op`` (fusible, from the catalog) or ``module`` (allowlisted torch module)."""
+    type: str
+    args: dict[str, Any]
+    """Constructor arguments with catalog defaults filled in."""
+    fuser: int | None = None
+    first_basic_op: int = 0
+    """Fuser-local index of this step's first TE basic op (what TE's messages count)."""
+    input_slots: tuple[Slot, ...] = ()
+    output_slots: tuple[Slot, ...] = ()
+    input_channels: tuple[str | None, ...] = ()
+    output_channels: tuple[str | None, ...] = ()
+    output_public: tuple[bool, ...] = ()
+    in_width: int | None = None
+    out_width: int | None = None
+    args_valid: bool = True
+    """False while the step has argument errors (validation only; never in a finished plan)."""
+
+    @property
+    def spec(self) -> OpSpec | ModuleSpec:
+        return OPS[self.type] if self.kind == "op" else MODULE_ALLOWLIST[self.type]
+
+    @property
+    def basic_ops(self) -> tuple[tuple[str, dict[str, Any]], ...]:
+        spec = self.spec
+        return spec.basic_ops(self.args) if isinstance(spec, OpSpec) else ()
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.spec.param_shapes(self.args)
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(s) for s in self.param_shapes.values())
+
+    def public_input_name(self, slot: int) -> str:
+        return f"{self.name}_{self.input_slots[slot].name}"
+
+    def public_output_name(self, slot: int) -> str:
+        return self.output_channels[slot] or f"{self.name}_{self.output_slots[slot].name}"
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    dtype: str
+    fuser: int
+    producer: SlotRef
+    consumers: tuple[SlotRef, ...]
+    public: bool
+
+
+@dataclass(frozen=True)
+class PublicTensor:
+    name: str
+    ref: SlotRef
+    dtype: str
+    fuser: int
+
+
+@dataclass(frozen=True)
+class FuserGroup:
+    index: int
+    steps: tuple[int, ...]
+    num_basic_ops: int
+    ended_by: int | None
+    """Index of the module step that ends this fuser, if any."""
+
+
+@dataclass
+class Plan:
+    name: str
+    in_features: int
+    out_features: int
+    steps: list[PlannedStep]
+    fusers: list[FuserGroup]
+    channels: dict[str, Channel]
+    public_inputs: list[PublicTensor]
+    """In TE's calling order: (basic-op index, slot), fuser after fuser."""
+    public_outputs: list[PublicTensor]
+    """In TE's return order."""
+    dims: dict[str, Any] = field(default_factory=dict)
+    warnings: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def num_params(self) -> int:
+        return sum(s.num_params for s in self.steps)
+
+    @property
+    def steps_by_index(self) -> dict[int, PlannedStep]:
+        return {s.index: s for s in self.steps}
+
+    def step(self, name: str) -> PlannedStep:
+        return next(s for s in self.steps if s.name == name)

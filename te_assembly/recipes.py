@@ -1,0 +1,464 @@
+"""Quantization recipes: YAML files that map field-for-field onto TE's recipe dataclasses.
+
+A recipe file is a flat mapping: ``kind`` (the TE dataclass name, or ``none`` for plain BF16), ``name``,
+``description`` and the dataclass fields by their TE names. Everything up to ``to_te_recipe`` is pure
+Python, so a bad recipe is reported without torch or Transformer Engine; only ``to_te_recipe`` and
+``check_recipe_on_current_device`` import them, lazily.
+
+The schema below is written from ``transformer_engine/common/recipe/__init__.py`` (TE 2.20): field
+names, types and defaults as TE declares them, and value choices from the docstrings and the
+``__post_init__`` assertions, so that a value TE would reject is caught here with a key path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error, has_errors, warning
+from te_assembly.errors import ConfigError, EngineUnavailableError, UnsupportedRecipeError
+
+NO_QUANTIZATION = "none"
+"""``kind`` of a recipe that runs in BF16 with no TE autocast recipe."""
+
+META_KEYS = ("kind", "name", "description")
+
+FORMAT_NAMES = ("E2M1", "E4M3", "E5M2", "HYBRID")
+"""Members of TE's ``transformer_engine.common.recipe.Format`` enum, the only enum these dataclasses use."""
+
+# TE asserts ``fp8_format != E5M2`` ("pure E5M2 training is not supported"), and E2M1 is an FP4 format.
+_FP8_TRAINING_FORMATS = ("E4M3", "HYBRID")
+# TE's _BACKWARD_OVERRIDES, minus None (null is allowed through ``nullable``).
+_BACKWARD_OVERRIDES = ("high_precision", "dequantized")
+# TE's _NVFP4_4OVER6_SCOPES and _NVFP4_4OVER6_ERR_MODES.
+_NVFP4_4OVER6_SCOPES = ("none", "weights", "activations", "all")
+_NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
+
+
+class FieldSpec(NamedTuple):
+    """One YAML-settable field of a TE recipe dataclass."""
+
+    type: type
+    choices: tuple[Any, ...] | None
+    """Allowed values, or None for any value of ``type``."""
+    default: Any
+    """TE's default; enum fields hold the member name (``"HYBRID"``)."""
+    nullable: bool = False
+    enum: str | None = None
+    """Name of the TE enum in ``transformer_engine.common.recipe`` the value converts to."""
+
+
+def _format(default: str, choices: tuple[str, ...] = _FP8_TRAINING_FORMATS) -> FieldSpec:
+    return FieldSpec(str, choices, default, enum="Format")
+
+
+def _flag(default: bool = False) -> FieldSpec:
+    return FieldSpec(bool, None, default)
+
+
+def _backward_override(choices: tuple[str, ...] = _BACKWARD_OVERRIDES) -> FieldSpec:
+    # TE's default reads NVTE_BACKWARD_OVERRIDE at import; a shipped recipe writes null to pin it.
+    return FieldSpec(str, choices, None, nullable=True)
+
+
+RECIPE_SCHEMA: dict[str, dict[str, FieldSpec]] = {
+    "DelayedScaling": {
+        "margin": FieldSpec(int, None, 0),
+        "fp8_format": _format("HYBRID"),
+        "amax_history_len": FieldSpec(int, None, 1024),
+        "amax_compute_algo": FieldSpec(str, ("max", "most_recent"), "max"),
+        "reduce_amax": _flag(True),
+        "fp8_dpa": _flag(),
+        "fp8_mha": _flag(),
+        # TE asserts "Delayed scaling only supports backward_override=None".
+        "backward_override": _backward_override(choices=()),
+    },
+    "Float8CurrentScaling": {
+        "use_power_2_scales": _flag(),
+        "fp8_format": _format("HYBRID"),
+        "fp8_dpa": _flag(),
+        "fp8_mha": _flag(),
+        "backward_override": _backward_override(),
+    },
+    "MXFP8BlockScaling": {
+        "margin": FieldSpec(int, None, 0),
+        "fp8_format": _format("E4M3"),
+        "fp8_dpa": _flag(),
+        "fp8_mha": _flag(),
+        "backward_override": _backward_override(),
+        "enable_2d_quantization": _flag(),
+    },
+    "Float8BlockScaling": {
+        "use_f32_scales": _flag(),
+        "fp8_format": _format("E4M3"),
+        # TE asserts each block dimension is 1 or 2 (and no 2D-by-2D GEMM, see _block_dims_rule).
+        "x_block_scaling_dim": FieldSpec(int, (1, 2), 1),
+        "w_block_scaling_dim": FieldSpec(int, (1, 2), 2),
+        "grad_block_scaling_dim": FieldSpec(int, (1, 2), 1),
+        # TE asserts "FP8 attention is not supported for Float8BlockScaling".
+        "fp8_dpa": FieldSpec(bool, (False,), False),
+        "fp8_mha": FieldSpec(bool, (False,), False),
+        "backward_override": _backward_override(),
+    },
+    "NVFP4BlockScaling": {
+        "disable_rht": _flag(),
+        "disable_stochastic_rounding": _flag(),
+        "disable_2d_quantization": _flag(),
+        "row_scaled_activation": _flag(),
+        "nvfp4_4over6": FieldSpec(str, _NVFP4_4OVER6_SCOPES, "none"),
+        "nvfp4_4over6_e4m3_use_256": FieldSpec(str, _NVFP4_4OVER6_SCOPES, "all"),
+        "nvfp4_4over6_err_mode": FieldSpec(str, _NVFP4_4OVER6_ERR_MODES, "MAE"),
+        # TE asserts "Only E2M1 is supported" / "Only E4M3 is supported" for NVFP4 scaling.
+        "fp4_format": _format("E2M1", choices=("E2M1",)),
+        "fp8_format": _format("E4M3", choices=("E4M3",)),
+        "fp8_dpa": _flag(),
+        "fp8_mha": _flag(),
+        "backward_override": _backward_override(),
+    },
+}
+"""kind -> field name -> spec, for every dataclass field a YAML file can express."""
+
+_MMPARAMS_REASON = "takes a TE MMParams object (GEMM split-accumulator setting)"
+SKIPPED_FIELDS: dict[str, dict[str, str]] = {
+    "DelayedScaling": {"scaling_factor_compute_algo": "takes a Python callable"},
+    "Float8CurrentScaling": {
+        "fp8_gemm_fprop": _MMPARAMS_REASON,
+        "fp8_gemm_dgrad": _MMPARAMS_REASON,
+        "fp8_gemm_wgrad": _MMPARAMS_REASON,
+    },
+    "MXFP8BlockScaling": {},
+    "Float8BlockScaling": {
+        # TE asserts all three are True for block scaling, so there is nothing to choose anyway.
+        "fp8_gemm_fprop": _MMPARAMS_REASON,
+        "fp8_gemm_dgrad": _MMPARAMS_REASON,
+        "fp8_gemm_wgrad": _MMPARAMS_REASON,
+    },
+    "NVFP4BlockScaling": {},
+}
+"""kind -> dataclass fields left out of the schema, with the reason (they are not plain YAML values)."""
+
+RECIPE_KINDS: tuple[str, ...] = (NO_QUANTIZATION, *RECIPE_SCHEMA)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shipped files
+
+
+def recipe_dir() -> Path:
+    """The shipped recipes: ``_recipes`` inside an installed wheel, else the repo's ``recipes/``."""
+    package_dir = Path(__file__).resolve().parent
+    bundled = package_dir / "_recipes"
+    if bundled.is_dir():
+        return bundled
+    return package_dir.parent / "recipes"
+
+
+def available_recipes() -> list[str]:
+    return sorted(path.stem for path in recipe_dir().glob("*.yaml"))
+
+
+def load_recipe(name: str) -> dict[str, Any]:
+    """The shipped recipe ``name`` as plain data (not validated; see ``validate_recipe``)."""
+    known = available_recipes()
+    if name not in known:
+        hint = did_you_mean(name, known) or f"available: {', '.join(known)}"
+        raise ConfigError([error("recipe", "unknown-recipe", f"no shipped recipe named {name!r}", hint)])
+    path = recipe_dir() / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        diag = error("recipe", "wrong-type", f"expected a mapping, got {type(data).__name__}")
+        raise ConfigError([diag.located(str(path), None)])
+    return data
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _show(value: Any) -> str:
+    """A value as it would be written in YAML, so messages match what the user typed."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _type_name(spec: FieldSpec) -> str:
+    name = {bool: "bool", int: "int", float: "float", str: "string"}[spec.type]
+    return f"{name} or null" if spec.nullable else name
+
+
+def _has_type(value: Any, expected: type) -> bool:
+    # bool is an int subclass in Python, but ``margin: true`` is a mistake, not a 1.
+    if isinstance(value, bool):
+        return expected is bool
+    if expected is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, expected)
+
+
+def _check_field(spec: FieldSpec, value: Any, path: str) -> list[Diagnostic]:
+    if value is None:
+        if spec.nullable:
+            return []
+        return [error(path, "wrong-type", f"expected {_type_name(spec)}, got null")]
+    if not _has_type(value, spec.type):
+        got = type(value).__name__
+        return [error(path, "wrong-type", f"expected {_type_name(spec)}, got {got} ({value!r})")]
+    if spec.choices is not None and value not in spec.choices:
+        allowed = [_show(c) for c in spec.choices] + (["null"] if spec.nullable else [])
+        message = f"{_show(value)!r} is not allowed; allowed values: {', '.join(allowed)}"
+        return [error(path, "bad-choice", message, did_you_mean(value, [str(c) for c in spec.choices]))]
+    return []
+
+
+def _check_key(kind: str, key: str, value: Any, prefix: str) -> list[Diagnostic]:
+    path = f"{prefix}.{key}"
+    spec = RECIPE_SCHEMA[kind].get(key)
+    if spec is not None:
+        return _check_field(spec, value, path)
+    skipped = SKIPPED_FIELDS[kind].get(key)
+    if skipped is not None:
+        return [error(path, "unsupported-key", f"{kind}.{key} cannot be set from YAML: it {skipped}")]
+    hint = did_you_mean(key, [*RECIPE_SCHEMA[kind], *META_KEYS])
+    return [error(path, "unknown-key", f"{kind} has no field {key!r}", hint)]
+
+
+def _check_kind(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
+    path = f"{prefix}.kind"
+    if "kind" not in cfg:
+        hint = f"one of: {', '.join(RECIPE_KINDS)}"
+        return [error(path, "missing-key", "missing required key 'kind'", hint)]
+    kind = cfg["kind"]
+    if kind in RECIPE_KINDS:
+        return []
+    hint = did_you_mean(kind, RECIPE_KINDS) or f"one of: {', '.join(RECIPE_KINDS)}"
+    return [error(path, "unknown-recipe-kind", f"unknown recipe kind {_show(kind)!r}", hint)]
+
+
+def _check_meta(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
+    out = []
+    for key in ("name", "description"):
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, str):
+            out.append(error(f"{prefix}.{key}", "wrong-type", f"expected string, got {type(value).__name__}"))
+    return out
+
+
+def _block_dims_rule(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
+    """TE asserts no GEMM pairs two 2D-blocked operands (x*w in fprop, x*grad and w*grad in backward)."""
+    schema = RECIPE_SCHEMA["Float8BlockScaling"]
+    dims = {key: cfg.get(key, schema[key].default) for key in schema if key.endswith("_block_scaling_dim")}
+    two_d = [key for key, value in dims.items() if value == 2]
+    if len(two_d) < 2:
+        return []
+    message = f"{' and '.join(two_d)} are both 2; TE does not support a 2D-by-2D block GEMM"
+    return [error(f"{prefix}.{two_d[-1]}", "recipe-constraint", message)]
+
+
+def _f32_scales_rule(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
+    # TE derives the block quantizers' power-of-2 setting (fp8_quant_* class attributes) from
+    # NVTE_FP8_BLOCK_SCALING_FP32_SCALES when the class is defined, not from this field.
+    if cfg.get("use_f32_scales") is not True:
+        return []
+    message = "TE 2.20 ignores this field for quantization; power-of-2 scales stay on"
+    hint = "set NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 before importing transformer_engine"
+    return [warning(f"{prefix}.use_f32_scales", "ineffective-field", message, hint)]
+
+
+_CROSS_FIELD_RULES: dict[str, list[Callable[[Mapping[str, Any], str], list[Diagnostic]]]] = {
+    "Float8BlockScaling": [_block_dims_rule, _f32_scales_rule],
+}
+
+
+def validate_recipe(cfg: Mapping[str, Any], prefix: str = "recipe") -> list[Diagnostic]:
+    """Every problem in a recipe config at once, with key paths such as ``recipe.fp8_format``."""
+    if not isinstance(cfg, Mapping):
+        return [error(prefix, "wrong-type", f"expected a mapping, got {type(cfg).__name__}")]
+    out = _check_kind(cfg, prefix) + _check_meta(cfg, prefix)
+    kind = cfg.get("kind")
+    if kind == NO_QUANTIZATION:
+        out.extend(_no_fields_allowed(cfg, prefix))
+    elif isinstance(kind, str) and kind in RECIPE_SCHEMA:
+        out.extend(_check_fields(kind, cfg, prefix))
+    # An unknown kind has no field list to check the other keys against; its error says so.
+    return out
+
+
+def _no_fields_allowed(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
+    message = f"kind {NO_QUANTIZATION!r} (no quantization) takes no fields"
+    return [error(f"{prefix}.{key}", "unknown-key", message) for key in cfg if key not in META_KEYS]
+
+
+def _check_fields(kind: str, cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
+    out = []
+    for key, value in cfg.items():
+        if key not in META_KEYS:
+            out.extend(_check_key(kind, str(key), value, prefix))
+    if not has_errors(out):
+        for rule in _CROSS_FIELD_RULES.get(kind, []):
+            out.extend(rule(cfg, prefix))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building the TE object
+
+
+def _te_recipe_module() -> Any:
+    try:
+        # TE's core library loads its CUDA dependencies through torch, so torch goes first.
+        import torch  # noqa: F401
+        import transformer_engine.common.recipe as te_recipe
+    except (ImportError, OSError) as exc:
+        raise EngineUnavailableError(f"cannot import transformer_engine: {exc}") from exc
+    return te_recipe
+
+
+def _kind_of(cfg: Mapping[str, Any]) -> str:
+    """The recipe's kind, after full validation (raises ``ConfigError`` listing every error)."""
+    diagnostics = validate_recipe(cfg)
+    if has_errors(diagnostics):
+        raise ConfigError(diagnostics, summary="invalid quantization recipe")
+    return str(cfg["kind"])
+
+
+def to_te_recipe(cfg: Mapping[str, Any]) -> object | None:
+    """The TE recipe dataclass for ``cfg``, or None for ``kind: none`` (plain BF16)."""
+    kind = _kind_of(cfg)
+    if kind == NO_QUANTIZATION:
+        return None
+    te_recipe = _te_recipe_module()
+    schema = RECIPE_SCHEMA[kind]
+    kwargs = {}
+    for key, value in cfg.items():
+        if key in META_KEYS:
+            continue
+        enum_name = schema[key].enum
+        kwargs[key] = getattr(getattr(te_recipe, enum_name), value) if enum_name else value
+    try:
+        return getattr(te_recipe, kind)(**kwargs)
+    except (AssertionError, ValueError, TypeError) as exc:
+        # Our schema should catch these first; if TE still refuses, report it as a config error.
+        diag = error("recipe", "te-rejected", f"TE rejected the {kind} recipe: {exc}")
+        raise ConfigError([diag], summary="invalid quantization recipe") from exc
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hardware
+
+
+class _HardwareRule(NamedTuple):
+    min_capability: tuple[int, int]
+    below_capability: tuple[int, int] | None
+    """Exclusive upper bound on the compute capability, or None."""
+    needs: str
+    min_cuda: tuple[int, int] | None = None
+    cuda_applies_below: tuple[int, int] | None = None
+    """The CUDA floor only applies to GPUs under this capability (None: to all)."""
+
+
+# _compute_fp8_support: >= 9.0 always; 8.9 (Ada) also needs CUDA >= 12.1 (and cuBLASLt >= 12.1.3,
+# which only TE's extension can query, so TE itself still reports that one).
+_FP8_RULE = _HardwareRule((8, 9), None, "compute capability 8.9 or newer (Ada/Hopper)", (12, 1), (9, 0))
+
+_HARDWARE_RULES: dict[str, _HardwareRule] = {
+    "DelayedScaling": _FP8_RULE,
+    "Float8CurrentScaling": _FP8_RULE,
+    # _compute_mxfp8_support: >= 10.0, and refused on >= 12.0 ("not supported on 12.0+ yet").
+    "MXFP8BlockScaling": _HardwareRule((10, 0), (12, 0), "compute capability 10.x or 11.x (Blackwell)"),
+    # _compute_nvfp4_support: >= 10.0.
+    "NVFP4BlockScaling": _HardwareRule((10, 0), None, "compute capability 10.0 or newer (Blackwell)"),
+    # _compute_fp8_block_scaling_support: >= 9.0 and float(torch.version.cuda) >= 12.9.
+    "Float8BlockScaling": _HardwareRule((9, 0), None, "compute capability 9.0 or newer (Hopper)", (12, 9)),
+}
+"""Hardware each kind needs, from ``transformer_engine/pytorch/quantization.py`` (TE 2.20, the
+``_compute_*_support`` helpers behind ``check_fp8_support``, ``check_mxfp8_support``,
+``check_nvfp4_support`` and ``check_fp8_block_scaling_support``). Checking it ourselves lets a run fail
+before the forward with a clear message; TE's own ``check_recipe_support`` does not cover NVFP4."""
+
+_SHORT_NAMES = {
+    "DelayedScaling": "FP8 delayed scaling",
+    "Float8CurrentScaling": "FP8 current scaling",
+    "MXFP8BlockScaling": "MXFP8",
+    "NVFP4BlockScaling": "NVFP4",
+    "Float8BlockScaling": "FP8 block scaling",
+}
+
+
+def required_capability(cfg: Mapping[str, Any]) -> tuple[tuple[int, int], str] | None:
+    """Minimum compute capability (major, minor) and a description, or None when anything will do."""
+    kind = _kind_of(cfg)
+    rule = _HARDWARE_RULES.get(kind)
+    if rule is None:
+        return None
+    needs = rule.needs
+    if rule.min_cuda is not None:
+        cuda = f"CUDA >= {rule.min_cuda[0]}.{rule.min_cuda[1]}"
+        below = rule.cuda_applies_below
+        needs += f" ({cuda} below {below[0]}.{below[1]})" if below else f" with {cuda}"
+    return rule.min_capability, f"{_SHORT_NAMES[kind]} needs {needs}"
+
+
+def _parse_cuda_version(text: str) -> tuple[int, int] | None:
+    # Compare as integers: TE's float("12.10") would read as 12.1.
+    match = re.match(r"\s*(\d+)(?:\.(\d+))?", text)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2) or 0)
+
+
+def _label(cfg: Mapping[str, Any], kind: str) -> str:
+    return f"recipe {str(cfg.get('name') or kind)!r} ({kind})"
+
+
+def _cuda_problem(rule: _HardwareRule, capability: tuple[int, int], cuda_version: str | None) -> str | None:
+    if rule.min_cuda is None:
+        return None
+    if rule.cuda_applies_below is not None and capability >= rule.cuda_applies_below:
+        return None
+    floor = f"{rule.min_cuda[0]}.{rule.min_cuda[1]}"
+    if cuda_version is None:
+        return f"CUDA >= {floor}; the CUDA version is unknown (torch.version.cuda is None)"
+    parsed = _parse_cuda_version(cuda_version)
+    if parsed is None or parsed < rule.min_cuda:
+        present = f"{capability[0]}.{capability[1]}"
+        return f"CUDA >= {floor} on compute capability {present}; torch has CUDA {cuda_version}"
+    return None
+
+
+def check_recipe_supported(
+    cfg: Mapping[str, Any], capability: tuple[int, int], cuda_version: str | None
+) -> None:
+    """Raise ``UnsupportedRecipeError`` if a GPU of ``capability`` with ``cuda_version`` cannot run it."""
+    kind = _kind_of(cfg)
+    rule = _HARDWARE_RULES.get(kind)
+    if rule is None:
+        return
+    capability = (int(capability[0]), int(capability[1]))
+    present = f"{capability[0]}.{capability[1]}"
+    too_old = capability < rule.min_capability
+    too_new = rule.below_capability is not None and capability >= rule.below_capability
+    if too_old or too_new:
+        raise UnsupportedRecipeError(f"{_label(cfg, kind)} needs {rule.needs}; this GPU is {present}")
+    cuda_problem = _cuda_problem(rule, capability, cuda_version)
+    if cuda_problem is not None:
+        raise UnsupportedRecipeError(f"{_label(cfg, kind)} needs {cuda_problem}")
+
+
+def check_recipe_on_current_device(cfg: Mapping[str, Any]) -> None:
+    """``check_recipe_supported`` against the current CUDA device; call it before the first forward."""
+    kind = _kind_of(cfg)
+    if kind not in _HARDWARE_RULES:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineUnavailableError(f"{_label(cfg, kind)} needs a CUDA GPU; none is visible")
+    capability = torch.cuda.get_device_capability(torch.cuda.current_device())
+    check_recipe_supported(cfg, capability, torch.version.cuda)

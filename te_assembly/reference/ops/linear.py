@@ -1,0 +1,148 @@
+"""Linear-family reference ops: BasicLinear, Bias, Linear (fused pair) and GroupedLinear."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from te_assembly.reference.ops.base import ReferenceOp
+
+
+def init_weight(
+    out_features: int, in_features: int, device: torch.device | str | None, dtype: torch.dtype | None
+) -> torch.nn.Parameter:
+    weight = torch.empty(out_features, in_features, device=device, dtype=dtype)
+    # Same init as TE's BasicLinear/GroupedLinear reset_parameters (and torch.nn.Linear's weight).
+    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    return torch.nn.Parameter(weight)
+
+
+def _new_bias(size: int, device: torch.device | str | None, dtype: torch.dtype | None) -> torch.nn.Parameter:
+    # TE zero-initialises biases (unlike torch.nn.Linear), so both engines start identical.
+    return torch.nn.Parameter(torch.zeros(size, device=device, dtype=dtype))
+
+
+class BasicLinear(ReferenceOp):
+    """y = x W^T."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = init_weight(out_features, in_features, device, dtype)
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        return torch.nn.functional.linear(x, self.weight), ()
+
+
+class Bias(ReferenceOp):
+    """y = x + b."""
+
+    def __init__(
+        self, size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__()
+        self.size = size
+        self.bias = _new_bias(size, device, dtype)
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        return x + self.bias, ()
+
+
+class Linear(ReferenceOp):
+    """BasicLinear then Bias, held in ``basic_ops`` so parameter names match TE's te.ops.Linear."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        ops: list[ReferenceOp] = [BasicLinear(in_features, out_features, device=device, dtype=dtype)]
+        if bias:
+            ops.append(Bias(out_features, device=device, dtype=dtype))
+        self.basic_ops = torch.nn.ModuleList(ops)
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        for op in self.basic_ops:
+            x, _ = op(x)
+        return x, ()
+
+
+class GroupedLinear(ReferenceOp):
+    """Rows of x are split by ``split_sizes``; group g goes through weight{g} (+ bias{g})."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        scale_bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_groups = num_groups
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = bias
+        # As in TE, scale_bias is meaningless without a bias and then adds no input slot.
+        self.scale_bias = scale_bias and bias
+        for g in range(num_groups):
+            self.register_parameter(f"weight{g}", init_weight(out_features, in_features, device, dtype))
+        if bias:
+            for g in range(num_groups):
+                self.register_parameter(f"bias{g}", _new_bias(out_features, device, dtype))
+
+    def _split_sizes(self, split_sizes: torch.Tensor, rows: int) -> list[int]:
+        sizes = [int(s) for s in split_sizes.reshape(-1).tolist()]
+        if len(sizes) != self.num_groups:
+            raise ValueError(f"GroupedLinear expects {self.num_groups} split sizes, got {len(sizes)}")
+        if any(s < 0 for s in sizes) or sum(sizes) != rows:
+            raise ValueError(f"GroupedLinear split sizes {sizes} do not sum to the {rows} input rows")
+        return sizes
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features)
+        sizes = self._split_sizes(extra_inputs[0], rows.shape[0])
+        scales = extra_inputs[1].reshape(-1) if self.scale_bias else None
+        outs = []
+        for g, (x_g, start) in enumerate(zip(rows.split(sizes), _offsets(sizes), strict=True)):
+            y_g = torch.nn.functional.linear(x_g, getattr(self, f"weight{g}"))
+            if self.use_bias:
+                bias = getattr(self, f"bias{g}")
+                if scales is None:
+                    y_g = y_g + bias
+                else:
+                    y_g = y_g + scales[start : start + sizes[g], None].to(y_g.dtype) * bias
+            outs.append(y_g)
+        return torch.cat(outs).reshape(*lead, self.out_features), ()
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    starts, total = [], 0
+    for size in sizes:
+        starts.append(total)
+        total += size
+    return starts

@@ -1,0 +1,78 @@
+"""Config-level validation: every finding at once, before any tensor or TE import.
+
+Pure Python: this package imports neither torch nor transformer_engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from te_assembly.diagnostics import Diagnostic, error, has_errors, sort_diagnostics
+from te_assembly.errors import ConfigError
+from te_assembly.plan import Plan, PlannedStep
+from te_assembly.schema import ModelConfig, check_structure
+from te_assembly.validate.channels import assign_fusers, check_channels
+from te_assembly.validate.steps import check_step
+from te_assembly.validate.widths import check_widths
+
+
+def analyze(model: Mapping[str, Any]) -> tuple[list[Diagnostic], Plan | None]:
+    """Validate a resolved model mapping (the ``model`` node); return diagnostics and, if none is an
+    error, the plan."""
+    diags = check_structure(ModelConfig, dict(model), "model")
+    raw_ops = model.get("ops")
+    ops = raw_ops if isinstance(raw_ops, list) else []
+    seen: dict[str, int] = {}
+    steps: list[PlannedStep | None] = []
+    for index, raw in enumerate(ops):
+        step, step_diags = check_step(index, raw, seen)
+        steps.append(step)
+        diags.extend(step_diags)
+    if isinstance(raw_ops, list) and not raw_ops:
+        diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
+    fusers = assign_fusers(steps)
+    graph = check_channels(steps, fusers)
+    diags.extend(graph.diagnostics)
+    diags.extend(check_widths(steps, model.get("in_features")))
+    diags = _dedupe(sort_diagnostics(diags))
+    if has_errors(diags):
+        return diags, None
+    planned = [s for s in steps if s is not None]
+    last_width = planned[-1].out_width if planned else None
+    plan = Plan(
+        name=str(model["name"]),
+        in_features=int(model["in_features"]),
+        out_features=int(last_width if last_width is not None else model["in_features"]),
+        steps=planned,
+        fusers=graph.fusers,
+        channels=graph.channels,
+        public_inputs=graph.public_inputs,
+        public_outputs=graph.public_outputs,
+        dims=dict(model.get("dims") or {}),
+        warnings=diags,
+    )
+    return diags, plan
+
+
+def validate_model(model: Mapping[str, Any]) -> list[Diagnostic]:
+    return analyze(model)[0]
+
+
+def plan_or_raise(model: Mapping[str, Any]) -> Plan:
+    """The plan of a model, or ``ConfigError`` carrying every diagnostic."""
+    diags, plan = analyze(model)
+    if plan is None:
+        raise ConfigError(diags)
+    return plan
+
+
+def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for d in diags:
+        key = (d.path, d.code, d.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out

@@ -1,0 +1,219 @@
+"""The channel-graph rules TE enforces at fuser construction, checked here before any tensor exists.
+
+Fusers are the runs of consecutive ``op`` steps between ``module`` steps, as in ``te.ops.Sequential``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
+from te_assembly.plan import Channel, FuserGroup, PlannedStep, PublicTensor, SlotRef
+
+
+@dataclass
+class ChannelGraph:
+    fusers: list[FuserGroup]
+    channels: dict[str, Channel]
+    public_inputs: list[PublicTensor]
+    public_outputs: list[PublicTensor]
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+def _in_path(step: PlannedStep, slot: int) -> str:
+    return f"model.ops[{step.index}].extra_inputs.{step.input_slots[slot].name}"
+
+
+def _out_path(step: PlannedStep, slot: int) -> str:
+    return f"model.ops[{step.index}].extra_outputs.{step.output_slots[slot].name}.channel"
+
+
+def assign_fusers(steps: Sequence[PlannedStep | None]) -> list[FuserGroup]:
+    """Group op steps into fusers; a module step (or an unusable step of unknown kind) ends a run."""
+    fusers: list[FuserGroup] = []
+    run: list[PlannedStep] = []
+
+    def close(ended_by: int | None) -> None:
+        if run:
+            basic = 0
+            for s in run:
+                s.fuser, s.first_basic_op = len(fusers), basic
+                basic += len(s.basic_ops) if s.args_valid else 1
+            fusers.append(FuserGroup(len(fusers), tuple(s.index for s in run), basic, ended_by))
+            run.clear()
+
+    for index, step in enumerate(steps):
+        if step is not None and step.kind == "op":
+            run.append(step)
+        elif step is not None and step.kind == "module":
+            close(index)
+    close(None)
+    return fusers
+
+
+def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]) -> ChannelGraph:
+    planned = [s for s in steps if s is not None and s.kind == "op"]
+    diags: list[Diagnostic] = []
+    producers: dict[str, SlotRef] = {}
+    for step in planned:
+        for slot, name in enumerate(step.output_channels):
+            if name is None:
+                continue
+            first = producers.get(name)
+            if first is not None:
+                other = steps[first.step]
+                assert other is not None
+                where = "" if other.fuser == step.fuser else " (in another fuser; channel names are model-wide)"
+                diags.append(
+                    error(
+                        _out_path(step, slot),
+                        "duplicate-producer",
+                        f"channel {name!r} already has a producer: {_out_path(other, first.slot)} "
+                        f"(step {other.name!r}){where}",
+                    )
+                )
+                continue
+            producers[name] = SlotRef(step.index, slot, step.output_slots[slot].name)
+
+    consumers: dict[str, list[SlotRef]] = {name: [] for name in producers}
+    public_inputs: list[PublicTensor] = []
+    for step in planned:
+        for slot, name in enumerate(step.input_channels):
+            path = _in_path(step, slot)
+            dtype = step.input_slots[slot].dtype
+            if name is None:
+                ref = SlotRef(step.index, slot, step.input_slots[slot].name)
+                public_inputs.append(PublicTensor(step.public_input_name(slot), ref, dtype, step.fuser or 0))
+                continue
+            source = producers.get(name)
+            if source is None:
+                diags.append(
+                    error(
+                        path,
+                        "dangling-input",
+                        f"channel {name!r} consumed by step {step.name!r} has no producer",
+                        did_you_mean(name, producers) or "bind an extra output to this name, or use null "
+                        "to make the input public",
+                    )
+                )
+                continue
+            producer = steps[source.step]
+            assert producer is not None
+            if producer.fuser != step.fuser:
+                diags.append(_crossing(steps, fusers, name, producer, step, path))
+                continue
+            if source.step >= step.index:
+                diags.append(
+                    error(
+                        path,
+                        "producer-after-consumer",
+                        f"channel {name!r} consumed by step {step.name!r} has no earlier producer: it is "
+                        f"produced by step {producer.name!r} at model.ops[{producer.index}]",
+                        "move the producer before its consumer",
+                    )
+                )
+                continue
+            produced_dtype = producer.output_slots[source.slot].dtype
+            if produced_dtype != dtype:
+                diags.append(
+                    error(
+                        path,
+                        "channel-dtype",
+                        f"slot {step.input_slots[slot].name!r} takes a {dtype} tensor but channel {name!r} "
+                        f"carries {produced_dtype} ({producer.type}.{source.slot_name})",
+                    )
+                )
+                continue
+            diags.extend(_agreement(producer, source.slot, step, slot, name))
+            consumers[name].append(SlotRef(step.index, slot, step.input_slots[slot].name))
+
+    channels: dict[str, Channel] = {}
+    public_outputs: list[PublicTensor] = []
+    for step in planned:
+        for slot, public in enumerate(step.output_public):
+            ref = SlotRef(step.index, slot, step.output_slots[slot].name)
+            dtype = step.output_slots[slot].dtype
+            name = step.output_channels[slot]
+            if public:
+                public_outputs.append(PublicTensor(step.public_output_name(slot), ref, dtype, step.fuser or 0))
+            if name is None or producers.get(name) != ref:
+                continue
+            channels[name] = Channel(name, dtype, step.fuser or 0, ref, tuple(consumers[name]), public)
+            if not public and not consumers[name]:
+                diags.append(
+                    warning(
+                        _out_path(step, slot),
+                        "unused-hidden-output",
+                        f"hidden channel {name!r} has no consumer: it is computed and dropped",
+                        "consume it, or make it public",
+                    )
+                )
+    diags.extend(_name_clashes(public_inputs, "input"))
+    diags.extend(_name_clashes(public_outputs, "output"))
+    return ChannelGraph(fusers, channels, public_inputs, public_outputs, diags)
+
+
+def _crossing(
+    steps: Sequence[PlannedStep | None],
+    fusers: list[FuserGroup],
+    name: str,
+    producer: PlannedStep,
+    consumer: PlannedStep,
+    path: str,
+) -> Diagnostic:
+    assert producer.fuser is not None and consumer.fuser is not None
+    lo, hi = sorted((producer.fuser, consumer.fuser))
+    splitter_index = fusers[lo].ended_by
+    splitter = steps[splitter_index] if splitter_index is not None else None
+    split = (
+        f"module step {splitter.name!r} ({splitter.type}) at model.ops[{splitter.index}] splits them"
+        if splitter is not None
+        else "a non-fusible step splits them"
+    )
+    return error(
+        path,
+        "crosses-fuser",
+        f"channel {name!r} crosses a fuser boundary: produced by step {producer.name!r} in fuser "
+        f"{producer.fuser}, consumed by step {consumer.name!r} in fuser {consumer.fuser}; {split}",
+        "channels live inside one fuser: move the module, or pass the tensor as a public output and input",
+    )
+
+
+def _agreement(producer: PlannedStep, out_slot: int, consumer: PlannedStep, in_slot: int, name: str) -> list[Diagnostic]:
+    produced = dict(producer.output_slots[out_slot].agree)
+    out: list[Diagnostic] = []
+    if not (producer.args_valid and consumer.args_valid):
+        return out
+    for role, arg in consumer.input_slots[in_slot].agree:
+        if role not in produced:
+            continue
+        mine, theirs = consumer.args.get(arg), producer.args.get(produced[role])
+        if mine != theirs:
+            out.append(
+                error(
+                    f"model.ops[{consumer.index}].args.{arg}",
+                    "channel-args-mismatch",
+                    f"{arg}={mine} but channel {name!r} comes from step {producer.name!r} "
+                    f"with {produced[role]}={theirs}",
+                    f"set {arg}: {theirs}",
+                )
+            )
+    return out
+
+
+def _name_clashes(tensors: list[PublicTensor], kind: str) -> list[Diagnostic]:
+    seen: dict[str, PublicTensor] = {}
+    out: list[Diagnostic] = []
+    for t in tensors:
+        if t.name in seen:
+            out.append(
+                error(
+                    f"model.ops[{t.ref.step}]",
+                    "public-name-clash",
+                    f"public {kind} name {t.name!r} is used twice (also model.ops[{seen[t.name].ref.step}])",
+                    "rename a step or a channel",
+                )
+            )
+        seen[t.name] = t
+    return out

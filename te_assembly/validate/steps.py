@@ -1,0 +1,219 @@
+"""Per-step checks: op or module known, arguments, slot names, channel-name syntax."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec, Param
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
+from te_assembly.plan import PlannedStep
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep | None, list[Diagnostic]]:
+    """Check one entry of ``model.ops``. Returns the step when it is sound enough to plan with."""
+    path = f"model.ops[{index}]"
+    if not isinstance(raw, Mapping):
+        return None, []  # reported by the structural check
+    out: list[Diagnostic] = []
+    name = raw.get("name")
+    if isinstance(name, str):
+        if not _NAME.match(name):
+            out.append(
+                error(f"{path}.name", "bad-name", f"step name {name!r} must be a Python identifier")
+            )
+        elif name in seen:
+            out.append(
+                error(
+                    f"{path}.name",
+                    "duplicate-name",
+                    f"duplicate step name {name!r} (first used at model.ops[{seen[name]}])",
+                )
+            )
+        else:
+            seen[name] = index
+    spec, kind, spec_diags = _resolve_spec(raw, path)
+    out.extend(spec_diags)
+    if spec is None or not isinstance(name, str):
+        return None, out
+    args = raw.get("args") or {}
+    if not isinstance(args, Mapping):
+        return None, out
+    arg_diags = _check_args(spec, args, f"{path}.args")
+    out.extend(arg_diags)
+    full_args = spec.with_defaults(args)
+    step = PlannedStep(
+        index=index, name=name, kind=kind, type=spec.name, args=full_args, args_valid=not arg_diags
+    )
+    if isinstance(spec, ModuleSpec):
+        for key in ("extra_inputs", "extra_outputs"):
+            if raw.get(key):
+                out.append(
+                    error(
+                        f"{path}.{key}",
+                        "module-slots",
+                        f"module {spec.name!r} is not a fusible op and has no extra tensor slots",
+                    )
+                )
+        return step, out
+    slot_diags = _bind_slots(step, spec, raw, path, args_ok=not arg_diags)
+    out.extend(slot_diags)
+    return step, out
+
+
+def _resolve_spec(raw: Mapping[str, Any], path: str) -> tuple[OpSpec | ModuleSpec | None, str, list[Diagnostic]]:
+    op, module = raw.get("op"), raw.get("module")
+    if (op is None) == (module is None):
+        msg = "a step needs exactly one of 'op' (fusible) or 'module' (non-fusible)"
+        return None, "", [error(f"{path}.op", "op-or-module", msg)]
+    if op is not None:
+        if isinstance(op, str) and op in OPS:
+            return OPS[op], "op", []
+        hint = did_you_mean(op, OPS)
+        if hint is None and op in MODULE_ALLOWLIST:
+            hint = f"{op!r} is an allowlisted module: write 'module: {op}'"
+        return None, "", [error(f"{path}.op", "unknown-op", f"unknown op {op!r}", hint)]
+    if isinstance(module, str) and module in MODULE_ALLOWLIST:
+        return MODULE_ALLOWLIST[module], "module", []
+    hint = did_you_mean(module, MODULE_ALLOWLIST)
+    msg = f"module {module!r} is not in the allowlist ({', '.join(sorted(MODULE_ALLOWLIST))})"
+    return None, "", [error(f"{path}.module", "unknown-module", msg, hint)]
+
+
+def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    names = [p.name for p in spec.params]
+    for key in args:
+        if spec.param(key) is None:
+            known = ", ".join(names) or "none"
+            out.append(
+                error(
+                    f"{path}.{key}",
+                    "unknown-arg",
+                    f"{spec.name} has no argument {key!r} (arguments: {known})",
+                    did_you_mean(key, names),
+                )
+            )
+    for param in spec.params:
+        if param.name not in args:
+            if param.required:
+                out.append(
+                    error(
+                        f"{path}.{param.name}",
+                        "missing-arg",
+                        f"{spec.name} needs argument {param.name!r} ({param.type_name})",
+                    )
+                )
+        elif not param.accepts(args[param.name]):
+            out.append(_bad_arg(param, args[param.name], f"{path}.{param.name}"))
+        elif isinstance(args[param.name], int) and param.type is int and args[param.name] <= 0:
+            out.append(
+                error(f"{path}.{param.name}", "bad-arg-value", f"{param.name} must be positive")
+            )
+    return out
+
+
+def _bad_arg(param: Param, value: Any, path: str) -> Diagnostic:
+    if param.choices is not None and isinstance(value, str):
+        return error(
+            path,
+            "bad-arg-value",
+            f"{param.name} must be one of {', '.join(map(str, param.choices))}, got {value!r}",
+            did_you_mean(value, [str(c) for c in param.choices]),
+        )
+    shown = "null" if value is None else type(value).__name__
+    return error(path, "wrong-arg-type", f"{param.name} must be {param.type_name}, got {shown} ({value!r})")
+
+
+def _bind_slots(step: PlannedStep, spec: OpSpec, raw: Mapping[str, Any], path: str, args_ok: bool) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    args = step.args
+    step.input_slots = spec.input_slots(args) if args_ok else spec.inputs
+    step.output_slots = spec.output_slots(args) if args_ok else spec.outputs
+    inputs = raw.get("extra_inputs") or {}
+    outputs = raw.get("extra_outputs") or {}
+    if isinstance(inputs, Mapping):
+        for key, channel in inputs.items():
+            out.extend(_slot_name_error(spec, args, key, f"{path}.extra_inputs.{key}", "input"))
+            out.extend(_channel_name_error(channel, f"{path}.extra_inputs.{key}"))
+    if isinstance(outputs, Mapping):
+        for key, binding in outputs.items():
+            out.extend(_slot_name_error(spec, args, key, f"{path}.extra_outputs.{key}", "output"))
+            if isinstance(binding, Mapping):
+                out.extend(_output_binding_errors(binding, f"{path}.extra_outputs.{key}"))
+    step.input_channels = tuple(
+        _as_channel(inputs.get(s.name)) if isinstance(inputs, Mapping) else None for s in step.input_slots
+    )
+    bindings = [outputs.get(s.name) if isinstance(outputs, Mapping) else None for s in step.output_slots]
+    step.output_channels = tuple(_as_channel(b.get("channel")) if isinstance(b, Mapping) else None for b in bindings)
+    step.output_public = tuple(
+        not (isinstance(b, Mapping) and b.get("public") is False and _as_channel(b.get("channel")))
+        for b in bindings
+    )
+    if spec.in_place_arg and args.get("in_place") is True and (any(step.input_channels) or any(step.output_channels)):
+        out.append(
+            warning(
+                f"{path}.args.in_place",
+                "in-place-endpoint",
+                "in_place=True at a channel endpoint aliases the channel tensor: an in-place add "
+                "can silently overwrite the producer's tensor (for MakeExtraOutput, the activation itself)",
+                "use in_place: false unless a fusion needs it",
+            )
+        )
+    return out
+
+
+def _as_channel(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _slot_name_error(spec: OpSpec, args: Mapping[str, Any], key: Any, path: str, kind: str) -> list[Diagnostic]:
+    slots = spec.inputs if kind == "input" else spec.outputs
+    slot = next((s for s in slots if s.name == key), None)
+    if slot is None:
+        names = [s.name for s in slots]
+        listed = ", ".join(names) if names else "none"
+        return [
+            error(
+                path,
+                "unknown-slot",
+                f"{spec.name} has no extra {kind} slot {key!r} (its {kind} slots: {listed})",
+                did_you_mean(key, names),
+            )
+        ]
+    if not slot.enabled(args):
+        needs = " and ".join(f"{a}=true" for a in slot.enabled_if)
+        return [error(path, "disabled-slot", f"{spec.name} has the {kind} slot {key!r} only when {needs}")]
+    return []
+
+
+def _channel_name_error(channel: Any, path: str) -> list[Diagnostic]:
+    if channel is None:
+        return []
+    if not isinstance(channel, str) or not channel:
+        return [
+            error(
+                path,
+                "bad-channel-name",
+                f"a channel name must be a non-empty string or null, got {channel!r}",
+            )
+        ]
+    return []
+
+
+def _output_binding_errors(binding: Mapping[str, Any], path: str) -> list[Diagnostic]:
+    out = _channel_name_error(binding.get("channel"), f"{path}.channel")
+    if binding.get("public") is False and binding.get("channel") is None:
+        out.append(
+            error(
+                f"{path}.public",
+                "hidden-unnamed-output",
+                "an output without a channel is always returned to the caller "
+                "(TE forces output_to_caller=True when channel is None)",
+                "give it a channel name, or drop 'public: false'",
+            )
+        )
+    return out

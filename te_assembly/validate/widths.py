@@ -1,0 +1,49 @@
+"""Feature width along the main path, from ``model.in_features`` through each step's width rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from te_assembly.diagnostics import Diagnostic, error
+from te_assembly.plan import PlannedStep
+
+
+def check_widths(steps: Sequence[PlannedStep | None], in_features: object) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    width = in_features if isinstance(in_features, int) and not isinstance(in_features, bool) else None
+    came_from = "model.in_features"
+    for step in steps:
+        if step is None:
+            width = None  # unknown step: stop checking until a step sets the width again
+            continue
+        rule = step.spec.width
+        if not step.args_valid:
+            value = step.args.get(rule.out_arg) if rule.out_arg else None
+            width = value if isinstance(value, int) and not isinstance(value, bool) else None
+            continue
+        step.in_width = width
+        if width is not None and rule.in_arg is not None and step.args.get(rule.in_arg) != width:
+            out.append(
+                error(
+                    f"model.ops[{step.index}].args.{rule.in_arg}",
+                    "width-mismatch",
+                    f"{step.type} step {step.name!r} has {rule.in_arg}={step.args.get(rule.in_arg)} but the "
+                    f"main path arrives with width {width} (from {came_from})",
+                    f"set {rule.in_arg}: {width}",
+                )
+            )
+        if width is not None and rule.divisor > 1 and width % rule.divisor:
+            out.append(
+                error(
+                    f"model.ops[{step.index}].op",
+                    "odd-glu-width",
+                    f"{step.type} splits its input in {rule.divisor} halves but the width arriving is {width}",
+                )
+            )
+        if rule.out_arg is not None and isinstance(step.args.get(rule.out_arg), int):
+            width = rule.out_width(0, step.args)
+        elif width is not None:
+            width = rule.out_width(width, step.args)
+        step.out_width = width
+        came_from = f"step {step.name!r} at model.ops[{step.index}]"
+    return out

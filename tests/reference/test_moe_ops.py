@@ -1,0 +1,160 @@
+"""MoE reference ops: routing, dispatch/combine permutation, gradients and edge cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from te_assembly.reference.ops.linear import GroupedLinear
+from te_assembly.reference.ops.moe import Combine, Dispatch, TopKRouter
+
+F64 = torch.float64
+
+
+def _route(routing: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, probs, routing_map for a hand-written routing; x row t is filled with t so rows are traceable."""
+    routing_map = torch.tensor(routing, dtype=torch.int64)
+    tokens, top_k = routing_map.shape
+    x = torch.arange(tokens, dtype=F64)[:, None].repeat(1, 3) + torch.rand(tokens, 3, dtype=F64) * 0.1
+    probs = torch.rand(tokens, top_k, dtype=F64) + 0.1
+    return x, probs / probs.sum(-1, keepdim=True), routing_map
+
+
+def _router(score_function: str, num_experts: int = 4, top_k: int = 2) -> TopKRouter:
+    torch.manual_seed(0)
+    return TopKRouter(
+        in_features=3, num_experts=num_experts, top_k=top_k, score_function=score_function, dtype=F64
+    )
+
+
+@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+def test_router_outputs(score_function: str) -> None:
+    router = _router(score_function)
+    x = torch.randn(2, 5, 3, dtype=F64)
+    y, (probs, routing_map, aux) = router(x)
+    assert y is x
+    assert probs.shape == (10, 2) and routing_map.dtype == torch.int64 and not routing_map.requires_grad
+    torch.testing.assert_close(probs.sum(-1), torch.ones(10, dtype=F64))
+    logits = x.reshape(10, 3) @ router.weight.detach().T
+    scores = logits.softmax(-1) if score_function == "softmax" else logits.sigmoid()
+    assert torch.equal(routing_map, scores.topk(2, dim=-1).indices)
+    dist = scores / scores.sum(-1, keepdim=True)
+    fraction = torch.stack([(routing_map == e).sum() for e in range(4)]).to(F64) / 20
+    torch.testing.assert_close(aux.detach(), 0.01 * 4 * (fraction * dist.mean(0)).sum())
+
+
+@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+def test_router_gradcheck(score_function: str) -> None:
+    router = _router(score_function)
+    x = torch.randn(6, 3, dtype=F64, requires_grad=True)
+    weight = router.weight.detach().clone().requires_grad_(True)
+    scores = torch.nn.functional.linear(x.detach(), weight.detach()).softmax(-1)
+    gaps = scores.sort(-1, descending=True).values.diff(dim=-1).abs()
+    assert gaps.min() > 1e-3, "pick a seed without near-ties so the top-k choice is stable under gradcheck"
+
+    def run(x_: torch.Tensor, w_: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, (probs, _, aux) = torch.func.functional_call(router, {"weight": w_}, (x_,))
+        return y * 1.0, probs, aux
+
+    assert torch.autograd.gradcheck(run, (x, weight))
+
+
+def test_router_gradient_to_x_includes_the_logits_path() -> None:
+    router = _router("softmax")
+    x = torch.randn(4, 3, dtype=F64, requires_grad=True)
+    _, (probs, _, aux) = router(x)
+    (probs[:, 0].sum() + aux).backward()
+    assert x.grad is not None and torch.count_nonzero(x.grad) > 0
+
+
+def test_router_top_k_equals_num_experts() -> None:
+    _, (probs, routing_map, _) = _router("softmax", num_experts=3, top_k=3)(torch.randn(5, 3, dtype=F64))
+    torch.testing.assert_close(probs.sum(-1), torch.ones(5, dtype=F64))
+    assert torch.equal(routing_map.sort(-1).values, torch.arange(3).expand(5, 3))
+
+
+def test_router_rejects_top_k_above_num_experts() -> None:
+    with pytest.raises(ValueError):
+        TopKRouter(in_features=3, num_experts=2, top_k=3)
+
+
+def test_dispatch_groups_rows_by_expert_in_token_order() -> None:
+    routing = [[2, 0], [0, 3], [2, 3], [0, 2]]  # expert 1 gets no tokens
+    x, probs, routing_map = _route(routing)
+    rows, (split_sizes, row_probs, row_map) = Dispatch(num_experts=4, top_k=2)(x, (probs, routing_map))
+    assert split_sizes.tolist() == [3, 0, 3, 2] and split_sizes.dtype == torch.int64
+    expected_sources = [t * 2 + j for e in range(4) for t in range(4) for j in range(2) if routing[t][j] == e]
+    assert row_map.tolist() == expected_sources
+    torch.testing.assert_close(rows, x[torch.tensor(expected_sources) // 2])
+    torch.testing.assert_close(row_probs, probs.reshape(-1)[torch.tensor(expected_sources)])
+    assert not split_sizes.requires_grad and not row_map.requires_grad
+
+
+@pytest.mark.parametrize(
+    ("routing", "num_experts"),
+    [
+        ([[2, 0], [0, 3], [2, 3]], 4),  # expert 1 empty
+        ([[1, 1], [1, 1], [1, 1]], 4),  # every slot to one expert
+        ([[0, 1, 2], [2, 1, 0], [1, 0, 2]], 3),  # top_k == num_experts
+    ],
+)
+def test_dispatch_then_combine_with_unit_probs_is_top_k_times_x(
+    routing: list[list[int]], num_experts: int
+) -> None:
+    x, _, routing_map = _route(routing)
+    top_k = routing_map.shape[1]
+    unit_probs = torch.ones(routing_map.shape, dtype=F64)
+    rows, (split_sizes, _, row_map) = Dispatch(num_experts, top_k)(x, (unit_probs, routing_map))
+    assert split_sizes.tolist() == [sum(row.count(e) for row in routing) for e in range(num_experts)]
+    y, extra = Combine(top_k)(rows, (row_map,))
+    assert extra == ()
+    torch.testing.assert_close(y, top_k * x, rtol=0, atol=0)
+
+
+def test_all_tokens_to_one_expert_through_grouped_linear() -> None:
+    x, probs, routing_map = _route([[1], [1], [1]])
+    rows, (split_sizes, _, row_map) = Dispatch(num_experts=3, top_k=1)(x, (probs, routing_map))
+    assert split_sizes.tolist() == [0, 3, 0]
+    experts = GroupedLinear(num_groups=3, in_features=3, out_features=3, dtype=F64)
+    out, _ = experts(rows, (split_sizes,))
+    y, _ = Combine(top_k=1)(out, (row_map,))
+    y.sum().backward()
+    torch.testing.assert_close(y, x @ experts.get_parameter("weight1").detach().T)
+    empty_grad = experts.get_parameter("weight0").grad
+    assert empty_grad is not None and torch.count_nonzero(empty_grad) == 0
+
+
+def test_dispatch_combine_gradcheck() -> None:
+    x, probs, routing_map = _route([[2, 0], [0, 3], [2, 3], [1, 2]])
+    x.requires_grad_(True)
+    probs.requires_grad_(True)
+    dispatch, combine = Dispatch(num_experts=4, top_k=2), Combine(top_k=2)
+
+    def run_dispatch(x_: torch.Tensor, p_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, (_, row_probs, _) = dispatch(x_, (p_, routing_map))
+        return rows, row_probs
+
+    assert torch.autograd.gradcheck(run_dispatch, (x, probs))
+    _, (_, _, row_map) = dispatch(x.detach(), (probs.detach(), routing_map))
+    rows = torch.randn(8, 3, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda r: combine(r, (row_map,))[0], (rows,))
+
+
+def test_dispatch_rejects_bad_routing() -> None:
+    x, probs, routing_map = _route([[0, 1], [1, 0]])
+    with pytest.raises(ValueError):
+        Dispatch(num_experts=2, top_k=2)(x, (probs, routing_map + 1))
+    with pytest.raises(ValueError):
+        Dispatch(num_experts=2, top_k=1)(x, (probs, routing_map))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_pipeline_in_low_precision(dtype: torch.dtype) -> None:
+    router = TopKRouter(in_features=3, num_experts=4, top_k=2, dtype=dtype)
+    x = torch.randn(5, 3, dtype=dtype, requires_grad=True)
+    y, (probs, routing_map, aux) = router(x)
+    rows, (split_sizes, row_probs, row_map) = Dispatch(4, 2)(y, (probs, routing_map))
+    out, _ = Combine(2)(rows * row_probs[:, None].to(dtype), (row_map,))
+    assert out.dtype == dtype and int(split_sizes.sum()) == 10
+    (out.float().sum() + aux).backward()
+    assert x.grad is not None and router.weight.grad is not None and torch.isfinite(x.grad.float()).all()

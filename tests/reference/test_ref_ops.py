@@ -1,0 +1,203 @@
+"""Reference ops: math against closed forms, gradients, and parameter names against the catalog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from te_assembly.catalog import OPS, load_object
+from te_assembly.reference.ops.activations import ScaledSwiGLU
+from te_assembly.reference.ops.linear import GroupedLinear, Linear
+from te_assembly.reference.ops.norms import LayerNorm, RMSNorm
+from te_assembly.reference.ops.passthrough import AddExtraInput, Dropout, MakeExtraOutput
+
+F64 = torch.float64
+
+# Small values for each op's required params; defaults fill in the rest.
+REQUIRED_ARGS: dict[str, dict[str, Any]] = {
+    "Linear": {"in_features": 3, "out_features": 5},
+    "BasicLinear": {"in_features": 3, "out_features": 5},
+    "Bias": {"size": 4},
+    "GroupedLinear": {"num_groups": 3, "in_features": 4, "out_features": 6},
+    "LayerNorm": {"normalized_shape": 7},
+    "RMSNorm": {"normalized_shape": 7},
+    "ConstantScale": {"scale": 0.5},
+    "Dropout": {"p": 0.1},
+    "TopKRouter": {"in_features": 4, "num_experts": 5, "top_k": 2},
+    "Dispatch": {"num_experts": 5, "top_k": 2},
+    "Combine": {"top_k": 2},
+}
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("Linear", {"bias": False}),
+    ("GroupedLinear", {"bias": False}),
+    ("GroupedLinear", {"scale_bias": True}),
+]
+
+
+def _catalog_cases() -> list[tuple[str, dict[str, Any]]]:
+    cases = [(name, dict(REQUIRED_ARGS.get(name, {}))) for name in OPS]
+    return cases + [(name, {**REQUIRED_ARGS[name], **extra}) for name, extra in VARIANTS]
+
+
+@pytest.mark.parametrize(("name", "args"), _catalog_cases())
+def test_param_names_and_shapes_match_catalog(name: str, args: dict[str, Any]) -> None:
+    spec = OPS[name]
+    missing = [p.name for p in spec.params if p.required and p.name not in args]
+    assert not missing, f"add required args for {name}: {missing}"
+    full = spec.with_defaults(args)
+    op = load_object(spec.reference)(**full)
+    got = {n: tuple(p.shape) for n, p in op.named_parameters()}
+    assert got == spec.param_shapes(full)
+
+
+@pytest.mark.parametrize(
+    ("name", "closed_form"),
+    [
+        ("GELU", lambda x: F.gelu(x, approximate="tanh")),
+        ("QGELU", lambda x: x * torch.sigmoid(1.702 * x)),
+        ("ReLU", lambda x: x.clamp(min=0)),
+        ("SReLU", lambda x: x.clamp(min=0) ** 2),
+        ("SiLU", lambda x: x / (1 + torch.exp(-x))),
+    ],
+)
+def test_activation_closed_forms(name: str, closed_form: Any) -> None:
+    x = torch.randn(4, 6, dtype=F64)
+    y, extra = load_object(OPS[name].reference)()(x)
+    assert extra == ()
+    torch.testing.assert_close(y, closed_form(x))
+
+
+@pytest.mark.parametrize(
+    ("name", "gate"),
+    [
+        ("SwiGLU", lambda a: a / (1 + torch.exp(-a))),
+        ("GEGLU", lambda a: F.gelu(a, approximate="tanh")),
+        ("QGEGLU", lambda a: a * torch.sigmoid(1.702 * a)),
+        ("ReGLU", lambda a: a.clamp(min=0)),
+        ("SReGLU", lambda a: a.clamp(min=0) ** 2),
+    ],
+)
+def test_gated_activations_gate_the_first_half(name: str, gate: Any) -> None:
+    a, b = torch.randn(3, 5, dtype=F64), torch.randn(3, 5, dtype=F64)
+    y, _ = load_object(OPS[name].reference)()(torch.cat([a, b], dim=-1))
+    torch.testing.assert_close(y, gate(a) * b)
+
+
+def test_scaled_swiglu_value_and_gradcheck() -> None:
+    x = torch.randn(2, 3, 8, dtype=F64, requires_grad=True)
+    scales = torch.rand(2, 3, dtype=F64, requires_grad=True)
+    op = ScaledSwiGLU()
+    y, _ = op(x, (scales,))
+    a, b = x.detach().chunk(2, dim=-1)
+    torch.testing.assert_close(y, F.silu(a) * b * scales.detach()[..., None])
+    assert torch.autograd.gradcheck(lambda x_, s_: op(x_, (s_,))[0], (x, scales))
+
+
+def test_linear_matches_torch_and_zero_bias_init() -> None:
+    op = Linear(in_features=3, out_features=4, dtype=F64)
+    weight, bias = op.get_parameter("basic_ops.0.weight"), op.get_parameter("basic_ops.1.bias")
+    assert torch.count_nonzero(bias) == 0
+    x = torch.randn(2, 5, 3, dtype=F64)
+    y, _ = op(x)
+    torch.testing.assert_close(y, x @ weight.T + bias)
+
+
+def grad_of(op: torch.nn.Module, name: str) -> torch.Tensor:
+    grad = op.get_parameter(name).grad
+    assert grad is not None, f"{name} got no gradient"
+    return grad
+
+
+def _grouped(scale_bias: bool) -> GroupedLinear:
+    op = GroupedLinear(num_groups=3, in_features=3, out_features=2, scale_bias=scale_bias, dtype=F64)
+    with torch.no_grad():
+        for g in range(3):
+            getattr(op, f"bias{g}").normal_()  # zero init would hide bias mistakes
+    return op
+
+
+def test_grouped_linear_groups_rows_and_scales_bias() -> None:
+    op = _grouped(scale_bias=True)
+    x, scales = torch.randn(6, 3, dtype=F64), torch.rand(6, dtype=F64)
+    sizes = [2, 0, 4]
+    y, _ = op(x, (torch.tensor(sizes), scales))
+    group_of_row = [0, 0, 2, 2, 2, 2]
+    want = torch.stack(
+        [
+            x[r] @ getattr(op, f"weight{g}").T + scales[r] * getattr(op, f"bias{g}")
+            for r, g in enumerate(group_of_row)
+        ]
+    )
+    torch.testing.assert_close(y, want)
+
+
+@pytest.mark.parametrize("scale_bias", [False, True])
+def test_grouped_linear_gradcheck(scale_bias: bool) -> None:
+    op = _grouped(scale_bias)
+    params = [p for _, p in sorted(op.named_parameters())]
+    x = torch.randn(5, 3, dtype=F64, requires_grad=True)
+    scales = torch.rand(5, dtype=F64, requires_grad=True)
+    sizes = torch.tensor([1, 3, 1])
+
+    def run(x_: torch.Tensor, s_: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+        state = dict(zip(sorted(n for n, _ in op.named_parameters()), ps, strict=True))
+        extra = (sizes, s_) if scale_bias else (sizes,)
+        return torch.func.functional_call(op, state, (x_, extra))[0]
+
+    assert torch.autograd.gradcheck(run, (x, scales, *params))
+
+
+def test_grouped_linear_empty_group_has_zero_grad() -> None:
+    op = _grouped(scale_bias=False)
+    x = torch.randn(4, 3, dtype=F64, requires_grad=True)
+    y, _ = op(x, (torch.tensor([0, 4, 0]),))
+    y.square().sum().backward()
+    for g in (0, 2):
+        assert torch.count_nonzero(grad_of(op, f"weight{g}")) == 0
+        assert torch.count_nonzero(grad_of(op, f"bias{g}")) == 0
+    assert torch.count_nonzero(grad_of(op, "weight1")) > 0
+
+
+@pytest.mark.parametrize("sizes", [[1, 1, 1], [2, 2], [-1, 3, 2]])
+def test_grouped_linear_rejects_bad_split_sizes(sizes: list[int]) -> None:
+    with pytest.raises(ValueError):
+        _grouped(scale_bias=False)(torch.randn(4, 3, dtype=F64), (torch.tensor(sizes),))
+
+
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_norms(zero_centered: bool) -> None:
+    x = torch.randn(3, 6, dtype=F64)
+    ln = LayerNorm(6, eps=1e-5, zero_centered_gamma=zero_centered, dtype=F64)
+    rms = RMSNorm(6, eps=1e-5, zero_centered_gamma=zero_centered, dtype=F64)
+    assert bool((ln.weight == (0.0 if zero_centered else 1.0)).all())
+    with torch.no_grad():
+        ln.weight.fill_(0.5)
+        ln.bias.fill_(0.25)
+        rms.weight.fill_(0.5)
+    gamma = 1.5 if zero_centered else 0.5
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(ln(x)[0], (x - mean) / torch.sqrt(var + 1e-5) * gamma + 0.25)
+    torch.testing.assert_close(rms(x)[0], x / torch.sqrt(x.square().mean(-1, keepdim=True) + 1e-5) * gamma)
+
+
+def test_passthrough_ops() -> None:
+    x, addend = torch.randn(2, 3), torch.randn(2, 3)
+    y, (out,) = MakeExtraOutput(in_place=True)(x)
+    assert y is x and out is x
+    summed, _ = AddExtraInput(in_place=True)(x, (addend,))
+    torch.testing.assert_close(summed, x + addend)
+    assert summed is not x and summed.data_ptr() != addend.data_ptr()
+    torch.testing.assert_close(load_object(OPS["ConstantScale"].reference)(scale=-2.0)(x)[0], -2 * x)
+    assert load_object(OPS["Identity"].reference)()(x)[0] is x
+
+
+def test_dropout_respects_training() -> None:
+    x = torch.ones(1000)
+    op = Dropout(p=0.5)
+    y_train, _ = op(x)
+    assert 0 < int((y_train == 0).sum()) < 1000
+    op.eval()
+    assert torch.equal(op(x)[0], x)
