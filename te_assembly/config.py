@@ -91,10 +91,10 @@ def to_plain(node: Any, path: str, diags: list[Diagnostic]) -> Any:
     if isinstance(node, DictConfig):
         out: dict[str, Any] = {}
         for key in node.keys():
-            child = f"{path}.{key}"
+            child = f"{path}.{key!s}"
             try:
                 value = node[key]
-            except Exception as exc:  # noqa: BLE001 - OmegaConf raises several unrelated types here
+            except Exception as exc:
                 diags.append(error(child, "bad-interpolation", _omegaconf_message(exc)))
                 continue
             out[str(key)] = to_plain(value, child, diags)
@@ -104,7 +104,7 @@ def to_plain(node: Any, path: str, diags: list[Diagnostic]) -> Any:
         for i in range(len(node)):
             try:
                 value = node[i]
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 diags.append(error(f"{path}[{i}]", "bad-interpolation", _omegaconf_message(exc)))
                 continue
             items.append(to_plain(value, f"{path}[{i}]", diags))
@@ -121,7 +121,8 @@ def locate(diags: Sequence[Diagnostic], file: str | None, lines: Mapping[str, in
     """Attach file:line to each diagnostic, using the nearest enclosing key the YAML names."""
     out = []
     for d in diags:
-        if d.line is not None or file is None:
+        root = next(iter(lines), "").split(".")[0].split("[")[0]
+        if d.line is not None or file is None or not (d.path == root or d.path.startswith(root + ".")):
             out.append(d)
             continue
         path = d.path
@@ -212,7 +213,8 @@ def compose(overrides: Sequence[str]) -> LoadedConfig:
 
 
 def _composition_message(exc: Exception, choice: str) -> str:
-    text = str(exc).strip()
+    # Hydra appends its search path to "not found" messages: noise for a user picking a model.
+    text = str(exc).strip().split("\nConfig search path:")[0].rstrip()
     if "model" in text and choice and choice not in available_models():
         from te_assembly.diagnostics import did_you_mean
 

@@ -10,7 +10,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
 
@@ -19,7 +19,7 @@ from te_assembly.diagnostics import Diagnostic, did_you_mean, error
 class OutputBinding:
     """Where an extra output goes: a channel name, and whether the caller also gets it."""
 
-    channel: Optional[str] = None
+    channel: str | None = None
     public: bool = True
 
 
@@ -28,10 +28,10 @@ class StepConfig:
     """One step: a fusible ``op`` from the catalog, or a non-fusible ``module`` from the allowlist."""
 
     name: str
-    op: Optional[str] = None
-    module: Optional[str] = None
+    op: str | None = None
+    module: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
-    extra_inputs: dict[str, Optional[str]] = field(default_factory=dict)
+    extra_inputs: dict[str, str | None] = field(default_factory=dict)
     """Input slot name -> channel name, or null for a public input named ``<step>_<slot>``."""
     extra_outputs: dict[str, OutputBinding] = field(default_factory=dict)
     """Output slot name -> binding. Unlisted outputs are public, named ``<step>_<slot>``."""

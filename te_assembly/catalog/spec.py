@@ -107,10 +107,12 @@ class OpSpec:
         return next((p for p in self.params if p.name == name), None)
 
     def input_slots(self, args: Mapping[str, Any]) -> tuple[Slot, ...]:
-        return tuple(s for s in self.inputs if s.enabled(args))
+        full = self.with_defaults(args)
+        return tuple(s for s in self.inputs if s.enabled(full))
 
     def output_slots(self, args: Mapping[str, Any]) -> tuple[Slot, ...]:
-        return tuple(s for s in self.outputs if s.enabled(args))
+        full = self.with_defaults(args)
+        return tuple(s for s in self.outputs if s.enabled(full))
 
     def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
         full = {p.name: p.default for p in self.params if not p.required}

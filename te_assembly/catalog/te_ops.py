@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from te_assembly.catalog.spec import Param, Slot, OpSpec, Width
+from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
 
 _TE = "transformer_engine.pytorch.ops"
 _REF = "te_assembly.reference.ops"
@@ -22,7 +22,7 @@ def _linear_basic_ops(args: Mapping[str, Any]) -> tuple[tuple[str, dict[str, Any
 
 
 def _linear_params(args: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    shapes = {"basic_ops.0.weight": (args["out_features"], args["in_features"])}
+    shapes: dict[str, tuple[int, ...]] = {"basic_ops.0.weight": (args["out_features"], args["in_features"])}
     if args.get("bias", True):
         shapes["basic_ops.1.bias"] = (args["out_features"],)
     return shapes
@@ -40,7 +40,7 @@ def _grouped_params(args: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _norm_params(with_bias: bool):  # type: ignore[no-untyped-def]
     def shapes(args: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        out = {"weight": (args["normalized_shape"],)}
+        out: dict[str, tuple[int, ...]] = {"weight": (args["normalized_shape"],)}
         if with_bias:
             out["bias"] = (args["normalized_shape"],)
         return out

@@ -40,8 +40,9 @@ def usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    # Piped output (CI logs, tests) gets a wide fixed width so tables are not folded at 80 columns.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
     if args and args[0] in ("-h", "--help", "help"):
         console.print(usage(), markup=False)
         return 0

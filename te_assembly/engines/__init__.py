@@ -23,7 +23,7 @@ def te_available() -> bool:
         return False
     try:
         import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # noqa: BLE001 - a broken TE install is "unavailable", whatever it raises
+    except Exception:
         return False
     return True
 

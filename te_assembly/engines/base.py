@@ -53,11 +53,15 @@ class AssembledModel(torch.nn.Module):
         returns ``x`` alone or ``(x, *public extra outputs)``."""
         raise NotImplementedError
 
-    def order_inputs(self, positional: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    def order_inputs(
+        self, positional: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]
+    ) -> list[torch.Tensor]:
         names = self.input_names
         if len(positional) > len(names):
-            raise CallError(f"{self.plan.name} takes {len(names)} public extra input(s), got {len(positional)}")
-        values: dict[str, torch.Tensor] = dict(zip(names, positional))
+            raise CallError(
+                f"{self.plan.name} takes {len(names)} public extra input(s), got {len(positional)}"
+            )
+        values: dict[str, torch.Tensor] = dict(zip(names, positional, strict=False))
         for key, value in named.items():
             if key not in names:
                 hint = did_you_mean(key, names)

@@ -64,7 +64,9 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
             if first is not None:
                 other = steps[first.step]
                 assert other is not None
-                where = "" if other.fuser == step.fuser else " (in another fuser; channel names are model-wide)"
+                where = (
+                    "" if other.fuser == step.fuser else " (in another fuser; channel names are model-wide)"
+                )
                 diags.append(
                     error(
                         _out_path(step, slot),
@@ -93,8 +95,8 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
                         path,
                         "dangling-input",
                         f"channel {name!r} consumed by step {step.name!r} has no producer",
-                        did_you_mean(name, producers) or "bind an extra output to this name, or use null "
-                        "to make the input public",
+                        did_you_mean(name, producers)
+                        or "bind an extra output to this name, or use null to make the input public",
                     )
                 )
                 continue
@@ -136,7 +138,9 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
             dtype = step.output_slots[slot].dtype
             name = step.output_channels[slot]
             if public:
-                public_outputs.append(PublicTensor(step.public_output_name(slot), ref, dtype, step.fuser or 0))
+                public_outputs.append(
+                    PublicTensor(step.public_output_name(slot), ref, dtype, step.fuser or 0)
+                )
             if name is None or producers.get(name) != ref:
                 continue
             channels[name] = Channel(name, dtype, step.fuser or 0, ref, tuple(consumers[name]), public)
@@ -163,7 +167,7 @@ def _crossing(
     path: str,
 ) -> Diagnostic:
     assert producer.fuser is not None and consumer.fuser is not None
-    lo, hi = sorted((producer.fuser, consumer.fuser))
+    lo = min(producer.fuser, consumer.fuser)
     splitter_index = fusers[lo].ended_by
     splitter = steps[splitter_index] if splitter_index is not None else None
     split = (
@@ -180,7 +184,9 @@ def _crossing(
     )
 
 
-def _agreement(producer: PlannedStep, out_slot: int, consumer: PlannedStep, in_slot: int, name: str) -> list[Diagnostic]:
+def _agreement(
+    producer: PlannedStep, out_slot: int, consumer: PlannedStep, in_slot: int, name: str
+) -> list[Diagnostic]:
     produced = dict(producer.output_slots[out_slot].agree)
     out: list[Diagnostic] = []
     if not (producer.args_valid and consumer.args_valid):

@@ -22,9 +22,7 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     name = raw.get("name")
     if isinstance(name, str):
         if not _NAME.match(name):
-            out.append(
-                error(f"{path}.name", "bad-name", f"step name {name!r} must be a Python identifier")
-            )
+            out.append(error(f"{path}.name", "bad-name", f"step name {name!r} must be a Python identifier"))
         elif name in seen:
             out.append(
                 error(
@@ -64,7 +62,9 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     return step, out
 
 
-def _resolve_spec(raw: Mapping[str, Any], path: str) -> tuple[OpSpec | ModuleSpec | None, str, list[Diagnostic]]:
+def _resolve_spec(
+    raw: Mapping[str, Any], path: str
+) -> tuple[OpSpec | ModuleSpec | None, str, list[Diagnostic]]:
     op, module = raw.get("op"), raw.get("module")
     if (op is None) == (module is None):
         msg = "a step needs exactly one of 'op' (fusible) or 'module' (non-fusible)"
@@ -110,9 +110,7 @@ def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -
         elif not param.accepts(args[param.name]):
             out.append(_bad_arg(param, args[param.name], f"{path}.{param.name}"))
         elif isinstance(args[param.name], int) and param.type is int and args[param.name] <= 0:
-            out.append(
-                error(f"{path}.{param.name}", "bad-arg-value", f"{param.name} must be positive")
-            )
+            out.append(error(f"{path}.{param.name}", "bad-arg-value", f"{param.name} must be positive"))
     return out
 
 
@@ -128,7 +126,9 @@ def _bad_arg(param: Param, value: Any, path: str) -> Diagnostic:
     return error(path, "wrong-arg-type", f"{param.name} must be {param.type_name}, got {shown} ({value!r})")
 
 
-def _bind_slots(step: PlannedStep, spec: OpSpec, raw: Mapping[str, Any], path: str, args_ok: bool) -> list[Diagnostic]:
+def _bind_slots(
+    step: PlannedStep, spec: OpSpec, raw: Mapping[str, Any], path: str, args_ok: bool
+) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     args = step.args
     step.input_slots = spec.input_slots(args) if args_ok else spec.inputs
@@ -148,12 +148,18 @@ def _bind_slots(step: PlannedStep, spec: OpSpec, raw: Mapping[str, Any], path: s
         _as_channel(inputs.get(s.name)) if isinstance(inputs, Mapping) else None for s in step.input_slots
     )
     bindings = [outputs.get(s.name) if isinstance(outputs, Mapping) else None for s in step.output_slots]
-    step.output_channels = tuple(_as_channel(b.get("channel")) if isinstance(b, Mapping) else None for b in bindings)
+    step.output_channels = tuple(
+        _as_channel(b.get("channel")) if isinstance(b, Mapping) else None for b in bindings
+    )
     step.output_public = tuple(
         not (isinstance(b, Mapping) and b.get("public") is False and _as_channel(b.get("channel")))
         for b in bindings
     )
-    if spec.in_place_arg and args.get("in_place") is True and (any(step.input_channels) or any(step.output_channels)):
+    if (
+        spec.in_place_arg
+        and args.get("in_place") is True
+        and (any(step.input_channels) or any(step.output_channels))
+    ):
         out.append(
             warning(
                 f"{path}.args.in_place",
@@ -170,7 +176,9 @@ def _as_channel(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _slot_name_error(spec: OpSpec, args: Mapping[str, Any], key: Any, path: str, kind: str) -> list[Diagnostic]:
+def _slot_name_error(
+    spec: OpSpec, args: Mapping[str, Any], key: Any, path: str, kind: str
+) -> list[Diagnostic]:
     slots = spec.inputs if kind == "input" else spec.outputs
     slot = next((s for s in slots if s.name == key), None)
     if slot is None:

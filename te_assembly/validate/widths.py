@@ -37,7 +37,7 @@ def check_widths(steps: Sequence[PlannedStep | None], in_features: object) -> li
                 error(
                     f"model.ops[{step.index}].op",
                     "odd-glu-width",
-                    f"{step.type} splits its input in {rule.divisor} halves but the width arriving is {width}",
+                    f"{step.type} splits its input in {rule.divisor} parts but the width arriving is {width}",
                 )
             )
         if rule.out_arg is not None and isinstance(step.args.get(rule.out_arg), int):

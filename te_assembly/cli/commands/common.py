@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from te_assembly.config import LoadedConfig, compose, locate
+
+from te_assembly.config import LoadedConfig, compose, locate, yaml_lines
 from te_assembly.diagnostics import Diagnostic, has_errors, sort_diagnostics
 from te_assembly.errors import ConfigError
 from te_assembly.plan import Plan
@@ -17,8 +18,8 @@ def load_and_validate(overrides: Sequence[str]) -> tuple[LoadedConfig, list[Diag
     loaded = compose(overrides)
     diags, plan = analyze(loaded.model)
     extra = list(loaded.diagnostics)
-    extra.extend(_recipe_diagnostics(loaded))
-    diags = locate(sort_diagnostics([*extra, *diags]), loaded.file, loaded.lines)
+    diags = locate([*extra, *diags], loaded.file, loaded.lines)
+    diags = sort_diagnostics([*diags, *_recipe_diagnostics(loaded)])
     return loaded, diags, (None if has_errors(diags) else plan)
 
 
@@ -29,9 +30,15 @@ def _recipe_diagnostics(loaded: LoadedConfig) -> list[Diagnostic]:
 
     from te_assembly.recipes import validate_recipe
 
+    from te_assembly.recipes import recipe_dir
+
     recipe = OmegaConf.to_container(loaded.cfg.recipe, resolve=True)
     assert isinstance(recipe, dict)
-    return validate_recipe(recipe, prefix="recipe")
+    diags = validate_recipe({str(k): v for k, v in recipe.items()}, prefix="recipe")
+    source = recipe_dir() / f"{recipe.get('name', '')}.yaml"
+    if diags and source.is_file():
+        diags = locate(diags, str(source), yaml_lines(source.read_text(), "recipe"))
+    return diags
 
 
 def require_plan(overrides: Sequence[str], console: Console) -> tuple[LoadedConfig, Plan]:

@@ -1,0 +1,84 @@
+"""Synthetic inputs for a plan: the main tensor ``x`` and a plausible sample for every public input slot.
+
+Used by the main job (``run``) and benchmarks. Samples are drawn on the CPU from a seeded generator,
+then moved, so the same seed gives the same data on every device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from te_assembly.plan import Plan, PlannedStep, PublicTensor
+
+
+def rows_per_step(plan: Plan, tokens: int) -> dict[int, int]:
+    """Rows of the main tensor arriving at each step (by step index). Only the MoE permutation ops
+    change the row count: Dispatch copies each token top_k times, Combine sums them back."""
+    rows: dict[int, int] = {}
+    current = tokens
+    for step in plan.steps:
+        rows[step.index] = current
+        if step.kind == "op" and step.type == "Dispatch":
+            current *= int(step.args["top_k"])
+        elif step.kind == "op" and step.type == "Combine":
+            current //= int(step.args["top_k"])
+    return rows
+
+
+def sample_x(
+    plan: Plan, tokens: int, *, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    return torch.randn(tokens, plan.in_features, generator=generator).to(device=device, dtype=dtype)
+
+
+def sample_public_inputs(
+    plan: Plan,
+    tokens: int,
+    *,
+    generator: torch.Generator,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """One sample per public input, by name, in the plan's calling order.
+
+    Float slots get float tensors of ``dtype`` (normal addends, positive per-row scales or
+    probabilities); int slots get values the consuming op accepts (split sizes summing to the rows,
+    expert ids, a row permutation). Integer tensors are int64."""
+    rows = rows_per_step(plan, tokens)
+    steps = plan.steps_by_index
+    out: dict[str, torch.Tensor] = {}
+    for tensor in plan.public_inputs:
+        step = steps[tensor.ref.step]
+        value = _sample(step, tensor, rows[step.index], generator)
+        out[tensor.name] = value.to(device=device, dtype=dtype if value.is_floating_point() else torch.int64)
+    return out
+
+
+def _sample(step: PlannedStep, tensor: PublicTensor, rows: int, generator: torch.Generator) -> torch.Tensor:
+    slot, args = tensor.ref.slot_name, step.args
+    if step.type == "GroupedLinear" and slot == "split_sizes":
+        return split_sizes(rows, int(args["num_groups"]), generator)
+    if step.type == "Dispatch" and slot == "routing_map":
+        top_k, experts = int(args["top_k"]), int(args["num_experts"])
+        scores = torch.rand(rows, experts, generator=generator)
+        return scores.topk(top_k, dim=-1).indices  # distinct experts per token, as a router picks
+    if step.type == "Dispatch" and slot == "probs":
+        probs = torch.rand(rows, int(args["top_k"]), generator=generator) + 0.1
+        return probs / probs.sum(dim=-1, keepdim=True)
+    if step.type == "Combine" and slot == "row_map":
+        return torch.randperm(rows, generator=generator)
+    if tensor.dtype == "int":
+        raise NotImplementedError(f"no sample rule for int input {step.type}.{slot}")
+    if slot == "scales":
+        return torch.rand(rows, generator=generator) + 0.5  # per-row scales, like router probabilities
+    return torch.randn(rows, step.in_width or 1, generator=generator)  # an addend shaped like x there
+
+
+def split_sizes(rows: int, groups: int, generator: torch.Generator) -> torch.Tensor:
+    """Random non-negative int64 sizes of ``groups`` groups summing to ``rows``."""
+    cuts = torch.randint(0, rows + 1, (groups - 1,), generator=generator).sort().values
+    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([rows])])
+    return bounds.diff()
+
+
+__all__ = ["rows_per_step", "sample_public_inputs", "sample_x", "split_sizes"]

@@ -1,0 +1,289 @@
+"""The invalid-config corpus: each case breaks one rule of a valid base model and names the diagnostic
+that must come out (key path, rule code, message fragment, did-you-mean hint), with file and line."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from te_assembly.config import load_model_text
+from te_assembly.diagnostics import Diagnostic
+from te_assembly.validate import analyze
+
+# A small MoE block (moe_block.yaml with literal numbers): hidden 8, ffn 16, 4 experts, top 2.
+BASE_YAML = """\
+name: base
+description: corpus base model
+in_features: 8
+dims: {hidden: 8}
+ops:
+  - name: residual
+    op: MakeExtraOutput
+    extra_outputs:
+      out: {channel: residual, public: false}
+  - name: norm
+    op: RMSNorm
+    args: {normalized_shape: 8}
+  - name: router
+    op: TopKRouter
+    args: {in_features: 8, num_experts: 4, top_k: 2}
+    extra_outputs:
+      probs: {channel: probs, public: false}
+      routing_map: {channel: routing_map, public: false}
+      aux_loss: {channel: aux_loss, public: true}
+  - name: dispatch
+    op: Dispatch
+    args: {num_experts: 4, top_k: 2}
+    extra_inputs: {probs: probs, routing_map: routing_map}
+    extra_outputs:
+      split_sizes: {channel: split_sizes, public: false}
+      row_probs: {channel: row_probs, public: false}
+      row_map: {channel: row_map, public: false}
+  - name: fc1
+    op: GroupedLinear
+    args: {num_groups: 4, in_features: 8, out_features: 32}
+    extra_inputs: {split_sizes: split_sizes}
+  - name: act
+    op: ScaledSwiGLU
+    extra_inputs: {scales: row_probs}
+  - name: fc2
+    op: GroupedLinear
+    args: {num_groups: 4, in_features: 16, out_features: 8}
+    extra_inputs: {split_sizes: split_sizes}
+  - name: combine
+    op: Combine
+    args: {top_k: 2}
+    extra_inputs: {row_map: row_map}
+  - name: add_residual
+    op: AddExtraInput
+    extra_inputs: {addend: residual}
+"""
+BASE: dict[str, Any] = yaml.safe_load(BASE_YAML)
+
+DELETE = object()
+"""Patch value: remove the key."""
+
+_STEP = re.compile(r"^ops\[(\d+)\](\+?)(.*)$")
+
+
+def _apply(model: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply ``{path: value}`` edits in order. ``ops[3]+`` inserts a step before index 3 (``ops[9]+``
+    appends); other paths set (or with ``DELETE`` remove) one key, creating mappings on the way."""
+    out = copy.deepcopy(model)
+    for path, value in patch.items():
+        m = _STEP.match(path)
+        if m and m.group(2):
+            out["ops"].insert(int(m.group(1)), copy.deepcopy(value))
+            continue
+        node: Any = out
+        keys: list[Any] = []
+        rest = path
+        if m:
+            node, rest = out["ops"][int(m.group(1))], m.group(3).lstrip(".")
+        keys = rest.split(".") if rest else []
+        if not keys:
+            out["ops"][int(m.group(1))] = copy.deepcopy(value)  # type: ignore[union-attr]
+            continue
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            del node[keys[-1]]
+        else:
+            node[keys[-1]] = copy.deepcopy(value)
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    patch: dict[str, Any]
+    path: str
+    code: str
+    fragment: str
+    hint: str | None = None
+    """Expected did-you-mean target (the hint must contain it), or None when no hint is checked."""
+    also: tuple[str, ...] = field(default=())
+    """Other error codes this edit legitimately causes (any other error code fails the case)."""
+    warning: bool = False
+
+
+MOE = "model.ops"
+CASES: list[Case] = [
+    # --- the channel graph (TE's fuser rules, checked before any tensor exists) ---
+    Case("dangling-typo", {"ops[4].extra_inputs.split_sizes": "split_size"},
+         f"{MOE}[4].extra_inputs.split_sizes", "dangling-input", "'split_size' consumed by step 'fc1' has no producer",
+         hint="'split_sizes'"),
+    Case("dangling-no-close-name", {"ops[8].extra_inputs.addend": "zzz"},
+         f"{MOE}[8].extra_inputs.addend", "dangling-input", "'zzz'", hint="use null to make the input public"),
+    Case("producer-after-consumer", {"ops[0]+": {"name": "early", "op": "AddExtraInput",
+                                                 "extra_inputs": {"addend": "residual"}}},
+         f"{MOE}[0].extra_inputs.addend", "producer-after-consumer", "produced by step 'residual' at model.ops[1]"),
+    Case("op-consumes-own-output", {"ops[3].extra_inputs.probs": "row_probs"},
+         f"{MOE}[3].extra_inputs.probs", "producer-after-consumer", "has no earlier producer"),
+    Case("duplicate-producer-two-ops", {"ops[1]+": {"name": "tap", "op": "MakeExtraOutput",
+                                                    "extra_outputs": {"out": {"channel": "residual"}}}},
+         f"{MOE}[1].extra_outputs.out.channel", "duplicate-producer", "model.ops[0].extra_outputs.out.channel",
+         also=("public-name-clash",)),
+    Case("duplicate-producer-two-slots", {"ops[2].extra_outputs.aux_loss": {"channel": "probs", "public": False}},
+         f"{MOE}[2].extra_outputs.aux_loss.channel", "duplicate-producer", "'probs' already has a producer"),
+    Case("crosses-fuser", {"ops[4]+": {"name": "split", "module": "Identity"}},
+         f"{MOE}[5].extra_inputs.split_sizes", "crosses-fuser", "module step 'split' (Identity) at model.ops[4]"),
+    Case("channel-dtype-int-into-float", {"ops[8].extra_inputs.addend": "split_sizes"},
+         f"{MOE}[8].extra_inputs.addend", "channel-dtype", "takes a float tensor but channel 'split_sizes' carries int"),
+    Case("channel-dtype-float-into-int", {"ops[4].extra_inputs.split_sizes": "row_probs"},
+         f"{MOE}[4].extra_inputs.split_sizes", "channel-dtype", "takes a int tensor but channel 'row_probs'"),
+    Case("empty-input-channel", {"ops[4].extra_inputs.split_sizes": ""},
+         f"{MOE}[4].extra_inputs.split_sizes", "bad-channel-name", "non-empty string or null, got ''"),
+    Case("int-input-channel", {"ops[4].extra_inputs.split_sizes": 5},
+         f"{MOE}[4].extra_inputs.split_sizes", "bad-channel-name", "got 5", also=("wrong-type",)),
+    Case("empty-output-channel", {"ops[0].extra_outputs.out.channel": ""},
+         f"{MOE}[0].extra_outputs.out.channel", "bad-channel-name", "got ''", also=("dangling-input",)),
+    Case("list-output-channel", {"ops[0].extra_outputs.out.channel": ["residual"]},
+         f"{MOE}[0].extra_outputs.out.channel", "bad-channel-name", "got ['residual']",
+         also=("wrong-type", "dangling-input")),
+    Case("hidden-unnamed-output", {"ops[2].extra_outputs.aux_loss": {"public": False}},
+         f"{MOE}[2].extra_outputs.aux_loss.public", "hidden-unnamed-output", "always returned to the caller"),
+    Case("public-output-name-clash", {"ops[2].extra_outputs.aux_loss": DELETE,
+                                      "ops[9]+": {"name": "tap", "op": "MakeExtraOutput",
+                                                  "extra_outputs": {"out": {"channel": "router_aux_loss"}}}},
+         f"{MOE}[9]", "public-name-clash", "public output name 'router_aux_loss' is used twice"),
+    # --- argument agreement across a channel, feature widths ---
+    Case("num-groups-vs-num-experts", {"ops[4].args.num_groups": 3},
+         f"{MOE}[4].args.num_groups", "channel-args-mismatch", "num_groups=3", hint="set num_groups: 4"),
+    Case("top-k-disagreement", {"ops[7].args.top_k": 3},
+         f"{MOE}[7].args.top_k", "channel-args-mismatch", "with top_k=2", hint="set top_k: 2"),
+    Case("linear-in-features", {"ops[4].args.in_features": 9},
+         f"{MOE}[4].args.in_features", "width-mismatch", "arrives with width 8", hint="set in_features: 8"),
+    Case("glu-halves-width", {"ops[6].args.in_features": 32},
+         f"{MOE}[6].args.in_features", "width-mismatch", "arrives with width 16 (from step 'act'",
+         hint="set in_features: 16"),
+    Case("odd-width-into-glu", {"ops[4].args.out_features": 33},
+         f"{MOE}[5].op", "odd-glu-width", "width arriving is 33"),
+    Case("norm-shape", {"ops[1].args.normalized_shape": 16},
+         f"{MOE}[1].args.normalized_shape", "width-mismatch", "arrives with width 8 (from step 'residual'",
+         hint="set normalized_shape: 8"),
+    # --- steps: op/module names, slots, arguments, names ---
+    Case("unknown-op-typo", {"ops[1].op": "RMSnorm"},
+         f"{MOE}[1].op", "unknown-op", "unknown op 'RMSnorm'", hint="'RMSNorm'"),
+    Case("module-name-as-op", {"ops[1].op": "Tanh"},
+         f"{MOE}[1].op", "unknown-op", "unknown op 'Tanh'", hint="write 'module: Tanh'"),
+    Case("unknown-module-typo", {"ops[9]+": {"name": "tail", "module": "Identiy"}},
+         f"{MOE}[9].module", "unknown-module", "not in the allowlist", hint="'Identity'"),
+    Case("module-with-slots", {"ops[9]+": {"name": "tail", "module": "Identity", "extra_inputs": {"x": "probs"}}},
+         f"{MOE}[9].extra_inputs", "module-slots", "no extra tensor slots"),
+    Case("op-and-module", {"ops[1].module": "Identity"},
+         f"{MOE}[1].op", "op-or-module", "exactly one of 'op'"),
+    Case("neither-op-nor-module", {"ops[1].op": DELETE},
+         f"{MOE}[1].op", "op-or-module", "exactly one of 'op'"),
+    Case("unknown-slot-typo", {"ops[4].extra_inputs": {"split_size": "split_sizes"}},
+         f"{MOE}[4].extra_inputs.split_size", "unknown-slot", "no extra input slot 'split_size'",
+         hint="'split_sizes'"),
+    Case("unknown-output-slot", {"ops[2].extra_outputs.prob": {"channel": "p2"}},
+         f"{MOE}[2].extra_outputs.prob", "unknown-slot", "its output slots: probs, routing_map, aux_loss",
+         hint="'probs'"),
+    Case("disabled-slot", {"ops[4].extra_inputs.scales": "row_probs"},
+         f"{MOE}[4].extra_inputs.scales", "disabled-slot", "only when scale_bias=true and bias=true"),
+    Case("unknown-arg-typo", {"ops[4].args.num_group": 4},
+         f"{MOE}[4].args.num_group", "unknown-arg", "GroupedLinear has no argument 'num_group'",
+         hint="'num_groups'"),
+    Case("missing-arg", {"ops[4].args.num_groups": DELETE},
+         f"{MOE}[4].args.num_groups", "missing-arg", "needs argument 'num_groups' (int)"),
+    Case("string-for-int", {"ops[1].args.normalized_shape": "8"},
+         f"{MOE}[1].args.normalized_shape", "wrong-arg-type", "must be int, got str"),
+    Case("bool-for-int", {"ops[2].args.top_k": True},
+         f"{MOE}[2].args.top_k", "wrong-arg-type", "must be int, got bool"),
+    Case("bad-choice", {"ops[2].args.score_function": "softmx"},
+         f"{MOE}[2].args.score_function", "bad-arg-value", "must be one of softmax, sigmoid", hint="'softmax'"),
+    Case("non-positive-int", {"ops[3].args.num_experts": 0},
+         f"{MOE}[3].args.num_experts", "bad-arg-value", "must be positive"),
+    Case("duplicate-step-name", {"ops[6].name": "fc1"},
+         f"{MOE}[6].name", "duplicate-name", "first used at model.ops[4]"),
+    Case("bad-step-name", {"ops[1].name": "pre-norm"},
+         f"{MOE}[1].name", "bad-name", "must be a Python identifier"),
+    # --- structure ---
+    Case("unknown-top-level-key", {"descripton": "typo"},
+         "model.descripton", "unknown-key", "unknown key 'descripton'", hint="'description'"),
+    Case("unknown-step-key", {"ops[4].extra_input": {"split_sizes": "split_sizes"}},
+         f"{MOE}[4].extra_input", "unknown-key", "unknown key 'extra_input'", hint="'extra_inputs'"),
+    Case("empty-ops", {"ops": []}, f"{MOE}", "empty-model", "at least one step"),
+    Case("missing-in-features", {"in_features": DELETE},
+         "model.in_features", "missing-key", "missing required key 'in_features'"),
+    Case("step-not-a-mapping", {"ops[1]": "RMSNorm"}, f"{MOE}[1]", "wrong-type", "got str"),
+    # --- warnings: valid configs, but worth a word ---
+    Case("unused-hidden-output", {"ops[8].extra_inputs.addend": None},
+         f"{MOE}[0].extra_outputs.out.channel", "unused-hidden-output", "'residual' has no consumer",
+         warning=True),
+    Case("in-place-endpoint", {"ops[8].args.in_place": True},
+         f"{MOE}[8].args.in_place", "in-place-endpoint", "silently overwrite", warning=True),
+]
+
+
+def _load(patch: Mapping[str, Any], file: str) -> tuple[str, list[Diagnostic], bool]:
+    text = yaml.safe_dump(_apply(BASE, patch), sort_keys=False)
+    loaded = load_model_text(text, file)
+    diags, plan = analyze(loaded.model)
+    from te_assembly.config import locate
+
+    return text, [*loaded.diagnostics, *locate(diags, loaded.file, loaded.lines)], plan is not None
+
+
+def test_base_model_is_valid() -> None:
+    _, diags, planned = _load({}, "base.yaml")
+    assert [d.format() for d in diags] == []
+    assert planned
+
+
+def test_corpus_covers_every_rule() -> None:
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)) >= 30
+    assert len({c.code for c in CASES}) >= 25
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_invalid_config(case: Case) -> None:
+    text, diags, planned = _load(case.patch, f"{case.id}.yaml")
+    shown = "\n".join(d.format() for d in diags)
+    match = [d for d in diags if d.path == case.path and d.code == case.code]
+    assert match, f"expected {case.code} at {case.path}; got:\n{shown}"
+    d = match[0]
+    assert case.fragment in d.message, shown
+    assert d.is_error is not case.warning
+    if case.hint is not None:
+        assert d.hint is not None and case.hint in d.hint, shown
+    # Nothing unrelated: every error comes from this case's edit.
+    allowed = {case.code, *case.also}
+    assert {e.code for e in diags if e.is_error} <= allowed, shown
+    assert planned is case.warning
+    # Located in the file: the line holds the offending key (or the nearest enclosing key the YAML names).
+    assert d.file == f"{case.id}.yaml"
+    assert d.line is not None
+    line = text.splitlines()[d.line - 1]
+    last = _deepest_present(yaml.safe_load(text), case.path)
+    if last is None:
+        assert d.line == 1
+    elif isinstance(last, int):
+        assert line.lstrip().startswith("- "), f"line {d.line} is not a list item: {line!r}"
+    else:
+        assert line.lstrip(" -").startswith(f"{last}:"), f"line {d.line} does not name {last!r}: {line!r}"
+
+
+def _deepest_present(data: Any, path: str) -> str | int | None:
+    """The last component of ``path`` (below ``model``) that exists in ``data``; None for the root."""
+    found: str | int | None = None
+    node = data
+    for index, key in re.findall(r"\[(\d+)\]|\.([^.\[]+)", path):
+        step: str | int = int(index) if index else key
+        if isinstance(step, int) and isinstance(node, list) and step < len(node):
+            node = node[step]
+        elif isinstance(step, str) and isinstance(node, dict) and step in node:
+            node = node[step]
+        else:
+            break
+        found = step
+    return found
