@@ -76,8 +76,41 @@ def path_sort_key(path: str) -> tuple[tuple[int, int | str], ...]:
 
 
 def sort_diagnostics(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
-    return sorted(diagnostics, key=lambda d: (path_sort_key(d.path), d.severity is Severity.WARNING, d.code))
+    """Source order: by line where known (a step's ``name`` precedes its ``args``), then by path."""
+    return sorted(
+        diagnostics,
+        key=lambda d: (
+            d.line is None,
+            d.line or 0,
+            path_sort_key(d.path),
+            d.severity is Severity.WARNING,
+            d.code,
+        ),
+    )
 
 
 def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
     return any(d.is_error for d in diagnostics)
+
+
+# When one of these is reported at a path, the others there are consequences of it.
+_ROOT_CAUSES = {
+    "bad-interpolation": {"missing-key", "missing-arg", "wrong-type"},
+    "bad-channel-name": {"wrong-type"},
+}
+
+
+def dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """Drop repeats, and findings that are only consequences of a root cause at the same path."""
+    causes: dict[str, set[str]] = {}
+    for d in diags:
+        causes.setdefault(d.path, set()).add(d.code)
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for d in diags:
+        key = (d.path, d.code, d.message)
+        shadowed = any(d.code in _ROOT_CAUSES.get(c, ()) for c in causes[d.path])
+        if key not in seen and not shadowed:
+            seen.add(key)
+            out.append(d)
+    return out

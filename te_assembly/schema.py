@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class ModelConfig:
     """Free-form numbers for ``${model.dims.X}`` interpolation."""
 
 
+@functools.cache  # get_type_hints evaluates string annotations: far too slow to redo for every step
 def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
     hints = typing.get_type_hints(cls)
     out = {}

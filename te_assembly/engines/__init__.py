@@ -78,10 +78,12 @@ def build(
     kernels: str = "te",
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    recipe: Mapping[str, Any] | None = None,
 ) -> AssembledModel:
     """Build a model. ``engine``: ``reference`` (pure PyTorch, any machine), ``te`` (Transformer
     Engine fusers, locked at build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our
-    reference math inside TE's real ``OperationFuser``."""
+    reference math inside TE's real ``OperationFuser``. ``recipe`` (a recipe config, see recipes.py) is
+    the TE engine's quantization recipe; the reference engine computes in ``dtype`` and ignores it."""
     plan = to_plan(config)
     chosen, _ = resolve_engine(engine, kernels)
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -96,7 +98,7 @@ def build(
         )
     from te_assembly.engines.te import build_te
 
-    return build_te(plan, kernels=kernels, device=dev, dtype=dtype)
+    return build_te(plan, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
 
 
 __all__ = ["AssembledModel", "ModelOutput", "build", "resolve_engine", "te_available", "to_plan"]

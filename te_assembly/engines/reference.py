@@ -15,7 +15,6 @@ from te_assembly.engines.base import AssembledModel, CallError
 from te_assembly.plan import Plan, PlannedStep
 
 
-
 @dataclass(frozen=True)
 class _Instruction:
     """One step, compiled at build time so a forward does no name lookups."""
@@ -72,7 +71,7 @@ class ReferenceModel(AssembledModel):
                 f"got {len(extra_inputs)}"
             )
         registers: list[torch.Tensor | None] = [None] * self._num_registers
-        for register, value in zip(self._input_registers, extra_inputs):
+        for register, value in zip(self._input_registers, extra_inputs, strict=True):
             registers[register] = value
         recording = self._recording
         if recording:
@@ -82,13 +81,13 @@ class ReferenceModel(AssembledModel):
                 x = ins.module(x)
                 continue
             x, extra = ins.module(x, [registers[i] for i in ins.inputs])
-            for register, value in zip(ins.outputs, extra):
+            for register, value in zip(ins.outputs, extra, strict=True):
                 registers[register] = value
             if recording and ins.channels:
                 self._record(ins, registers)
         if not self._output_registers:
             return x
-        return (x, *(registers[i] for i in self._output_registers))  # type: ignore[misc]
+        return (x, *(registers[i] for i in self._output_registers))  # type: ignore[misc,arg-type]
 
     def _record(self, ins: _Instruction, registers: list[torch.Tensor | None]) -> None:
         for name, slot in ins.channels:
@@ -130,7 +129,7 @@ def _compile(
     slot_register: dict[tuple[int, int], int] = {}
     count = 0
     for step in plan.steps:
-        for slot, (channel, public) in enumerate(zip(step.output_channels, step.output_public)):
+        for slot, (channel, public) in enumerate(zip(step.output_channels, step.output_public, strict=True)):
             if public or (channel is not None and plan.channels[channel].consumers):
                 slot_register[(step.index, slot)] = count
                 count += 1
@@ -151,14 +150,18 @@ def _compile(
             producer_register[channel] if channel is not None else public_in[(step.index, slot)]
             for slot, channel in enumerate(step.input_channels)
         )
-        outputs = tuple(slot_register.get((step.index, slot), scratch) for slot in range(len(step.output_slots)))
+        outputs = tuple(
+            slot_register.get((step.index, slot), scratch) for slot in range(len(step.output_slots))
+        )
         channels = tuple((name, slot) for slot, name in enumerate(step.output_channels) if name is not None)
         program.append(_Instruction(modules[step.name], step.kind == "op", inputs, outputs, channels))
     returned = tuple(slot_register[(t.ref.step, t.ref.slot)] for t in plan.public_outputs)
     return program, count, tuple(public_in.values()), returned
 
 
-def build_reference(plan: Plan, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> ReferenceModel:
+def build_reference(
+    plan: Plan, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> ReferenceModel:
     """The plan as a ``ReferenceModel``. Initialisation draws from torch's global RNG: seed it with
     ``torch.manual_seed`` before building for reproducible weights."""
     return ReferenceModel(plan, torch.device(device), dtype)

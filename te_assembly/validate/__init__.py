@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from te_assembly.diagnostics import Diagnostic, error, has_errors, sort_diagnostics
+from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_diagnostics
 from te_assembly.errors import ConfigError
 from te_assembly.plan import Plan, PlannedStep
 from te_assembly.schema import ModelConfig, check_structure
@@ -35,7 +35,7 @@ def analyze(model: Mapping[str, Any]) -> tuple[list[Diagnostic], Plan | None]:
     graph = check_channels(steps, fusers)
     diags.extend(graph.diagnostics)
     diags.extend(check_widths(steps, model.get("in_features")))
-    diags = _dedupe(sort_diagnostics(diags))
+    diags = dedupe(sort_diagnostics(diags))
     if has_errors(diags):
         return diags, None
     planned = [s for s in steps if s is not None]
@@ -65,14 +65,3 @@ def plan_or_raise(model: Mapping[str, Any]) -> Plan:
     if plan is None:
         raise ConfigError(diags)
     return plan
-
-
-def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
-    seen: set[tuple[str, str, str]] = set()
-    out = []
-    for d in diags:
-        key = (d.path, d.code, d.message)
-        if key not in seen:
-            seen.add(key)
-            out.append(d)
-    return out

@@ -30,7 +30,8 @@ def _out_path(step: PlannedStep, slot: int) -> str:
 
 
 def assign_fusers(steps: Sequence[PlannedStep | None]) -> list[FuserGroup]:
-    """Group op steps into fusers; a module step (or an unusable step of unknown kind) ends a run."""
+    """Group op steps into fusers; a module step ends a run. Steps too broken to plan (None) are
+    skipped, so one bad step does not split its neighbours' channels."""
     fusers: list[FuserGroup] = []
     run: list[PlannedStep] = []
 
@@ -56,10 +57,14 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
     planned = [s for s in steps if s is not None and s.kind == "op"]
     diags: list[Diagnostic] = []
     producers: dict[str, SlotRef] = {}
+    # A consumer is fed from its own fuser (TE's rule), even when a duplicate name elsewhere is an error.
+    local_producers: dict[tuple[str, int | None], SlotRef] = {}
     for step in planned:
         for slot, name in enumerate(step.output_channels):
             if name is None:
                 continue
+            ref = SlotRef(step.index, slot, step.output_slots[slot].name)
+            local_producers.setdefault((name, step.fuser), ref)
             first = producers.get(name)
             if first is not None:
                 other = steps[first.step]
@@ -88,7 +93,7 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
                 ref = SlotRef(step.index, slot, step.input_slots[slot].name)
                 public_inputs.append(PublicTensor(step.public_input_name(slot), ref, dtype, step.fuser or 0))
                 continue
-            source = producers.get(name)
+            source = local_producers.get((name, step.fuser)) or producers.get(name)
             if source is None:
                 diags.append(
                     error(
@@ -132,6 +137,7 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
 
     channels: dict[str, Channel] = {}
     public_outputs: list[PublicTensor] = []
+    wanted = {n for s in planned for n in s.input_channels if n is not None}
     for step in planned:
         for slot, public in enumerate(step.output_public):
             ref = SlotRef(step.index, slot, step.output_slots[slot].name)
@@ -144,7 +150,8 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
             if name is None or producers.get(name) != ref:
                 continue
             channels[name] = Channel(name, dtype, step.fuser or 0, ref, tuple(consumers[name]), public)
-            if not public and not consumers[name]:
+            # A consumer rejected for another reason (crossing, order) already has its own error.
+            if not public and not consumers[name] and name not in wanted:
                 diags.append(
                     warning(
                         _out_path(step, slot),

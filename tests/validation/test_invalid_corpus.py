@@ -7,12 +7,13 @@ import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from te_assembly.config import load_model_text
+from te_assembly.config import load_model_file, load_model_text, locate
 from te_assembly.diagnostics import Diagnostic
 from te_assembly.validate import analyze
 
@@ -117,25 +118,31 @@ MOE = "model.ops"
 CASES: list[Case] = [
     # --- the channel graph (TE's fuser rules, checked before any tensor exists) ---
     Case("dangling-typo", {"ops[4].extra_inputs.split_sizes": "split_size"},
-         f"{MOE}[4].extra_inputs.split_sizes", "dangling-input", "'split_size' consumed by step 'fc1' has no producer",
+         f"{MOE}[4].extra_inputs.split_sizes", "dangling-input",
+         "'split_size' consumed by step 'fc1' has no producer",
          hint="'split_sizes'"),
     Case("dangling-no-close-name", {"ops[8].extra_inputs.addend": "zzz"},
-         f"{MOE}[8].extra_inputs.addend", "dangling-input", "'zzz'", hint="use null to make the input public"),
+         f"{MOE}[8].extra_inputs.addend", "dangling-input", "'zzz'",
+         hint="use null to make the input public"),
     Case("producer-after-consumer", {"ops[0]+": {"name": "early", "op": "AddExtraInput",
                                                  "extra_inputs": {"addend": "residual"}}},
-         f"{MOE}[0].extra_inputs.addend", "producer-after-consumer", "produced by step 'residual' at model.ops[1]"),
+         f"{MOE}[0].extra_inputs.addend", "producer-after-consumer",
+         "produced by step 'residual' at model.ops[1]"),
     Case("op-consumes-own-output", {"ops[3].extra_inputs.probs": "row_probs"},
          f"{MOE}[3].extra_inputs.probs", "producer-after-consumer", "has no earlier producer"),
     Case("duplicate-producer-two-ops", {"ops[1]+": {"name": "tap", "op": "MakeExtraOutput",
                                                     "extra_outputs": {"out": {"channel": "residual"}}}},
-         f"{MOE}[1].extra_outputs.out.channel", "duplicate-producer", "model.ops[0].extra_outputs.out.channel",
-         also=("public-name-clash",)),
-    Case("duplicate-producer-two-slots", {"ops[2].extra_outputs.aux_loss": {"channel": "probs", "public": False}},
+         f"{MOE}[1].extra_outputs.out.channel", "duplicate-producer",
+         "model.ops[0].extra_outputs.out.channel"),
+    Case("duplicate-producer-two-slots",
+         {"ops[2].extra_outputs.aux_loss": {"channel": "probs", "public": False}},
          f"{MOE}[2].extra_outputs.aux_loss.channel", "duplicate-producer", "'probs' already has a producer"),
     Case("crosses-fuser", {"ops[4]+": {"name": "split", "module": "Identity"}},
-         f"{MOE}[5].extra_inputs.split_sizes", "crosses-fuser", "module step 'split' (Identity) at model.ops[4]"),
+         f"{MOE}[5].extra_inputs.split_sizes", "crosses-fuser",
+         "module step 'split' (Identity) at model.ops[4]"),
     Case("channel-dtype-int-into-float", {"ops[8].extra_inputs.addend": "split_sizes"},
-         f"{MOE}[8].extra_inputs.addend", "channel-dtype", "takes a float tensor but channel 'split_sizes' carries int"),
+         f"{MOE}[8].extra_inputs.addend", "channel-dtype",
+         "takes a float tensor but channel 'split_sizes' carries int"),
     Case("channel-dtype-float-into-int", {"ops[4].extra_inputs.split_sizes": "row_probs"},
          f"{MOE}[4].extra_inputs.split_sizes", "channel-dtype", "takes a int tensor but channel 'row_probs'"),
     Case("empty-input-channel", {"ops[4].extra_inputs.split_sizes": ""},
@@ -158,7 +165,11 @@ CASES: list[Case] = [
          f"{MOE}[4].args.num_groups", "channel-args-mismatch", "num_groups=3", hint="set num_groups: 4"),
     Case("top-k-disagreement", {"ops[7].args.top_k": 3},
          f"{MOE}[7].args.top_k", "channel-args-mismatch", "with top_k=2", hint="set top_k: 2"),
-    Case("linear-in-features", {"ops[4].args.in_features": 9},
+    Case("linear-in-features", {"ops[9]+": {"name": "proj", "op": "Linear",
+                                            "args": {"in_features": 16, "out_features": 8}}},
+         f"{MOE}[9].args.in_features", "width-mismatch", "arrives with width 8 (from step 'add_residual'",
+         hint="set in_features: 8"),
+    Case("grouped-in-features", {"ops[4].args.in_features": 9},
          f"{MOE}[4].args.in_features", "width-mismatch", "arrives with width 8", hint="set in_features: 8"),
     Case("glu-halves-width", {"ops[6].args.in_features": 32},
          f"{MOE}[6].args.in_features", "width-mismatch", "arrives with width 16 (from step 'act'",
@@ -175,7 +186,8 @@ CASES: list[Case] = [
          f"{MOE}[1].op", "unknown-op", "unknown op 'Tanh'", hint="write 'module: Tanh'"),
     Case("unknown-module-typo", {"ops[9]+": {"name": "tail", "module": "Identiy"}},
          f"{MOE}[9].module", "unknown-module", "not in the allowlist", hint="'Identity'"),
-    Case("module-with-slots", {"ops[9]+": {"name": "tail", "module": "Identity", "extra_inputs": {"x": "probs"}}},
+    Case("module-with-slots",
+         {"ops[9]+": {"name": "tail", "module": "Identity", "extra_inputs": {"x": "probs"}}},
          f"{MOE}[9].extra_inputs", "module-slots", "no extra tensor slots"),
     Case("op-and-module", {"ops[1].module": "Identity"},
          f"{MOE}[1].op", "op-or-module", "exactly one of 'op'"),
@@ -199,7 +211,8 @@ CASES: list[Case] = [
     Case("bool-for-int", {"ops[2].args.top_k": True},
          f"{MOE}[2].args.top_k", "wrong-arg-type", "must be int, got bool"),
     Case("bad-choice", {"ops[2].args.score_function": "softmx"},
-         f"{MOE}[2].args.score_function", "bad-arg-value", "must be one of softmax, sigmoid", hint="'softmax'"),
+         f"{MOE}[2].args.score_function", "bad-arg-value", "must be one of softmax, sigmoid",
+         hint="'softmax'"),
     Case("non-positive-int", {"ops[3].args.num_experts": 0},
          f"{MOE}[3].args.num_experts", "bad-arg-value", "must be positive"),
     Case("duplicate-step-name", {"ops[6].name": "fc1"},
@@ -228,8 +241,6 @@ def _load(patch: Mapping[str, Any], file: str) -> tuple[str, list[Diagnostic], b
     text = yaml.safe_dump(_apply(BASE, patch), sort_keys=False)
     loaded = load_model_text(text, file)
     diags, plan = analyze(loaded.model)
-    from te_assembly.config import locate
-
     return text, [*loaded.diagnostics, *locate(diags, loaded.file, loaded.lines)], plan is not None
 
 
@@ -287,3 +298,88 @@ def _deepest_present(data: Any, path: str) -> str | int | None:
             break
         found = step
     return found
+
+
+# Six independent errors; each offending line carries a marker comment naming the rule it breaks.
+MULTI_YAML = """\
+name: multi
+in_features: 8
+descripton: several mistakes at once     # E unknown-key
+ops:
+  - name: residual
+    op: MakeExtraOutput
+    extra_outputs:
+      out: {channel: residual, public: false}
+  - name: pre-norm                       # E bad-name
+    op: RMSNorm
+    args:
+      normalized_shape: 8
+      epsilon: 1.0e-6                    # E unknown-arg
+  - name: up
+    op: Linear
+    args: {in_features: 8, out_features: 32}
+  - name: act
+    op: SwiGLU
+  - name: down
+    op: Linear
+    args:
+      in_features: 32                    # E width-mismatch
+      out_features: 8
+  - name: scale
+    op: ConstantScale
+    args:
+      scale: fast                        # E wrong-arg-type
+  - name: add
+    op: AddExtraInput
+    extra_inputs: {addend: residul}      # E dangling-input
+"""
+
+
+def _marked(text: str) -> list[tuple[int, str]]:
+    return [
+        (number, line.split("# E ")[1].strip())
+        for number, line in enumerate(text.splitlines(), start=1)
+        if "# E " in line
+    ]
+
+
+def test_every_error_at_once_in_file_order(tmp_path: Path) -> None:
+    path = tmp_path / "multi.yaml"
+    path.write_text(MULTI_YAML)
+    loaded = load_model_file(path)
+    assert loaded.diagnostics == []
+    diags, plan = analyze(loaded.model)
+    assert plan is None
+    assert sorted(d.code for d in diags if d.is_error) == sorted(code for _, code in _marked(MULTI_YAML))
+    located = locate(diags, loaded.file, loaded.lines)
+    assert all(d.file == str(path) for d in located)
+    assert [(d.line, d.code) for d in located if d.is_error] == _marked(MULTI_YAML)
+    dangling = next(d for d in located if d.code == "dangling-input")
+    assert dangling.hint is not None and "'residual'" in dangling.hint
+
+
+YAML_SYNTAX_CASES = [
+    ("bad-indent", "name: x\nin_features: 8\nops:\n  - name: a\n    op: Bias\n   args: {size: 8}\n", 6),
+    ("unclosed-flow", "name: x\nin_features: 8\nops:\n  - {name: a, op: Bias\n", 5),
+    ("tab-indent", "name: x\nin_features: 8\nops:\n\t- name: a\n", 4),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "line"), [c[1:] for c in YAML_SYNTAX_CASES], ids=[c[0] for c in YAML_SYNTAX_CASES]
+)
+def test_yaml_syntax_error_has_file_and_line(text: str, line: int) -> None:
+    loaded = load_model_text(text, "broken.yaml")
+    assert [(d.code, d.file, d.line) for d in loaded.diagnostics] == [("yaml-syntax", "broken.yaml", line)]
+    assert "YAML syntax error" in loaded.diagnostics[0].message
+
+
+def test_bad_interpolation_is_reported_with_its_path() -> None:
+    text = BASE_YAML.replace("args: {normalized_shape: 8}", "args: {normalized_shape: '${model.dims.nope}'}")
+    assert text != BASE_YAML
+    loaded = load_model_text(text, "interp.yaml")
+    bad = [d for d in loaded.diagnostics if d.code == "bad-interpolation"]
+    assert [d.path for d in bad] == ["model.ops[1].args.normalized_shape"]
+    assert "nope" in bad[0].message
+    assert bad[0].file == "interp.yaml"
+    assert "normalized_shape" in text.splitlines()[bad[0].line - 1]

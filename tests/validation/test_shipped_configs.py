@@ -11,6 +11,7 @@ import pytest
 from te_assembly.config import available_models, config_dir, load_model_file
 from te_assembly.validate import analyze
 
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
 MODEL_DIR = config_dir() / "model"
 SHIPPED = sorted(MODEL_DIR.rglob("*.yaml"))
 
@@ -26,7 +27,7 @@ def test_configs_are_discovered() -> None:
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=_model_name)
-def test_shipped_config_is_valid(path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+def test_shipped_config_is_valid(path: Path, run_cli: RunCli) -> None:
     loaded = load_model_file(path)
     assert [d.format() for d in loaded.diagnostics] == []
     diags, plan = analyze(loaded.model)

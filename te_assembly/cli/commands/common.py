@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-
 from te_assembly.config import LoadedConfig, compose, locate, yaml_lines
-from te_assembly.diagnostics import Diagnostic, has_errors, sort_diagnostics
+from te_assembly.diagnostics import Diagnostic, dedupe, has_errors, sort_diagnostics
 from te_assembly.errors import ConfigError
 from te_assembly.plan import Plan
 from te_assembly.validate import analyze
@@ -19,7 +18,7 @@ def load_and_validate(overrides: Sequence[str]) -> tuple[LoadedConfig, list[Diag
     diags, plan = analyze(loaded.model)
     extra = list(loaded.diagnostics)
     diags = locate([*extra, *diags], loaded.file, loaded.lines)
-    diags = sort_diagnostics([*diags, *_recipe_diagnostics(loaded)])
+    diags = dedupe(sort_diagnostics([*diags, *_recipe_diagnostics(loaded)]))
     return loaded, diags, (None if has_errors(diags) else plan)
 
 
@@ -28,9 +27,7 @@ def _recipe_diagnostics(loaded: LoadedConfig) -> list[Diagnostic]:
         return []
     from omegaconf import OmegaConf
 
-    from te_assembly.recipes import validate_recipe
-
-    from te_assembly.recipes import recipe_dir
+    from te_assembly.recipes import recipe_dir, validate_recipe
 
     recipe = OmegaConf.to_container(loaded.cfg.recipe, resolve=True)
     assert isinstance(recipe, dict)

@@ -129,13 +129,14 @@ class GroupedLinear(ReferenceOp):
         scales = extra_inputs[1].reshape(-1) if self.scale_bias else None
         outs = []
         for g, (x_g, start) in enumerate(zip(rows.split(sizes), _offsets(sizes), strict=True)):
-            y_g = torch.nn.functional.linear(x_g, getattr(self, f"weight{g}"))
-            if self.use_bias:
-                bias = getattr(self, f"bias{g}")
-                if scales is None:
-                    y_g = y_g + bias
-                else:
-                    y_g = y_g + scales[start : start + sizes[g], None].to(y_g.dtype) * bias
+            weight = getattr(self, f"weight{g}")
+            bias: torch.Tensor | None = getattr(self, f"bias{g}") if self.use_bias else None
+            if scales is None or bias is None:
+                # The bias inside linear: one addmm, not a matmul and a separate add (faster on big groups).
+                y_g = torch.nn.functional.linear(x_g, weight, bias)
+            else:
+                y_g = torch.nn.functional.linear(x_g, weight)
+                y_g = y_g + scales[start : start + sizes[g], None].to(y_g.dtype) * bias
             outs.append(y_g)
         return torch.cat(outs).reshape(*lead, self.out_features), ()
 

@@ -1,0 +1,124 @@
+"""Time forward, backward and a full training step of one or more models on the same inputs.
+
+Variants are timed interleaved: every repeat runs each variant once, in a rotating order, so slow
+drifts of the machine (clocks, other processes) hit all of them alike.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from te_assembly.bench.timing import Stats, synchronize, timed
+from te_assembly.engines.base import ModelOutput
+from te_assembly.train.task import aux_losses
+
+PHASES = ("forward", "backward", "step")
+ModelFn = Callable[..., ModelOutput]
+
+
+@dataclass
+class Variant:
+    name: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass
+class VariantResult:
+    name: str
+    stats: dict[str, Stats] = field(default_factory=dict)
+    """Phase -> seconds."""
+    peak_bytes: int | None = None
+    """CUDA ``max_memory_allocated`` during one full step; None on CPU."""
+
+
+def bench_loss(out: ModelOutput) -> torch.Tensor:
+    """Mean square of ``y`` plus every public aux loss: something every output's gradient flows from."""
+    loss = out.y.float().square().mean()
+    for value in aux_losses(out.extras).values():
+        loss = loss + value
+    return loss
+
+
+def make_optimizer(model: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r} (adamw | sgd)")
+
+
+def _forward(v: Variant, x: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> ModelOutput:
+    return v.model(x, **inputs)
+
+
+def _phase_sample(
+    phase: str, v: Variant, x: torch.Tensor, inputs: Mapping[str, torch.Tensor], device: torch.device
+) -> float:
+    if phase == "forward":
+        return timed(lambda: _forward(v, x, inputs), device)
+    if phase == "backward":
+        v.optimizer.zero_grad(set_to_none=True)
+        loss = bench_loss(_forward(v, x, inputs))
+        return timed(loss.backward, device)
+
+    def step() -> None:
+        v.optimizer.zero_grad(set_to_none=True)
+        bench_loss(_forward(v, x, inputs)).backward()
+        v.optimizer.step()
+
+    return timed(step, device)
+
+
+def _peak_bytes(
+    v: Variant, x: torch.Tensor, inputs: Mapping[str, torch.Tensor], device: torch.device
+) -> int | None:
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    _phase_sample("step", v, x, inputs, device)
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def run_benchmark(
+    variants: Sequence[Variant],
+    x: torch.Tensor,
+    inputs: Mapping[str, torch.Tensor],
+    *,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    phases: Sequence[str] = PHASES,
+    on_sample: Callable[[], None] | None = None,
+) -> list[VariantResult]:
+    """Median and spread per variant and phase, plus CUDA peak memory of a full step."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError("repeats must be >= 1 and warmup >= 0")
+    results = [VariantResult(v.name) for v in variants]
+    for v, r in zip(variants, results, strict=True):
+        r.peak_bytes = _peak_bytes(v, x, inputs, device)
+    for phase in phases:
+        for v in variants:
+            for _ in range(warmup):
+                _phase_sample(phase, v, x, inputs, device)
+        samples: list[list[float]] = [[] for _ in variants]
+        for rep in range(repeats):
+            order = [(rep + i) % len(variants) for i in range(len(variants))]
+            for i in order:
+                samples[i].append(_phase_sample(phase, variants[i], x, inputs, device))
+                if on_sample is not None:
+                    on_sample()
+        for r, s in zip(results, samples, strict=True):
+            r.stats[phase] = Stats.of(s)
+    return results
+
+
+def process_peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB), for CPU runs."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

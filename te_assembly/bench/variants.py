@@ -1,0 +1,61 @@
+"""The models ``bench`` times: the block as configured and, for ``compare``, (b) the same block cut in
+two fusers with the crossing channels passed by the caller, and (c) the same math as plain PyTorch.
+All three share the weights of (a)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from te_assembly.bench.plain import PlainModel
+from te_assembly.bench.runner import Variant, make_optimizer
+from te_assembly.bench.split import SplitModel, SplitPlan, cut_at, split_plan
+from te_assembly.engines import build
+from te_assembly.plan import Plan
+
+CHANNELLED = "(a) channelled, one fuser"
+SPLIT = "(b) split, public tensors"
+PLAIN = "(c) plain PyTorch"
+
+
+def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Load every tensor of ``target``'s state dict from ``source`` (names agree across engines; a TE
+    model's extra state, such as FP8 metadata, has no counterpart in plain PyTorch and is left out)."""
+    available = source.state_dict()
+    wanted = target.state_dict()
+    missing = sorted(set(wanted) - set(available))
+    if missing:
+        raise KeyError(f"weights missing from the source model: {missing}")
+    target.load_state_dict({k: available[k] for k in wanted})
+
+
+def build_variants(
+    plan: Plan,
+    *,
+    engine: str,
+    kernels: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    optimizer: str,
+    lr: float,
+    compare: bool,
+    split_at: str | None = None,
+    recipe: Mapping[str, Any] | None = None,
+) -> tuple[list[Variant], SplitPlan | None]:
+    model = build(plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
+    variants = [Variant(CHANNELLED if compare else plan.name, model, make_optimizer(model, optimizer, lr))]
+    if not compare:
+        return variants, None
+    split = split_plan(plan, cut_at(plan, split_at))
+    parts = [
+        build(p, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
+        for p in (split.part1, split.part2)
+    ]
+    two = SplitModel(split, parts[0], parts[1]).load_from(model)
+    plain = PlainModel(plan, device=device, dtype=dtype)
+    copy_weights(model, plain)
+    variants.append(Variant(SPLIT, two, make_optimizer(two, optimizer, lr)))
+    variants.append(Variant(PLAIN, plain, make_optimizer(plain, optimizer, lr)))
+    return variants, split

@@ -1,0 +1,169 @@
+"""``bench``: forward, backward and full-step (forward + backward + optimizer) times, tokens/s, peak
+memory and, on a known GPU, achieved TFLOP/s against the device's dense peak.
+
+``bench.compare=true`` also times, interleaved in the same process, (b) the block cut in two fusers
+with the crossing channels returned and passed back by the caller (TE's way before channels) and
+(c) the same math as plain PyTorch, and prints ratios to (a).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from te_assembly.bench import (
+    PEAK_SOURCE,
+    PHASES,
+    BenchSettings,
+    SplitPlan,
+    Stats,
+    VariantResult,
+    build_variants,
+    forward_flops,
+    peak_tflops,
+    run_benchmark,
+)
+from te_assembly.bench.runner import process_peak_rss_mib
+from te_assembly.cli.commands.common import require_plan
+from te_assembly.cli.commands.run import resolve_device, resolve_dtype
+from te_assembly.engines import resolve_engine
+from te_assembly.engines.data import sample_public_inputs, sample_x
+
+# Backward does two GEMMs per forward GEMM (data and weight gradients).
+FLOP_FACTOR = {"forward": 1, "backward": 2, "step": 3}
+
+
+def _section(cfg: Any, key: str) -> dict[str, Any]:
+    node = cfg.get(key)
+    data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def _spread(s: Stats) -> str:
+    return f"IQR {_ms(s.q1)}-{_ms(s.q3)}, min {_ms(s.min)}, max {_ms(s.max)}"
+
+
+def _tflops(flops: int, seconds: float, peak: float | None) -> str:
+    if peak is None:
+        return "n/a"
+    achieved = flops / seconds / 1e12
+    return f"{achieved:.1f} ({100 * achieved / peak:.1f}% of {peak:g})"
+
+
+def single_table(r: VariantResult, tokens: int, flops: int, peak: float | None) -> Table:
+    table = Table(title=f"{r.name}: {tokens} tokens per call", title_justify="left")
+    for col in ("phase", "median ms", "spread (ms)", "tokens/s", "TFLOP/s"):
+        table.add_column(col, justify="left" if col in ("phase", "spread (ms)") else "right")
+    for phase, s in r.stats.items():
+        table.add_row(
+            phase,
+            _ms(s.median),
+            _spread(s),
+            f"{tokens / s.median:,.0f}",
+            _tflops(FLOP_FACTOR[phase] * flops, s.median, peak),
+        )
+    return table
+
+
+def compare_table(results: Sequence[VariantResult], tokens: int) -> Table:
+    table = Table(title="interleaved comparison: median ms (ratio to (a))", title_justify="left")
+    table.add_column("variant")
+    for phase in PHASES:
+        table.add_column(phase, justify="right")
+    table.add_column("step IQR (ms)", justify="right")
+    table.add_column("step tokens/s", justify="right")
+    table.add_column("peak MiB", justify="right")
+    base = results[0].stats
+    for r in results:
+        cells = [f"{_ms(r.stats[p].median)} ({r.stats[p].median / base[p].median:.2f}x)" for p in PHASES]
+        step = r.stats["step"]
+        peak = f"{r.peak_bytes / 2**20:,.1f}" if r.peak_bytes is not None else "n/a"
+        table.add_row(r.name, *cells, f"{_ms(step.q1)}-{_ms(step.q3)}", f"{tokens / step.median:,.0f}", peak)
+    return table
+
+
+def split_summary(split: SplitPlan) -> str:
+    cut = split.original.steps[split.cut].name
+    bridged = "; ".join(f"{b.channel} -> {', '.join(b.inputs)}" for b in split.bridges) or "none"
+    return f"(b) cuts before step {cut!r} (model.ops[{split.cut}]); channels passed by the caller: {bridged}"
+
+
+def main(overrides: Sequence[str], console: Console) -> int:
+    loaded, plan = require_plan(overrides, console)
+    cfg = loaded.cfg
+    settings = BenchSettings.from_mapping(_section(cfg, "bench"))
+    kernels = str(cfg.kernels)
+    engine, reason = resolve_engine(str(cfg.engine), kernels)
+    device, dtype, seed = resolve_device(str(cfg.device)), resolve_dtype(str(cfg.dtype)), int(cfg.seed)
+    console.print(reason, markup=False)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+
+    torch.manual_seed(seed)
+    variants, split = build_variants(
+        plan,
+        engine=engine,
+        kernels=kernels,
+        device=device,
+        dtype=dtype,
+        optimizer=settings.optimizer,
+        lr=settings.lr,
+        compare=settings.compare,
+        split_at=settings.split_at,
+        recipe=_section(cfg, "recipe") if engine == "te" else None,
+    )
+    generator = torch.Generator().manual_seed(seed)
+    x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
+    inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    console.print(
+        f"{plan.name}: {dev_name}, dtype {str(dtype).removeprefix('torch.')}, {settings.tokens} tokens, "
+        f"{settings.warmup} warm-up + {settings.repeats} timed repeats per phase, "
+        f"optimizer {settings.optimizer}, "
+        f"{torch.get_num_threads()} CPU thread(s)",
+        markup=False,
+    )
+    if split is not None:
+        console.print(split_summary(split), markup=False)
+
+    total = len(PHASES) * settings.repeats * len(variants)
+    columns = (TextColumn("timing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("timing", total=total)
+        results = run_benchmark(
+            variants,
+            x,
+            inputs,
+            device=device,
+            warmup=settings.warmup,
+            repeats=settings.repeats,
+            on_sample=lambda: progress.advance(task),
+        )
+
+    flops = forward_flops(plan, settings.tokens)
+    peak = peak_tflops(device, dtype)
+    console.print(single_table(results[0], settings.tokens, flops, peak))
+    if settings.compare:
+        console.print(compare_table(results, settings.tokens))
+    if device.type == "cuda":
+        peak_mib = (results[0].peak_bytes or 0) / 2**20
+        console.print(f"peak memory of one step (max_memory_allocated): {peak_mib:,.1f} MiB", markup=False)
+    else:
+        console.print(
+            f"peak memory: n/a per phase on CPU; process peak RSS so far {process_peak_rss_mib():,.0f} MiB",
+            markup=False,
+        )
+    where = f"peak: {PEAK_SOURCE}" if peak is not None else "TFLOP/s: n/a (CPU or a GPU without a peak entry)"
+    console.print(f"forward GEMM FLOPs per call: {flops:,} (backward 2x, step 3x); {where}", markup=False)
+    return 0

@@ -1,0 +1,265 @@
+"""``run`` (the default command): build the model and run a few forward+backward steps on synthetic data.
+
+Per step: a fresh ``x`` of shape ``[run.tokens, in_features]`` and a sample for every public input
+(``te_assembly.engines.data``), all seeded by ``seed``. The loss is
+
+    y.square().mean()
+    + every public float scalar output whose name contains ``aux_loss``, added as is (it is already
+      weighted by the op, e.g. TopKRouter's ``aux_loss_coeff``)
+    + the mean square of every other public float output,
+
+so that gradients also come back from the caller for public outputs, as they would in training.
+After the last step it prints output statistics, the gradient that reached each channel (the sum over
+its consumers, plus the caller for a public channel: reference engine only), the parameter-gradient
+norm and the median step time (first step excluded when there are several).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from te_assembly.cli.commands.common import require_plan
+from te_assembly.cli.report import plan_tables
+from te_assembly.diagnostics import error
+from te_assembly.engines import build, resolve_engine
+from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.errors import ConfigError, EngineUnavailableError, NonFiniteError
+from te_assembly.plan import Plan
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+}
+
+
+@dataclass
+class StepResult:
+    y: torch.Tensor
+    extras: dict[str, torch.Tensor]
+    loss: float
+    seconds: float
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when a GPU is visible, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            [error("device", "bad-device", f"unknown device {name!r}", "use auto, cpu or cuda")]
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineUnavailableError(f"device={name} but no CUDA GPU is visible (use device=auto or cpu)")
+    return device
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ConfigError(
+            [error("dtype", "bad-dtype", f"unknown dtype {name!r}", f"use one of {', '.join(DTYPES)}")]
+        )
+    return DTYPES[name]
+
+
+def _positive(cfg: DictConfig, key: str) -> int:
+    value = OmegaConf.select(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError([error(key, "bad-run-value", f"{key} must be a positive integer, got {value!r}")])
+    return value
+
+
+def loss_of(y: torch.Tensor, extras: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The run's loss (see the module docstring), in float32 at least (bfloat16 sums lose too much)."""
+    loss = _widen(y).square().mean()
+    for name, value in extras.items():
+        if not value.is_floating_point():
+            continue
+        if value.numel() == 1 and "aux_loss" in name:
+            loss = loss + _widen(value).reshape(())
+        else:
+            loss = loss + _widen(value).square().mean()
+    return loss
+
+
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _recipe(cfg: DictConfig) -> dict[str, Any]:
+    if "recipe" not in cfg:
+        return {"kind": "none", "name": "bf16"}
+    recipe = OmegaConf.to_container(cfg.recipe, resolve=True)
+    assert isinstance(recipe, dict)
+    return {str(k): v for k, v in recipe.items()}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_steps(
+    model: AssembledModel,
+    plan: Plan,
+    *,
+    steps: int,
+    tokens: int,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: Progress | None = None,
+) -> list[StepResult]:
+    """``steps`` forward+backward passes on fresh synthetic data; gradients are left from the last."""
+    generator = torch.Generator().manual_seed(seed)
+    results: list[StepResult] = []
+    task = progress.add_task("forward+backward", total=steps) if progress is not None else None
+    for step in range(steps):
+        x = sample_x(plan, tokens, generator=generator, device=device, dtype=dtype).requires_grad_(True)
+        inputs = sample_public_inputs(plan, tokens, generator=generator, device=device, dtype=dtype)
+        for value in inputs.values():
+            if value.is_floating_point():
+                value.requires_grad_(True)
+        model.zero_grad(set_to_none=True)
+        _sync(device)
+        start = time.perf_counter()
+        y, extras = model(x, **inputs)
+        loss = loss_of(y, extras)
+        loss.backward()
+        _sync(device)
+        seconds = time.perf_counter() - start
+        if not torch.isfinite(loss):
+            raise NonFiniteError(step, "loss")
+        detached = {k: v.detach() for k, v in extras.items()}
+        results.append(StepResult(y.detach(), detached, loss.item(), seconds))
+        if progress is not None and task is not None:
+            progress.update(task, advance=1, description=f"forward+backward  loss {loss.item():.4g}")
+    return results
+
+
+def median_step_time(results: Sequence[StepResult]) -> float:
+    """Median seconds per step; the first step (allocator and kernel warm-up) is left out if possible."""
+    times = [r.seconds for r in results]
+    return statistics.median(times[1:] if len(times) > 1 else times)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def output_table(result: StepResult) -> Table:
+    table = Table(title="outputs (last step)", title_justify="left")
+    for col in ("output", "shape", "dtype", "mean", "std", "absmax"):
+        table.add_column(col, justify="right" if col in ("mean", "std", "absmax") else "left")
+    for name, value in [("y", result.y), *result.extras.items()]:
+        v = value.double()
+        std = _fmt(v.std().item()) if v.numel() > 1 else "-"
+        mean = _fmt(v.mean().item()) if v.numel() else "-"
+        absmax = _fmt(v.abs().max().item()) if v.numel() else "-"
+        dtype = str(value.dtype).removeprefix("torch.")
+        table.add_row(name, str(tuple(value.shape)), dtype, mean, std, absmax)
+    return table
+
+
+def channel_grad_table(plan: Plan, channels: Mapping[str, torch.Tensor]) -> Table:
+    """d loss / d channel, summed over all its consumers (and the caller, for a public channel)."""
+    table = Table(title="gradient reaching each channel's producer (last step)", title_justify="left")
+    for col in ("channel", "producer", "summed over", "grad norm"):
+        table.add_column(col, justify="right" if col == "grad norm" else "left")
+    steps = plan.steps_by_index
+    for name, channel in plan.channels.items():
+        producer = f"{steps[channel.producer.step].name}.{channel.producer.slot_name}"
+        sources = [f"{steps[r.step].name}.{r.slot_name}" for r in channel.consumers]
+        if channel.public:
+            sources.append("caller")
+        tensor = channels.get(name)
+        if channel.dtype == "int":
+            norm = "int: no gradient"
+        elif tensor is None or tensor.grad is None:
+            norm = "none reached it"
+        else:
+            norm = _fmt(tensor.grad.double().norm().item())
+        table.add_row(name, producer, ", ".join(sources) or "(nothing)", norm)
+    return table
+
+
+def parameter_grad_norm(model: torch.nn.Module) -> float:
+    norms = [p.grad.double().norm() for p in model.parameters() if p.grad is not None]
+    return torch.stack(norms).norm().item() if norms else 0.0
+
+
+@contextlib.contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        yield progress
+
+
+def main(overrides: Sequence[str], console: Console) -> int:
+    loaded, plan = require_plan(overrides, console)
+    cfg = loaded.cfg
+    kernels = str(cfg.kernels)
+    engine, reason = resolve_engine(str(cfg.engine), kernels)
+    device = resolve_device(str(cfg.device))
+    dtype = resolve_dtype(str(cfg.dtype))
+    steps, tokens = _positive(cfg, "run.steps"), _positive(cfg, "run.tokens")
+    seed = int(cfg.seed)
+    recipe = _recipe(cfg)
+
+    console.print(reason, markup=False)
+    header = f"{plan.name}: device {device}, dtype {str(dtype).removeprefix('torch.')}, seed {seed}"
+    if engine == "te":
+        header += f", kernels {kernels}, recipe {recipe.get('name')}"
+    elif recipe.get("kind") != "none":
+        header += f"; recipe {recipe.get('name')} ignored by the reference engine"
+    console.print(header, markup=False)
+    for table in plan_tables(plan):
+        console.print(table)
+
+    torch.manual_seed(seed)
+    # The TE engine runs its forwards under the recipe's te.autocast; the reference engine has none.
+    te_recipe = recipe if engine == "te" else None
+    model = build(plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=te_recipe)
+    record = getattr(model, "record_channels", None)
+    if record is not None:
+        record(True)
+    with _progress(console) as progress:
+        results = run_steps(
+            model,
+            plan,
+            steps=steps,
+            tokens=tokens,
+            seed=seed,
+            device=device,
+            dtype=dtype,
+            progress=progress,
+        )
+
+    last = results[-1]
+    console.print(output_table(last))
+    if plan.channels:
+        if record is not None:
+            console.print(channel_grad_table(plan, getattr(model, "channel_tensors", {})))
+        else:
+            console.print(f"per-channel gradients are recorded by the reference engine only ({model.engine})")
+    timed = f"median of {len(results) - 1} (first excluded)" if len(results) > 1 else "1 step"
+    console.print(
+        f"engine {model.engine}: loss {last.loss:.6g}, parameter-gradient norm "
+        f"{parameter_grad_norm(model):.6g}, step time {median_step_time(results) * 1e3:.2f} ms ({timed})",
+        markup=False,
+    )
+    return 0

@@ -1,0 +1,88 @@
+"""``train``: a short run regressing a fixed random teacher of the same plan (see ``te_assembly.train``).
+
+Prints a progress bar with loss and tokens/s, writes checkpoints, ``losses.json`` and
+``loss_curve.png`` to ``train.out_dir``. A NaN/Inf loss or gradient stops the run with the step and the
+tensor's name (exit 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from te_assembly.cli.commands.common import require_plan
+from te_assembly.cli.commands.run import resolve_device, resolve_dtype
+from te_assembly.engines import resolve_engine
+from te_assembly.train import StepRecord, TrainSettings, train
+
+
+def _section(cfg: Any, key: str) -> dict[str, Any]:
+    node = cfg.get(key)
+    data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
+def main(overrides: Sequence[str], console: Console) -> int:
+    loaded, plan = require_plan(overrides, console)
+    cfg = loaded.cfg
+    settings = TrainSettings.from_mapping(_section(cfg, "train"))
+    kernels = str(cfg.kernels)
+    engine, reason = resolve_engine(str(cfg.engine), kernels)
+    device, dtype, seed = resolve_device(str(cfg.device)), resolve_dtype(str(cfg.dtype)), int(cfg.seed)
+    # The TE engine runs its forwards under the recipe's te.autocast; the reference engine has none.
+    recipe = _section(cfg, "recipe") if engine == "te" else None
+    console.print(reason, markup=False)
+    console.print(
+        f"{plan.name}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
+        f"for {settings.steps} steps "
+        f"of {settings.batch_tokens} tokens; {settings.optimizer} lr {settings.lr:g} ({settings.schedule}, "
+        f"warm-up {settings.warmup_steps}), device {device}, dtype {str(dtype).removeprefix('torch.')}",
+        markup=False,
+    )
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("train", total=settings.steps, loss="-", tps="-")
+
+        def on_step(record: StepRecord) -> None:
+            progress.update(
+                task, completed=record.step, loss=f"{record.loss:.4g}", tps=f"{record.tokens_per_s:,.0f}"
+            )
+
+        result = train(
+            plan,
+            settings,
+            engine=engine,
+            kernels=kernels,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            recipe=recipe,
+            on_step=on_step,
+        )
+    for note in result.notes:
+        console.print(note, style="yellow", markup=False)
+    if result.losses:
+        head = result.losses[: min(5, len(result.losses))]
+        tail = result.losses[-min(5, len(result.losses)) :]
+        console.print(
+            f"loss: first {sum(head) / len(head):.4g} (mean of {len(head)}), "
+            f"last {sum(tail) / len(tail):.4g} "
+            f"(mean of {len(tail)}) after step {result.last_step}",
+            markup=False,
+        )
+    for path in (*result.checkpoints[-1:], result.losses_file, result.plot):
+        if path is not None:
+            console.print(f"wrote {path}", markup=False)
+    return 0

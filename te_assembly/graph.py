@@ -1,0 +1,409 @@
+"""The channel graph as a picture: Mermaid and Graphviz DOT text, SVG/PNG through the ``dot`` binary.
+
+Pure Python (no torch). The drawing is built from the validator's steps, so a config with errors still
+draws: whatever could be planned is shown and each problem is marked in red (a dangling input as a red
+node named after the missing channel, a channel crossing a fuser boundary as a red edge).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from te_assembly.diagnostics import Diagnostic
+from te_assembly.plan import FuserGroup, Plan, PlannedStep
+from te_assembly.validate import analyze
+from te_assembly.validate.channels import assign_fusers
+from te_assembly.validate.steps import check_step
+
+NodeKind = Literal["x", "y", "op", "module", "invalid", "public_input", "public_output", "missing"]
+EdgeKind = Literal["spine", "internal", "public", "error"]
+
+FORMATS = ("mermaid", "dot", "svg", "png")
+SUFFIX = {"mermaid": "mmd", "dot": "dot", "svg": "svg", "png": "png"}
+
+_STEP_PATH = re.compile(r"^model\.ops\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    label: str
+    kind: NodeKind
+    fuser: int | None = None
+    error: str | None = None
+    """Why the node is drawn red (first error diagnostic about it), or None."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    kind: EdgeKind
+    label: str = ""
+    src_slot: str | None = None
+    dst_slot: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class GraphView:
+    """Everything both renderers draw: nodes, edges and fuser clusters, in drawing order."""
+
+    name: str
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+    clusters: dict[int, list[str]] = field(default_factory=dict)
+    """Fuser index -> ids of the step nodes inside it."""
+    cluster_labels: dict[int, str] = field(default_factory=dict)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def node(self, node_id: str) -> Node:
+        return next(n for n in self.nodes if n.id == node_id)
+
+    @property
+    def has_errors(self) -> bool:
+        return any(d.is_error for d in self.diagnostics)
+
+
+def step_id(index: int) -> str:
+    return f"s{index}"
+
+
+def _safe_id(prefix: str, name: str) -> str:
+    return prefix + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def partial_steps(model: Mapping[str, Any]) -> tuple[list[PlannedStep | None], list[FuserGroup]]:
+    """The validator's per-step results and fusers, even when the config has errors (the same calls
+    ``validate.analyze`` makes, without giving up at the first error)."""
+    raw_ops = model.get("ops")
+    ops = raw_ops if isinstance(raw_ops, list) else []
+    seen: dict[str, int] = {}
+    steps = [check_step(index, raw, seen)[0] for index, raw in enumerate(ops)]
+    return steps, assign_fusers(steps)
+
+
+def view_from_plan(plan: Plan) -> GraphView:
+    return build_view(plan.name, list(plan.steps), plan.fusers, plan.warnings)
+
+
+def view_from_model(model: Mapping[str, Any], diagnostics: Sequence[Diagnostic] | None = None) -> GraphView:
+    """Draw a model mapping, valid or not. ``diagnostics`` defaults to the validator's own."""
+    diags, plan = analyze(model)
+    if diagnostics is not None:
+        diags = list(diagnostics)
+    if plan is not None:
+        return build_view(plan.name, list(plan.steps), plan.fusers, diags)
+    steps, fusers = partial_steps(model)
+    name = model.get("name")
+    return build_view(str(name) if name else "model", steps, fusers, diags)
+
+
+def _step_errors(diagnostics: Sequence[Diagnostic]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for d in diagnostics:
+        m = _STEP_PATH.match(d.path)
+        if d.is_error and m:
+            out.setdefault(int(m.group(1)), d.message)
+    return out
+
+
+def build_view(
+    name: str,
+    steps: Sequence[PlannedStep | None],
+    fusers: Sequence[FuserGroup],
+    diagnostics: Sequence[Diagnostic] = (),
+) -> GraphView:
+    view = GraphView(name, diagnostics=list(diagnostics))
+    errors = _step_errors(diagnostics)
+    view.nodes.append(Node("x", "x", "x"))
+    for f in fusers:
+        view.clusters[f.index] = []
+        view.cluster_labels[f.index] = f"fuser {f.index} ({f.num_basic_ops} basic ops)"
+    fuser_after_module = {f.ended_by: f.index for f in fusers if f.ended_by is not None}
+    spine: list[str] = ["x"]
+    for index, step in enumerate(steps):
+        sid = step_id(index)
+        if step is None:
+            label = f"ops[{index}]: invalid step"
+            view.nodes.append(Node(sid, label, "invalid", error=errors.get(index, "unusable step")))
+        elif step.kind == "module":
+            ended = fuser_after_module.get(index)
+            split = f"splits fuser {ended} | fuser {ended + 1}" if ended is not None else "ends the fuser"
+            label = f"{step.name}\n{step.type} (module: {split})"
+            view.nodes.append(Node(sid, label, "module", error=errors.get(index)))
+        else:
+            label = f"{step.name}\n{step.type}"
+            view.nodes.append(Node(sid, label, "op", step.fuser, errors.get(index)))
+            if step.fuser is not None:
+                view.clusters.setdefault(step.fuser, []).append(sid)
+        spine.append(sid)
+    view.nodes.append(Node("y", "y", "y"))
+    spine.append("y")
+    view.edges.extend(Edge(a, b, "spine") for a, b in itertools.pairwise(spine))
+    _channel_edges(view, steps)
+    return view
+
+
+def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None:
+    ops = [s for s in steps if s is not None and s.kind == "op"]
+    producers: dict[str, tuple[PlannedStep, int]] = {}
+    for step in ops:
+        for slot, channel in enumerate(step.output_channels):
+            if channel is None:
+                continue
+            if channel in producers:
+                first = producers[channel][0]
+                view.nodes[:] = [
+                    _with_error(n, f"second producer of channel {channel!r} (first: {first.name!r})")
+                    if n.id == step_id(step.index)
+                    else n
+                    for n in view.nodes
+                ]
+                continue
+            producers[channel] = (step, slot)
+
+    for step in ops:
+        for slot, channel in enumerate(step.input_channels):
+            dst_slot = step.input_slots[slot].name
+            dst = step_id(step.index)
+            if channel is None:
+                public = step.public_input_name(slot)
+                nid = _safe_id("in_", public)
+                _add_node(view, Node(nid, public, "public_input"))
+                view.edges.append(Edge(nid, dst, "public", public, None, dst_slot))
+                continue
+            source = producers.get(channel)
+            if source is None:
+                nid = _safe_id("missing_", channel)
+                _add_node(
+                    view,
+                    Node(nid, f"missing channel '{channel}'", "missing", error=f"no producer of {channel!r}"),
+                )
+                why = f"channel {channel!r} consumed by step {step.name!r} has no producer"
+                view.edges.append(Edge(nid, dst, "error", channel, None, dst_slot, why))
+                continue
+            producer, out_slot = source
+            src, src_slot = step_id(producer.index), producer.output_slots[out_slot].name
+            why = None
+            if producer.fuser != step.fuser:
+                why = (
+                    f"channel {channel!r} crosses a fuser boundary "
+                    f"(fuser {producer.fuser} -> fuser {step.fuser})"
+                )
+            elif producer.index >= step.index:
+                why = f"channel {channel!r} is produced after its consumer {step.name!r}"
+            if why is not None:
+                view.edges.append(Edge(src, dst, "error", channel, src_slot, dst_slot, why))
+                continue
+            kind: EdgeKind = "public" if producer.output_public[out_slot] else "internal"
+            view.edges.append(Edge(src, dst, kind, channel, src_slot, dst_slot))
+
+    for step in ops:
+        for slot, public in enumerate(step.output_public):
+            if not public:
+                continue
+            out_name = step.public_output_name(slot)
+            nid = _safe_id("out_", out_name)
+            _add_node(view, Node(nid, out_name, "public_output"))
+            src_slot = step.output_slots[slot].name
+            view.edges.append(Edge(step_id(step.index), nid, "public", out_name, src_slot, None))
+
+
+def _add_node(view: GraphView, node: Node) -> None:
+    # Two public tensors with one name (a reported clash) share a node rather than duplicate an id.
+    if not any(n.id == node.id for n in view.nodes):
+        view.nodes.append(node)
+
+
+def _with_error(node: Node, why: str) -> Node:
+    return Node(node.id, node.label, node.kind, node.fuser, node.error or why)
+
+
+# ----------------------------------------------------------------------------------------------- Mermaid
+
+_MERMAID_SHAPES: dict[NodeKind, tuple[str, str]] = {
+    "x": ("([", "])"),
+    "y": ("([", "])"),
+    "op": ("[", "]"),
+    "module": ("[[", "]]"),
+    "invalid": ("[", "]"),
+    "public_input": ("[/", "/]"),
+    "public_output": ("[\\", "\\]"),
+    "missing": ("{{", "}}"),
+}
+_MERMAID_ARROWS: dict[EdgeKind, str] = {"spine": "-->", "internal": "-.->", "public": "==>", "error": "-.->"}
+_RED = "#d62728"
+
+
+def _mermaid_text(text: str) -> str:
+    return '"' + text.replace('"', "#quot;").replace("\n", "<br/>") + '"'
+
+
+def _edge_text(edge: Edge) -> str:
+    slots = [s for s in (edge.src_slot, edge.dst_slot) if s is not None and s != edge.label]
+    if not slots:
+        return edge.label
+    return f"{edge.label} ({edge.src_slot or '·'} → {edge.dst_slot or '·'})"
+
+
+def to_mermaid(view: GraphView) -> str:
+    lines = ["flowchart LR", f"  %% {view.name}: te_assembly channel graph"]
+    clustered = {nid for ids in view.clusters.values() for nid in ids}
+
+    def node_line(node: Node, indent: str) -> str:
+        left, right = _MERMAID_SHAPES[node.kind]
+        return f"{indent}{node.id}{left}{_mermaid_text(node.label)}{right}"
+
+    by_id = {n.id: n for n in view.nodes}
+    for node in view.nodes:
+        if node.id not in clustered:
+            lines.append(node_line(node, "  "))
+    for fuser, ids in view.clusters.items():
+        lines.append(f"  subgraph fuser{fuser}[{_mermaid_text(view.cluster_labels[fuser])}]")
+        lines.extend(node_line(by_id[nid], "    ") for nid in ids)
+        lines.append("  end")
+    red_links: list[int] = []
+    for i, edge in enumerate(view.edges):
+        arrow = _MERMAID_ARROWS[edge.kind]
+        text = _edge_text(edge)
+        label = f"|{_mermaid_text(text)}|" if text else ""
+        lines.append(f"  {edge.src} {arrow}{label} {edge.dst}")
+        if edge.kind == "error":
+            red_links.append(i)
+    lines.append("  classDef public_input fill:#e8f0fe,stroke:#1f77b4")
+    lines.append("  classDef public_output fill:#e6f4ea,stroke:#2ca02c")
+    lines.append("  classDef module fill:#fff4e5,stroke:#ff7f0e")
+    lines.append(f"  classDef error fill:#fdecea,stroke:{_RED},color:{_RED},stroke-width:2px")
+    for kind in ("public_input", "public_output", "module"):
+        ids = [n.id for n in view.nodes if n.kind == kind and n.error is None]
+        if ids:
+            lines.append(f"  class {','.join(ids)} {kind}")
+    bad = [n.id for n in view.nodes if n.error is not None]
+    if bad:
+        lines.append(f"  class {','.join(bad)} error")
+    if red_links:
+        lines.append(
+            f"  linkStyle {','.join(map(str, red_links))} stroke:{_RED},color:{_RED},stroke-width:2px"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- DOT
+
+_DOT_NODE: dict[NodeKind, str] = {
+    "x": 'shape=oval, style=filled, fillcolor="#eeeeee"',
+    "y": 'shape=oval, style=filled, fillcolor="#eeeeee"',
+    "op": 'shape=box, style="rounded,filled", fillcolor=white',
+    "module": 'shape=component, style=filled, fillcolor="#fff4e5", color="#ff7f0e"',
+    "invalid": "shape=box, style=dashed",
+    "public_input": 'shape=invhouse, style=filled, fillcolor="#e8f0fe", color="#1f77b4"',
+    "public_output": 'shape=house, style=filled, fillcolor="#e6f4ea", color="#2ca02c"',
+    "missing": "shape=octagon, style=filled",
+}
+_DOT_EDGE: dict[EdgeKind, str] = {
+    "spine": "penwidth=2.5, weight=100",
+    "internal": 'style=dashed, color="#555555", constraint=false',
+    "public": 'style=bold, penwidth=2, color="#1f77b4"',
+    "error": f'style=bold, penwidth=2, color="{_RED}", fontcolor="{_RED}", constraint=false',
+}
+
+
+def _dot_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def to_dot(view: GraphView) -> str:
+    lines = [
+        f"digraph {_dot_str(view.name)} {{",
+        "  rankdir=LR;",
+        "  compound=true;",
+        '  node [fontname="Helvetica", fontsize=11];',
+        '  edge [fontname="Helvetica", fontsize=9];',
+    ]
+    clustered = {nid for ids in view.clusters.values() for nid in ids}
+    by_id = {n.id: n for n in view.nodes}
+
+    def node_line(node: Node) -> str:
+        attrs = f"label={_dot_str(node.label)}, {_DOT_NODE[node.kind]}"
+        if node.error is not None:
+            attrs += f', color="{_RED}", fontcolor="{_RED}", fillcolor="#fdecea", penwidth=2'
+            attrs += f", tooltip={_dot_str(node.error)}"
+        return f"{node.id} [{attrs}];"
+
+    for node in view.nodes:
+        if node.id not in clustered:
+            lines.append("  " + node_line(node))
+    for fuser, ids in view.clusters.items():
+        lines.append(f"  subgraph cluster_fuser{fuser} {{")
+        lines.append(f"    label={_dot_str(view.cluster_labels[fuser])};")
+        lines.append('    style="rounded,filled"; fillcolor="#f5f8ff"; color="#7f9cc9";')
+        lines.extend("    " + node_line(by_id[nid]) for nid in ids)
+        lines.append("  }")
+    for edge in view.edges:
+        attrs = [_DOT_EDGE[edge.kind]]
+        if edge.label:
+            attrs.append(f"label={_dot_str(edge.label)}")
+        if edge.src_slot is not None and edge.src_slot != edge.label:
+            attrs.append(f"taillabel={_dot_str(edge.src_slot)}")
+        if edge.dst_slot is not None and edge.dst_slot != edge.label:
+            attrs.append(f"headlabel={_dot_str(edge.dst_slot)}")
+        if edge.error is not None:
+            attrs.append(f"tooltip={_dot_str(edge.error)}")
+        lines.append(f"  {edge.src} -> {edge.dst} [{', '.join(attrs)}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- files
+
+
+@dataclass
+class RenderResult:
+    written: dict[str, Path] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Format -> why it was not written."""
+
+
+def dot_binary() -> str | None:
+    return shutil.which("dot")
+
+
+def render(view: GraphView, out_dir: str | Path, formats: Sequence[str] = FORMATS) -> RenderResult:
+    """Write ``<name>.mmd``, ``<name>.dot`` and, when Graphviz's ``dot`` is on PATH, SVG/PNG."""
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown graph format(s) {unknown}; choose from {', '.join(FORMATS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = RenderResult()
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", view.name) or "model"
+    dot_text = to_dot(view)
+    texts = {"mermaid": to_mermaid(view), "dot": dot_text}
+    for fmt in formats:
+        path = out / f"{stem}.{SUFFIX[fmt]}"
+        if fmt in texts:
+            path.write_text(texts[fmt])
+            result.written[fmt] = path
+            continue
+        binary = dot_binary()
+        if binary is None:
+            result.skipped[fmt] = (
+                "Graphviz's 'dot' is not on PATH (install graphviz, e.g. apt-get install graphviz)"
+            )
+            continue
+        proc = subprocess.run(
+            [binary, f"-T{fmt}", "-o", str(path)], input=dot_text, text=True, capture_output=True, check=False
+        )
+        if proc.returncode != 0:
+            result.skipped[fmt] = f"dot -T{fmt} failed: {proc.stderr.strip() or proc.returncode}"
+        else:
+            result.written[fmt] = path
+    return result

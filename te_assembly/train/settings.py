@@ -1,0 +1,98 @@
+"""The ``train:`` config block as a checked dataclass. Bad values become diagnostics, not tracebacks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.errors import ConfigError
+
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("constant", "cosine")
+NAN_TARGETS = ("loss", "grad")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 200
+    batch_tokens: int = 256
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    schedule: str = "cosine"
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    teacher_seed_offset: int = 1
+    out_dir: str = "train_out"
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    resume: bool = False
+    plot: bool = True
+    stop_after: int | None = None
+    """Stop (with a checkpoint) after this step, as if interrupted; the schedule still spans ``steps``."""
+    inject_nan_at_step: int | None = None
+    inject_nan_into: str = "loss"
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "train") -> TrainSettings:
+        """Check every key at once; raise ``ConfigError`` listing all problems."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        diags: list[Diagnostic] = []
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            path = f"{prefix}.{key}"
+            if key not in fields:
+                diags.append(
+                    error(path, "unknown-key", f"unknown {prefix} setting {key!r}", did_you_mean(key, fields))
+                )
+                continue
+            problem = _check(key, value, getattr(cls, key) if hasattr(cls, key) else None)
+            if problem:
+                diags.append(error(path, "bad-train-value", problem))
+            else:
+                values[key] = float(value) if isinstance(getattr(cls, key, None), float) else value
+        if diags:
+            raise ConfigError(diags)
+        return cls(**values)
+
+
+_CHOICES = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "inject_nan_into": NAN_TARGETS}
+_POSITIVE = ("steps", "batch_tokens", "keep_checkpoints")
+_OPTIONAL_STEP = ("stop_after", "inject_nan_at_step")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(key: str, value: Any, default: Any) -> str | None:
+    if key in _CHOICES:
+        return (
+            None
+            if value in _CHOICES[key]
+            else f"{key} must be one of {', '.join(_CHOICES[key])}, got {value!r}"
+        )
+    if key in _OPTIONAL_STEP:
+        return (
+            None if value is None or (_is_int(value) and value >= 1) else f"{key} must be null or a step >= 1"
+        )
+    if key in _POSITIVE:
+        return None if _is_int(value) and value >= 1 else f"{key} must be a positive integer, got {value!r}"
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else f"{key} must be true or false, got {value!r}"
+    if _is_int(default):
+        return (
+            None if _is_int(value) and value >= 0 else f"{key} must be a non-negative integer, got {value!r}"
+        )
+    if isinstance(default, float):
+        ok = (_is_int(value) or isinstance(value, float)) and value >= 0
+        return None if ok else f"{key} must be a non-negative number, got {value!r}"
+    if isinstance(default, str):
+        return (
+            None if isinstance(value, str) and value else f"{key} must be a non-empty string, got {value!r}"
+        )
+    return None

@@ -1,0 +1,80 @@
+"""The synthetic task: regress a fixed random teacher built from the same plan with another seed.
+
+Each step's batch is a pure function of ``(seed, step)``, so a resumed run sees exactly the data an
+uninterrupted one would, without replaying any random stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.plan import Plan
+
+AUX_LOSS_MARK = "aux_loss"
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor
+    inputs: dict[str, torch.Tensor]
+    target: torch.Tensor
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A distinct, platform-independent generator seed per (seed, step)."""
+    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) % (2**63)
+
+
+class TeacherTask:
+    """Batches ``(x, public inputs, teacher(x))``; the teacher never trains and its outputs are detached."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        teacher: AssembledModel,
+        *,
+        seed: int,
+        tokens: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.plan = plan
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.seed = seed
+        self.tokens = tokens
+        self.device = device
+        self.dtype = dtype
+
+    def batch(self, step: int) -> Batch:
+        generator = torch.Generator().manual_seed(step_seed(self.seed, step))
+        x = sample_x(self.plan, self.tokens, generator=generator, device=self.device, dtype=self.dtype)
+        inputs = sample_public_inputs(
+            self.plan, self.tokens, generator=generator, device=self.device, dtype=self.dtype
+        )
+        with torch.no_grad():
+            target = self.teacher(x, **inputs).y.detach()
+        return Batch(x, inputs, target)
+
+
+def aux_losses(extras: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Public float outputs named like an auxiliary loss; they join the objective as they are (the op
+    already weights them, e.g. TopKRouter's ``aux_loss_coeff``)."""
+    return {
+        name: value.float().sum()
+        for name, value in extras.items()
+        if AUX_LOSS_MARK in name and value.is_floating_point()
+    }
+
+
+def loss_terms(
+    y: torch.Tensor, target: torch.Tensor, extras: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Named terms of the objective, in float32 at least: the regression error, then each aux loss."""
+    terms = {"mse(y, teacher)": torch.nn.functional.mse_loss(y.float(), target.float())}
+    terms.update(aux_losses(extras))
+    return terms

@@ -1,0 +1,36 @@
+"""Helpers for the engine tests: build a model from inline YAML with the reference engine."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+
+from te_assembly.config import load_model_text
+from te_assembly.engines import build
+from te_assembly.engines.reference import ReferenceModel
+from te_assembly.plan import Plan
+from te_assembly.validate import plan_or_raise
+
+F64 = torch.float64
+
+
+def plan_from_yaml(text: str) -> Plan:
+    loaded = load_model_text(textwrap.dedent(text))
+    assert not loaded.diagnostics, [d.format() for d in loaded.diagnostics]
+    return plan_or_raise(loaded.model)
+
+
+def build_yaml(text: str, dtype: torch.dtype = F64, seed: int = 0) -> ReferenceModel:
+    torch.manual_seed(seed)
+    model = build(plan_from_yaml(text), engine="reference", dtype=dtype)
+    assert isinstance(model, ReferenceModel)
+    return model
+
+
+def randomize(model: torch.nn.Module, seed: int = 1, scale: float = 0.5) -> None:
+    """Overwrite every parameter with random values: zero-initialised biases would hide bias bugs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)

@@ -1,0 +1,199 @@
+"""Training on the teacher task: the loss falls, resume is exact, NaNs stop the run with the step and
+tensor, and checkpoints are never half-written."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from te_assembly.cli.main import main as cli_main
+from te_assembly.config import compose
+from te_assembly.engines import build
+from te_assembly.errors import ConfigError, NonFiniteError
+from te_assembly.plan import Plan
+from te_assembly.train import StepRecord, TrainSettings, train
+from te_assembly.train import checkpoint as ckpt_module
+from te_assembly.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from te_assembly.train.optim import lr_at, make_optimizer
+from te_assembly.validate import analyze
+
+SMALL = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]
+
+
+@pytest.fixture(scope="module")
+def small_plan() -> Plan:
+    _, plan = analyze(compose(SMALL).model)
+    assert plan is not None
+    return plan
+
+
+def _settings(out: Path, **kw: object) -> TrainSettings:
+    base = {
+        "steps": 12,
+        "batch_tokens": 32,
+        "warmup_steps": 2,
+        "checkpoint_every": 4,
+        "keep_checkpoints": 10,
+        "plot": False,
+        "out_dir": str(out),
+    }
+    base.update(kw)
+    return TrainSettings(**base)  # type: ignore[arg-type]
+
+
+def test_loss_decreases_on_the_teacher_task(small_plan: Plan, tmp_path: Path) -> None:
+    s = _settings(tmp_path, steps=60, batch_tokens=64, lr=3e-3, warmup_steps=5, plot=True)
+    result = train(small_plan, s, seed=0)
+    losses = result.losses
+    assert len(losses) == 60 and all(math.isfinite(v) for v in losses)
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.8 * first, (first, last)
+    assert result.plot is not None and result.plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_stop_and_resume_matches_an_uninterrupted_run(small_plan: Plan, tmp_path: Path) -> None:
+    full = train(small_plan, _settings(tmp_path / "full"), seed=5).losses
+    part_settings = _settings(tmp_path / "part", stop_after=6)
+    part = train(small_plan, part_settings, seed=5)
+    assert part.last_step == 6 and part.losses == full[:6]
+    resumed = train(small_plan, dataclasses.replace(part_settings, stop_after=None, resume=True), seed=5)
+    assert resumed.start_step == 6
+    assert resumed.losses == full  # exact: same data stream, optimizer state and RNG
+
+
+def test_crash_after_a_step_then_resume_matches(small_plan: Plan, tmp_path: Path) -> None:
+    full = train(
+        small_plan, _settings(tmp_path / "full", optimizer="sgd", schedule="constant"), seed=1
+    ).losses
+    s = _settings(tmp_path / "crash", optimizer="sgd", schedule="constant")
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_7(record: StepRecord) -> None:
+        if record.step == 7:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(small_plan, s, seed=1, on_step=crash_at_7)
+    assert [step for step, _ in list_checkpoints(tmp_path / "crash")] == [4]
+    resumed = train(small_plan, dataclasses.replace(s, resume=True), seed=1)
+    assert resumed.start_step == 4 and resumed.losses == full
+
+
+@pytest.mark.parametrize(("into", "tensor"), [("loss", "loss"), ("grad", "grad of steps.")])
+def test_forced_nan_names_step_and_tensor(small_plan: Plan, tmp_path: Path, into: str, tensor: str) -> None:
+    with pytest.raises(NonFiniteError) as info:
+        train(small_plan, _settings(tmp_path, inject_nan_at_step=3, inject_nan_into=into), seed=0)
+    assert info.value.step == 3
+    assert info.value.tensor.startswith(tensor)
+    assert [step for step, _ in list_checkpoints(tmp_path)] == []  # stopped before step 4's checkpoint
+
+
+def test_cli_reports_nan_with_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    rc = cli_main(
+        [
+            "train",
+            *SMALL,
+            "train.steps=10",
+            "train.batch_tokens=16",
+            "train.plot=false",
+            "train.inject_nan_at_step=4",
+            f"train.out_dir={tmp_path}",
+            "engine=reference",
+        ]
+    )
+    assert rc == 1
+    assert "step 4" in capsys.readouterr().err
+
+
+def test_cli_train_rejects_bad_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    rc = cli_main(["train", *SMALL, "train.optimizer=adam", "train.steps=0", f"train.out_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "train.optimizer" in err and "train.steps" in err
+    with pytest.raises(ConfigError, match="did you mean 'steps'"):
+        TrainSettings.from_mapping({"stepz": 3})
+
+
+def _interrupted_write(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str]) -> None:
+    # What a crash or a full disk in the middle of serialization leaves: some bytes, then an error.
+    with open(filename, "wb") as f:
+        f.write(b"\x00" * 100)
+    raise OSError("simulated crash while writing the checkpoint")
+
+
+def test_checkpoint_write_is_atomic(
+    small_plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = _settings(tmp_path, steps=8)
+    full = train(small_plan, s, seed=2).losses
+    before = {p.name: p.read_bytes() for _, p in list_checkpoints(tmp_path)}
+    assert sorted(before) == ["ckpt-0000004.safetensors", "ckpt-0000008.safetensors"]
+
+    torch.manual_seed(0)
+    model = build(small_plan, engine="reference")
+    optimizer = make_optimizer(model.parameters(), s)
+    monkeypatch.setattr(ckpt_module, "save_file", _interrupted_write)
+    with pytest.raises(OSError, match="simulated crash"):
+        save_checkpoint(tmp_path, 12, model, optimizer, {"plan": small_plan.name})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".json") == sorted(before)
+    assert {p.name: p.read_bytes() for _, p in list_checkpoints(tmp_path)} == before
+
+    # The surviving checkpoint loads, and resuming from it reproduces the run.
+    loaded = load_checkpoint(tmp_path / "ckpt-0000008.safetensors", model, optimizer)
+    assert loaded.step == 8 and loaded.meta["losses"] == full
+    monkeypatch.undo()
+    (tmp_path / "ckpt-0000004.safetensors").rename(tmp_path / "keep4")
+    (tmp_path / "ckpt-0000008.safetensors").unlink()
+    (tmp_path / "keep4").rename(tmp_path / "ckpt-0000004.safetensors")
+    resumed = train(small_plan, dataclasses.replace(s, resume=True), seed=2)
+    assert resumed.start_step == 4 and resumed.losses == full
+
+
+def test_crash_mid_write_during_training_then_resume(
+    small_plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = _settings(tmp_path, steps=12)
+    full = train(small_plan, _settings(tmp_path / "full", steps=12), seed=4).losses
+    real_save = ckpt_module.save_file
+
+    def fail_at_step_8(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str]) -> None:
+        if metadata["step"] == "8":
+            _interrupted_write(tensors, filename, metadata)
+        real_save(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(ckpt_module, "save_file", fail_at_step_8)
+    with pytest.raises(OSError):
+        train(small_plan, s, seed=4)
+    monkeypatch.undo()
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [4]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # A temp file left by a hard kill (no cleanup ran) is never loaded, and is removed on resume.
+    stale = tmp_path / ".ckpt-0000012.safetensors.x1y2.tmp"
+    stale.write_bytes(b"garbage")
+    resumed = train(small_plan, dataclasses.replace(s, resume=True), seed=4)
+    assert resumed.start_step == 4 and resumed.losses == full
+    assert not stale.exists()
+
+
+def test_schedule_warmup_and_cosine_floor() -> None:
+    s = TrainSettings(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1, schedule="cosine")
+    assert lr_at(5, s) == pytest.approx(0.5)
+    assert lr_at(10, s) == pytest.approx(1.0)
+    assert lr_at(100, s) == pytest.approx(0.1)
+    values = [lr_at(k, s) for k in range(10, 101)]
+    assert all(a >= b for a, b in itertools.pairwise(values))
+    constant = dataclasses.replace(s, schedule="constant")
+    assert lr_at(100, constant) == pytest.approx(1.0)

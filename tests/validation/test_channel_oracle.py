@@ -1,0 +1,244 @@
+"""Property test: the validator's channel-graph verdict equals a small independent oracle's.
+
+The oracle below restates TE's fuser rules (docs/te-channels.md) from scratch: it shares no code with
+``te_assembly.validate``. Generated models are otherwise valid (all widths equal, expert count and top_k
+the same everywhere), so every error must come from the channel graph.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from te_assembly.validate import analyze
+
+WIDTH, EXPERTS, TOP_K = 8, 4, 2
+POOL = ("a", "b", "c")
+CHANNEL_CODES = {
+    "dangling-input", "producer-after-consumer", "duplicate-producer", "crosses-fuser", "channel-dtype",
+}
+
+# (extra input slots, extra output slots) as (name, dtype), in TE slot order; written out here on purpose
+# rather than read from the catalog, so a catalog mistake shows up as a disagreement.
+SLOTS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]] = {
+    "MakeExtraOutput": ((), (("out", "float"),)),
+    "AddExtraInput": ((("addend", "float"),), ()),
+    "TopKRouter": ((), (("probs", "float"), ("routing_map", "int"), ("aux_loss", "float"))),
+    "Dispatch": (
+        (("probs", "float"), ("routing_map", "int")),
+        (("split_sizes", "int"), ("row_probs", "float"), ("row_map", "int")),
+    ),
+    "Combine": ((("row_map", "int"),), ()),
+    "GroupedLinear": ((("split_sizes", "int"),), ()),
+    "GroupedLinearScaled": ((("split_sizes", "int"), ("scales", "float")), ()),
+    "ScaledSwiGLU": ((("scales", "float"),), ()),
+    "Bias": ((), ()),
+    "Linear": ((), ()),
+    "Identity": ((), ()),  # the torch module: ends the fuser
+}
+KINDS = sorted(SLOTS)
+Units = list[tuple[dict[str, Any], str]]
+"""Each generated step with its kind (a key of SLOTS)."""
+
+
+def _steps_for(kind: str, name: str, data: st.DataObject) -> list[dict[str, Any]]:
+    """The YAML step(s) for one generated unit, without channel bindings."""
+    if kind == "Identity":
+        return [{"name": name, "module": "Identity"}]
+    args: dict[str, Any] = {
+        "TopKRouter": {"in_features": WIDTH, "num_experts": EXPERTS, "top_k": TOP_K},
+        "Dispatch": {"num_experts": EXPERTS, "top_k": TOP_K},
+        "Combine": {"top_k": TOP_K},
+        "GroupedLinear": {"num_groups": EXPERTS, "in_features": WIDTH, "out_features": WIDTH},
+        "GroupedLinearScaled": {
+            "num_groups": EXPERTS, "in_features": WIDTH, "out_features": WIDTH, "scale_bias": True,
+        },
+        "Bias": {"size": WIDTH},
+        "Linear": {"in_features": WIDTH, "out_features": WIDTH, "bias": data.draw(st.booleans())},
+    }.get(kind, {})
+    op = "GroupedLinear" if kind == "GroupedLinearScaled" else kind
+    steps = [{"name": name, "op": op, **({"args": args} if args else {})}]
+    if kind == "ScaledSwiGLU":  # restores the width it halves
+        steps.append({"name": f"{name}_proj", "op": "Linear",
+                      "args": {"in_features": WIDTH // 2, "out_features": WIDTH, "bias": False}})
+    return steps
+
+
+def _bind(step: dict[str, Any], kind: str, data: st.DataObject, produced: list[tuple[str, str]]) -> None:
+    """Bind slots at random, leaning towards names that make sense (an earlier producer of the same
+    dtype, a fresh output name) so that valid graphs come up often, not only broken ones."""
+    inputs, outputs = SLOTS[kind]
+    bound_in: dict[str, Any] = {}
+    for slot, dtype in inputs:
+        earlier = [name for name, dt in produced if dt == dtype]
+        choices: list[Any] = [POOL[0], None, "<absent>", *(earlier * 4)]
+        choice = data.draw(st.sampled_from(choices))
+        if choice != "<absent>":
+            bound_in[slot] = choice
+    bound_out: dict[str, Any] = {}
+    for slot, dtype in outputs:
+        fresh = f"{step['name']}_{slot[:2]}"
+        choice = data.draw(st.sampled_from([*POOL, *[fresh] * 4, None, "<absent>"]))
+        if choice == "<absent>":
+            continue
+        binding: dict[str, Any] = {"channel": choice}
+        if choice is not None:  # public: false needs a channel (a separate rule, not tested here)
+            produced.append((choice, dtype))
+            public = data.draw(st.sampled_from([True, False, "<absent>"]))
+            if public != "<absent>":
+                binding["public"] = public
+        bound_out[slot] = binding
+    if bound_in:
+        step["extra_inputs"] = bound_in
+    if bound_out:
+        step["extra_outputs"] = bound_out
+
+
+@st.composite
+def models(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[dict[str, Any], str]]]:
+    data = draw(st.data())
+    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=9))
+    ops: list[dict[str, Any]] = []
+    units: list[tuple[dict[str, Any], str]] = []
+    produced: list[tuple[str, str]] = []
+    for i, kind in enumerate(kinds):
+        steps = _steps_for(kind, f"s{i}", data)
+        _bind(steps[0], kind, data, produced)
+        units.extend((s, kind if j == 0 else "Linear") for j, s in enumerate(steps))
+        ops.extend(steps)
+    return {"name": "generated", "in_features": WIDTH, "ops": ops}, units
+
+
+# ----------------------------------------------------------------------------------------------------
+# The oracle
+
+
+@dataclass
+class Verdict:
+    errors: set[tuple[int, str, str]]
+    """(step index, slot name, rule code)."""
+    public_inputs: list[tuple[str, int]]
+    """(name, fuser), in TE's calling order."""
+    public_outputs: list[tuple[str, int]]
+
+
+def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
+    # Fusers: maximal runs of fusible ops; a module ends the run. Empty runs are not fusers.
+    fuser_of: dict[int, int] = {}
+    basic_of: dict[int, int] = {}  # fuser-local index of the step's (first) basic op
+    fuser, basic, open_run = 0, 0, False
+    for i, (step, kind) in enumerate(units):
+        if kind == "Identity":
+            if open_run:
+                fuser, basic, open_run = fuser + 1, 0, False
+            continue
+        fuser_of[i], basic_of[i], open_run = fuser, basic, True
+        # te.ops.Linear expands to BasicLinear + Bias: two basic ops.
+        basic += 2 if step["op"] == "Linear" and step["args"].get("bias", True) else 1
+
+    def inputs(i: int) -> list[tuple[str, str, str | None]]:
+        step, kind = units[i]
+        return [(s, dt, step.get("extra_inputs", {}).get(s)) for s, dt in SLOTS[kind][0]]
+
+    def outputs(i: int) -> list[tuple[str, str, str | None, bool]]:
+        step, kind = units[i]
+        out = []
+        for s, dt in SLOTS[kind][1]:
+            b = step.get("extra_outputs", {}).get(s, {})
+            out.append((s, dt, b.get("channel"), not (b.get("channel") and b.get("public") is False)))
+        return out
+
+    ops = sorted(fuser_of)
+    errors: set[tuple[int, str, str]] = set()
+    producers: dict[str, list[tuple[int, str, str]]] = {}  # name -> [(step, slot, dtype)] in model order
+    for i in ops:
+        for slot, dtype, channel, _ in outputs(i):
+            if channel is not None:
+                if channel in producers:
+                    # TE: two producers in one fuser. te_assembly: channel names are model-wide.
+                    errors.add((i, slot, "duplicate-producer"))
+                producers.setdefault(channel, []).append((i, slot, dtype))
+    for i in ops:
+        for slot, dtype, channel in inputs(i):
+            if channel is None:
+                continue
+            local = [p for p in producers.get(channel, []) if fuser_of[p[0]] == fuser_of[i]]
+            if not local:
+                errors.add((i, slot, "crosses-fuser" if channel in producers else "dangling-input"))
+            elif local[0][0] >= i:
+                errors.add((i, slot, "producer-after-consumer"))
+            elif local[0][2] != dtype:
+                errors.add((i, slot, "channel-dtype"))
+
+    public_in = sorted(
+        (fuser_of[i], basic_of[i], k, f"{units[i][0]['name']}_{slot}")
+        for i in ops
+        for k, (slot, _, channel) in enumerate(inputs(i))
+        if channel is None
+    )
+    public_out = sorted(
+        (fuser_of[i], basic_of[i], k, channel or f"{units[i][0]['name']}_{slot}")
+        for i in ops
+        for k, (slot, _, channel, public) in enumerate(outputs(i))
+        if public
+    )
+    return Verdict(errors, [(n, f) for f, _, _, n in public_in], [(n, f) for f, _, _, n in public_out])
+
+
+_PATH = re.compile(r"^model\.ops\[(\d+)\]\.extra_(?:inputs|outputs)\.(\w+)")
+
+
+def _check(model: dict[str, Any], units: Units) -> None:
+    expected = oracle(units)
+    diags, plan = analyze(model)
+    errors = [d for d in diags if d.is_error]
+    got: set[tuple[int, str, str]] = set()
+    for d in errors:
+        if d.code in CHANNEL_CODES:
+            m = _PATH.match(d.path)
+            assert m, d.format()
+            got.add((int(m.group(1)), m.group(2), d.code))
+    others = {d.code for d in errors if d.code not in CHANNEL_CODES}
+    shown = "\n".join(d.format() for d in errors)
+    assert got == expected.errors, shown
+    # Two public producers of one name also clash as public outputs; nothing else may go wrong.
+    assert others <= {"public-name-clash"} and (not others or expected.errors), shown
+    assert (plan is not None) == (not expected.errors), shown
+    event("valid" if plan is not None else "invalid")
+    for code in sorted({e[2] for e in expected.errors}):
+        event(code)
+    if plan is not None:
+        assert [(t.name, t.fuser) for t in plan.public_inputs] == expected.public_inputs
+        assert [(t.name, t.fuser) for t in plan.public_outputs] == expected.public_outputs
+
+
+def _unit(step: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    kind = step.get("module") or step["op"]
+    if kind == "GroupedLinear" and step["args"].get("scale_bias"):
+        kind = "GroupedLinearScaled"
+    return step, kind
+
+
+def _fixed(*steps: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[dict[str, Any], str]]]:
+    return {"name": "fixed", "in_features": WIDTH, "ops": list(steps)}, [_unit(s) for s in steps]
+
+
+_TAP = {"op": "MakeExtraOutput", "extra_outputs": {"out": {"channel": "a", "public": False}}}
+_ADD = {"op": "AddExtraInput", "extra_inputs": {"addend": "a"}}
+_SPLIT = {"module": "Identity"}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(models())
+# One name produced in two fusers, consumed after the second producer: only the duplicate is an error.
+@example(_fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "p1", **_TAP},
+                {"name": "c", **_ADD}))
+# ... and consumed before the second producer in its fuser: TE finds no earlier producer there.
+@example(_fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "c", **_ADD},
+                {"name": "p1", **_TAP}))
+def test_channel_verdict_matches_oracle(generated: tuple[dict[str, Any], Units]) -> None:
+    _check(*generated)
