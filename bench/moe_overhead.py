@@ -10,7 +10,10 @@ ratio engine / direct is the engine's routing alone (registers, call checks, nam
 hand / direct shows what op granularity costs (the hand module runs each expert's fc1, SwiGLU and
 fc2 back to back; the ops run each stage over all experts' rows before the next).
 
-    python bench/moe_overhead.py [--repeats 30] [--device cpu|cuda] [--dtype float32]
+    python bench/moe_overhead.py [--repeats 30] [--device cpu|cuda] [--dtype float32] [--threads 1]
+
+On CPU it runs single-threaded unless ``--threads`` says otherwise: on a shared machine, OpenMP
+threads that wait for a descheduled sibling make multi-threaded timings swing by 10-100x.
 """
 
 from __future__ import annotations
@@ -195,8 +198,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16"))
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    torch.set_num_threads(args.threads)
     print(
         f"moe_block forward+backward, {EXPERTS} experts, top {TOP_K}: reference engine vs hand-written "
         f"module ({device}, {args.dtype}, {torch.get_num_threads()} threads, median of {args.repeats})"

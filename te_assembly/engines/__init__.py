@@ -39,7 +39,8 @@ def resolve_engine(engine: str, kernels: str = "te") -> tuple[str, str]:
     has_te, has_gpu = te_available(), torch.cuda.is_available()
     if has_te and has_gpu:
         return "te", "engine=te: Transformer Engine and a CUDA GPU are present"
-    missing = " and ".join(m for m, ok in (("Transformer Engine", has_te), ("a CUDA GPU", has_gpu)) if not ok)
+    absent = [m for m, ok in (("Transformer Engine", has_te), ("CUDA GPU", has_gpu)) if not ok]
+    missing = " and no ".join(absent)
     return "reference", f"engine=reference: no {missing} here, using the pure-PyTorch reference engine"
 
 

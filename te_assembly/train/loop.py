@@ -28,7 +28,7 @@ from te_assembly.train.checkpoint import (
 from te_assembly.train.optim import lr_at, make_optimizer, set_lr
 from te_assembly.train.plot import save_loss_curve
 from te_assembly.train.settings import TrainSettings
-from te_assembly.train.task import TeacherTask, loss_terms
+from te_assembly.train.task import TeacherTask, loss_terms, perturb_constant_parameters
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ def train(
 
     torch.manual_seed(seed + settings.teacher_seed_offset)
     teacher = build(plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
+    perturb_constant_parameters(teacher)
     torch.manual_seed(seed)
     student = build(plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
     student.train()

@@ -61,6 +61,21 @@ class TeacherTask:
         return Batch(x, inputs, target)
 
 
+def perturb_constant_parameters(model: torch.nn.Module, scale: float = 0.1) -> list[str]:
+    """Add N(0, scale^2) noise (from torch's global RNG) to every parameter whose elements are all equal.
+
+    Biases start at zero and norm scales at one in both models whatever the seed, so without this a
+    block made only of such ops (Bias, ConstantScale, ...) would have a teacher equal to its student."""
+    changed = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            if flat.numel() and bool((flat == flat[0]).all()):
+                p.add_(torch.randn_like(p) * scale)
+                changed.append(name)
+    return changed
+
+
 def aux_losses(extras: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Public float outputs named like an auxiliary loss; they join the objective as they are (the op
     already weights them, e.g. TopKRouter's ``aux_loss_coeff``)."""

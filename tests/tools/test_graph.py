@@ -7,6 +7,7 @@ import itertools
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,9 @@ def test_dot_parses_with_graphviz(overrides: list[str], tmp_path: Path) -> None:
     result = render(view, tmp_path)
     assert set(result.written) == {"mermaid", "dot", "svg", "png"}
     assert result.written["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_graph_module_does_not_import_torch() -> None:
+    code = "import sys, te_assembly.graph; assert 'torch' not in sys.modules, 'graph imported torch'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr

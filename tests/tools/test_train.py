@@ -13,7 +13,7 @@ import torch
 
 from te_assembly.cli.main import main as cli_main
 from te_assembly.config import compose
-from te_assembly.engines import build
+from te_assembly.engines import build, to_plan
 from te_assembly.errors import ConfigError, NonFiniteError
 from te_assembly.plan import Plan
 from te_assembly.train import StepRecord, TrainSettings, train
@@ -197,3 +197,9 @@ def test_schedule_warmup_and_cosine_floor() -> None:
     assert all(a >= b for a, b in itertools.pairwise(values))
     constant = dataclasses.replace(s, schedule="constant")
     assert lr_at(100, constant) == pytest.approx(1.0)
+
+
+def test_teacher_differs_even_where_init_is_deterministic(tmp_path: Path) -> None:
+    # channel_demo has only zero-initialised biases: without perturbing them the task would be solved.
+    result = train(to_plan("channel_demo"), _settings(tmp_path, steps=2), seed=0)
+    assert result.losses[0] > 1e-4
