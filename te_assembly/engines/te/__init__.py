@@ -1,7 +1,7 @@
 """The Transformer Engine engine: TE ``OperationFuser``s built, bound and locked at build time.
 
-``binding_calls`` and ``gpu_only_steps`` are pure data about a plan and import neither torch's TE nor
-TE; ``build_te`` imports TE (``import torch`` first, for libnccl).
+``binding_calls`` and ``gpu_only_steps`` are pure data about a plan and import neither torch nor TE;
+``build_te`` imports TE lazily.
 """
 
 from __future__ import annotations
