@@ -90,8 +90,12 @@ def _moe_block(b: int) -> list[dict[str, Any]]:
             "args": {"num_groups": EXPERTS, "in_features": FFN, "out_features": HIDDEN},
             "extra_inputs": {"split_sizes": c["split"]},
         },
-        {"name": f"b{b}_combine", "op": "Combine", "args": {"top_k": TOP_K},
-         "extra_inputs": {"row_map": c["rmap"]}},
+        {
+            "name": f"b{b}_combine",
+            "op": "Combine",
+            "args": {"top_k": TOP_K},
+            "extra_inputs": {"row_map": c["rmap"]},
+        },
         {"name": f"b{b}_add", "op": "AddExtraInput", "extra_inputs": {"addend": c["res"]}},
     ]
 
@@ -163,8 +167,15 @@ def main() -> int:
         seconds = best_time(lambda m=model: analyze(m), repeats)
         per_op = seconds / n * 1e6
         base = base or per_op
-        row = [f"{n:,}", str(repeats), f"{seconds:.3f}", f"{per_op:.1f}", f"{per_op / base:.2f}",
-               f"{len(plan.channels):,}", f"{len(plan.fusers):,}"]
+        row = [
+            f"{n:,}",
+            str(repeats),
+            f"{seconds:.3f}",
+            f"{per_op:.1f}",
+            f"{per_op / base:.2f}",
+            f"{len(plan.channels):,}",
+            f"{len(plan.fusers):,}",
+        ]
         if args.load:
             text = yaml.safe_dump(model, sort_keys=False)
             row.append(f"{best_time(lambda t=text: load_model_text(t, 'gen.yaml'), 1):.2f}")

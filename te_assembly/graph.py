@@ -18,9 +18,7 @@ from typing import Any, Literal
 
 from te_assembly.diagnostics import Diagnostic
 from te_assembly.plan import FuserGroup, Plan, PlannedStep
-from te_assembly.validate import analyze
-from te_assembly.validate.channels import assign_fusers
-from te_assembly.validate.steps import check_step
+from te_assembly.validate import analyze_full
 
 NodeKind = Literal["x", "y", "op", "module", "invalid", "public_input", "public_output", "missing"]
 EdgeKind = Literal["spine", "internal", "public", "error"]
@@ -80,30 +78,18 @@ def _safe_id(prefix: str, name: str) -> str:
     return prefix + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-def partial_steps(model: Mapping[str, Any]) -> tuple[list[PlannedStep | None], list[FuserGroup]]:
-    """The validator's per-step results and fusers, even when the config has errors (the same calls
-    ``validate.analyze`` makes, without giving up at the first error)."""
-    raw_ops = model.get("ops")
-    ops = raw_ops if isinstance(raw_ops, list) else []
-    seen: dict[str, int] = {}
-    steps = [check_step(index, raw, seen)[0] for index, raw in enumerate(ops)]
-    return steps, assign_fusers(steps)
-
-
 def view_from_plan(plan: Plan) -> GraphView:
     return build_view(plan.name, list(plan.steps), plan.fusers, plan.warnings)
 
 
 def view_from_model(model: Mapping[str, Any], diagnostics: Sequence[Diagnostic] | None = None) -> GraphView:
     """Draw a model mapping, valid or not. ``diagnostics`` defaults to the validator's own."""
-    diags, plan = analyze(model)
-    if diagnostics is not None:
-        diags = list(diagnostics)
-    if plan is not None:
-        return build_view(plan.name, list(plan.steps), plan.fusers, diags)
-    steps, fusers = partial_steps(model)
+    result = analyze_full(model)
+    diags = list(diagnostics) if diagnostics is not None else result.diagnostics
+    if result.plan is not None:
+        return build_view(result.plan.name, list(result.plan.steps), result.plan.fusers, diags)
     name = model.get("name")
-    return build_view(str(name) if name else "model", steps, fusers, diags)
+    return build_view(str(name) if name else "model", result.steps, result.fusers, diags)
 
 
 def _step_errors(diagnostics: Sequence[Diagnostic]) -> dict[int, str]:
@@ -154,21 +140,13 @@ def build_view(
 
 def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None:
     ops = [s for s in steps if s is not None and s.kind == "op"]
-    producers: dict[str, tuple[PlannedStep, int]] = {}
+    producers: dict[str, list[tuple[PlannedStep, int]]] = {}
     for step in ops:
         for slot, channel in enumerate(step.output_channels):
-            if channel is None:
-                continue
-            if channel in producers:
-                first = producers[channel][0]
-                view.nodes[:] = [
-                    _with_error(n, f"second producer of channel {channel!r} (first: {first.name!r})")
-                    if n.id == step_id(step.index)
-                    else n
-                    for n in view.nodes
-                ]
-                continue
-            producers[channel] = (step, slot)
+            if channel is not None:
+                producers.setdefault(channel, []).append((step, slot))
+    # The validator already judged each consumer slot; the drawing only shows its verdict.
+    slot_errors = {d.path: d.message for d in view.diagnostics if d.is_error}
 
     for step in ops:
         for slot, channel in enumerate(step.input_channels):
@@ -180,26 +158,17 @@ def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None
                 _add_node(view, Node(nid, public, "public_input"))
                 view.edges.append(Edge(nid, dst, "public", public, None, dst_slot))
                 continue
-            source = producers.get(channel)
-            if source is None:
+            why = slot_errors.get(f"model.ops[{step.index}].extra_inputs.{dst_slot}")
+            candidates = producers.get(channel, [])
+            if not candidates:
                 nid = _safe_id("missing_", channel)
-                _add_node(
-                    view,
-                    Node(nid, f"missing channel '{channel}'", "missing", error=f"no producer of {channel!r}"),
-                )
-                why = f"channel {channel!r} consumed by step {step.name!r} has no producer"
-                view.edges.append(Edge(nid, dst, "error", channel, None, dst_slot, why))
+                missing = why or f"no producer of {channel!r}"
+                _add_node(view, Node(nid, f"missing channel '{channel}'", "missing", error=missing))
+                view.edges.append(Edge(nid, dst, "error", channel, None, dst_slot, missing))
                 continue
-            producer, out_slot = source
+            # Draw from the producer this consumer would bind to: its own fuser's, else the first.
+            producer, out_slot = next(((p, o) for p, o in candidates if p.fuser == step.fuser), candidates[0])
             src, src_slot = step_id(producer.index), producer.output_slots[out_slot].name
-            why = None
-            if producer.fuser != step.fuser:
-                why = (
-                    f"channel {channel!r} crosses a fuser boundary "
-                    f"(fuser {producer.fuser} -> fuser {step.fuser})"
-                )
-            elif producer.index >= step.index:
-                why = f"channel {channel!r} is produced after its consumer {step.name!r}"
             if why is not None:
                 view.edges.append(Edge(src, dst, "error", channel, src_slot, dst_slot, why))
                 continue
@@ -207,8 +176,8 @@ def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None
             view.edges.append(Edge(src, dst, kind, channel, src_slot, dst_slot))
 
     for step in ops:
-        for slot, public in enumerate(step.output_public):
-            if not public:
+        for slot, is_public in enumerate(step.output_public):
+            if not is_public:
                 continue
             out_name = step.public_output_name(slot)
             nid = _safe_id("out_", out_name)
@@ -221,10 +190,6 @@ def _add_node(view: GraphView, node: Node) -> None:
     # Two public tensors with one name (a reported clash) share a node rather than duplicate an id.
     if not any(n.id == node.id for n in view.nodes):
         view.nodes.append(node)
-
-
-def _with_error(node: Node, why: str) -> Node:
-    return Node(node.id, node.label, node.kind, node.fuser, node.error or why)
 
 
 # ----------------------------------------------------------------------------------------------- Mermaid

@@ -282,9 +282,9 @@ def test_fp8_delayed_capability() -> None:
     cfg = load_recipe("fp8_delayed")
     check_recipe_supported(cfg, (9, 0), "12.4")
     check_recipe_supported(cfg, (8, 9), "12.1")
-    with pytest.raises(UnsupportedRecipeError, match="8.0"):
+    with pytest.raises(UnsupportedRecipeError, match=r"8.0"):
         check_recipe_supported(cfg, (8, 0), "12.4")
-    with pytest.raises(UnsupportedRecipeError, match="12.1"):
+    with pytest.raises(UnsupportedRecipeError, match=r"12.1"):
         check_recipe_supported(cfg, (8, 9), "12.0")
 
 
@@ -292,16 +292,16 @@ def test_fp8_block_needs_cuda_12_9() -> None:
     cfg = load_recipe("fp8_block")
     check_recipe_supported(cfg, (9, 0), "12.9")
     check_recipe_supported(cfg, (10, 0), "13.0")
-    with pytest.raises(UnsupportedRecipeError, match="12.9"):
+    with pytest.raises(UnsupportedRecipeError, match=r"12.9"):
         check_recipe_supported(cfg, (9, 0), "12.8")
-    with pytest.raises(UnsupportedRecipeError, match="12.9"):
+    with pytest.raises(UnsupportedRecipeError, match=r"12.9"):
         check_recipe_supported(cfg, (9, 0), None)
-    with pytest.raises(UnsupportedRecipeError, match="8.9"):
+    with pytest.raises(UnsupportedRecipeError, match=r"8.9"):
         check_recipe_supported(cfg, (8, 9), "12.9")
 
 
 def test_nvfp4_and_bf16_capability() -> None:
-    with pytest.raises(UnsupportedRecipeError, match="10.0"):
+    with pytest.raises(UnsupportedRecipeError, match=r"10.0"):
         check_recipe_supported(load_recipe("nvfp4"), (9, 0), "12.9")
     check_recipe_supported(load_recipe("nvfp4"), (12, 0), "12.9")
     check_recipe_supported(load_recipe("bf16"), (7, 0), None)

@@ -36,7 +36,8 @@ class BenchSettings:
                 diags.append(error(path, "bad-bench-value", problem))
         if diags:
             raise ConfigError(diags)
-        return cls(**{k: (float(v) if k == "lr" else v) for k, v in raw.items()})
+        values: dict[str, Any] = {k: (float(v) if k == "lr" else v) for k, v in raw.items()}
+        return cls(**values)
 
 
 def _problem(key: str, value: Any) -> str | None:

@@ -76,7 +76,7 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[str], None]) -> None:
+def write_atomic(path: Path, write: Callable[[str], object]) -> None:
     """Call ``write(temp_path)`` for a temp file next to ``path``, fsync it, then rename it over ``path``.
     On any failure the temp file is removed and ``path`` is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)

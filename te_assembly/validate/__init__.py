@@ -6,20 +6,38 @@ Pure Python: this package imports neither torch nor transformer_engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_diagnostics
 from te_assembly.errors import ConfigError
-from te_assembly.plan import Plan, PlannedStep
+from te_assembly.plan import FuserGroup, Plan, PlannedStep
 from te_assembly.schema import ModelConfig, check_structure
 from te_assembly.validate.channels import assign_fusers, check_channels
 from te_assembly.validate.steps import check_step
 from te_assembly.validate.widths import check_widths
 
 
+@dataclass
+class Analysis:
+    """Everything validation found out, including the partial steps of an invalid config (for
+    ``graph``, which draws what it can and marks the rest)."""
+
+    diagnostics: list[Diagnostic]
+    plan: Plan | None
+    steps: list[PlannedStep | None]
+    """One entry per ``model.ops`` item; None where the step is too broken to plan."""
+    fusers: list[FuserGroup]
+
+
 def analyze(model: Mapping[str, Any]) -> tuple[list[Diagnostic], Plan | None]:
     """Validate a resolved model mapping (the ``model`` node); return diagnostics and, if none is an
     error, the plan."""
+    result = analyze_full(model)
+    return result.diagnostics, result.plan
+
+
+def analyze_full(model: Mapping[str, Any]) -> Analysis:
     diags = check_structure(ModelConfig, dict(model), "model")
     raw_ops = model.get("ops")
     ops = raw_ops if isinstance(raw_ops, list) else []
@@ -37,7 +55,7 @@ def analyze(model: Mapping[str, Any]) -> tuple[list[Diagnostic], Plan | None]:
     diags.extend(check_widths(steps, model.get("in_features")))
     diags = dedupe(sort_diagnostics(diags))
     if has_errors(diags):
-        return diags, None
+        return Analysis(diags, None, steps, fusers)
     planned = [s for s in steps if s is not None]
     last_width = planned[-1].out_width if planned else None
     plan = Plan(
@@ -52,7 +70,7 @@ def analyze(model: Mapping[str, Any]) -> tuple[list[Diagnostic], Plan | None]:
         dims=dict(model.get("dims") or {}),
         warnings=diags,
     )
-    return diags, plan
+    return Analysis(diags, plan, steps, fusers)
 
 
 def validate_model(model: Mapping[str, Any]) -> list[Diagnostic]:

@@ -19,7 +19,11 @@ from te_assembly.validate import analyze
 WIDTH, EXPERTS, TOP_K = 8, 4, 2
 POOL = ("a", "b", "c")
 CHANNEL_CODES = {
-    "dangling-input", "producer-after-consumer", "duplicate-producer", "crosses-fuser", "channel-dtype",
+    "dangling-input",
+    "producer-after-consumer",
+    "duplicate-producer",
+    "crosses-fuser",
+    "channel-dtype",
 }
 
 # (extra input slots, extra output slots) as (name, dtype), in TE slot order; written out here on purpose
@@ -55,7 +59,10 @@ def _steps_for(kind: str, name: str, data: st.DataObject) -> list[dict[str, Any]
         "Combine": {"top_k": TOP_K},
         "GroupedLinear": {"num_groups": EXPERTS, "in_features": WIDTH, "out_features": WIDTH},
         "GroupedLinearScaled": {
-            "num_groups": EXPERTS, "in_features": WIDTH, "out_features": WIDTH, "scale_bias": True,
+            "num_groups": EXPERTS,
+            "in_features": WIDTH,
+            "out_features": WIDTH,
+            "scale_bias": True,
         },
         "Bias": {"size": WIDTH},
         "Linear": {"in_features": WIDTH, "out_features": WIDTH, "bias": data.draw(st.booleans())},
@@ -63,8 +70,13 @@ def _steps_for(kind: str, name: str, data: st.DataObject) -> list[dict[str, Any]
     op = "GroupedLinear" if kind == "GroupedLinearScaled" else kind
     steps = [{"name": name, "op": op, **({"args": args} if args else {})}]
     if kind == "ScaledSwiGLU":  # restores the width it halves
-        steps.append({"name": f"{name}_proj", "op": "Linear",
-                      "args": {"in_features": WIDTH // 2, "out_features": WIDTH, "bias": False}})
+        steps.append(
+            {
+                "name": f"{name}_proj",
+                "op": "Linear",
+                "args": {"in_features": WIDTH // 2, "out_features": WIDTH, "bias": False},
+            }
+        )
     return steps
 
 
@@ -235,10 +247,12 @@ _SPLIT = {"module": "Identity"}
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(models())
 # One name produced in two fusers, consumed after the second producer: only the duplicate is an error.
-@example(_fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "p1", **_TAP},
-                {"name": "c", **_ADD}))
+@example(
+    _fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "p1", **_TAP}, {"name": "c", **_ADD})
+)
 # ... and consumed before the second producer in its fuser: TE finds no earlier producer there.
-@example(_fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "c", **_ADD},
-                {"name": "p1", **_TAP}))
+@example(
+    _fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "c", **_ADD}, {"name": "p1", **_TAP})
+)
 def test_channel_verdict_matches_oracle(generated: tuple[dict[str, Any], Units]) -> None:
     _check(*generated)
