@@ -1,7 +1,12 @@
-"""Fixtures shared across test folders. Keep this small: folder-specific helpers live in their folder."""
+"""Fixtures shared across test folders. Keep this small: folder-specific helpers live in their folder.
+
+Test tiers: a ``te`` test skips with the reason when Transformer Engine does not import, and fails
+instead when ``TE_ASSEMBLY_REQUIRE_TE=1`` (CI's TE tier, after installing it); a ``gpu`` test also
+needs a CUDA GPU."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -30,3 +35,37 @@ def _run_cli(args: Sequence[str], timeout: float = 120) -> subprocess.CompletedP
 def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``python -m te_assembly ARGS...`` in a subprocess; returns the completed process."""
     return _run_cli
+
+
+@functools.cache
+def te_import_error() -> str | None:
+    """Why ``transformer_engine.pytorch`` does not import here, or None when it does."""
+    try:
+        import torch  # noqa: F401  - TE's core library needs torch's libnccl loaded first
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _te_required() -> bool:
+    return os.environ.get("TE_ASSEMBLY_REQUIRE_TE") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _te_tiers(request: pytest.FixtureRequest) -> None:
+    marked_te = request.node.get_closest_marker("te") is not None
+    marked_gpu = request.node.get_closest_marker("gpu") is not None
+    if not (marked_te or marked_gpu):
+        return
+    problem = te_import_error()
+    if problem is not None:
+        reason = f"transformer_engine.pytorch does not import ({problem}); run scripts/install_te_cpu.sh"
+        if _te_required() and marked_te:
+            pytest.fail(f"TE_ASSEMBLY_REQUIRE_TE=1 but {reason}")
+        pytest.skip(reason)
+    if marked_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU visible: the gpu tier runs TE's kernels")
