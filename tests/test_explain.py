@@ -66,7 +66,8 @@ def test_explain_prints_plan(run_cli: RunCli, model: str) -> None:
         first, n = step.first_basic_op, len(step.basic_ops)
         indices = f"{first}" if n == 1 else f"{first}-{first + n - 1}"
         basics = " + ".join(b for b, _ in step.basic_ops)
-        row = rf"│ {step.index} │ {step.name}\s+│ {step.type}\s+│ {step.fuser}\s+│ {indices}: {re.escape(basics)}"
+        row = rf"│ {step.index} │ {step.name}\s+│ {step.type}\s+│ {step.fuser}\s+│ "
+        row += rf"{indices}: {re.escape(basics)}"
         assert re.search(row, out), row
         assert re.search(rf"│ {step.name}\s+│.*│\s+{step.num_params:,} │", out)
     for channel in plan.channels.values():
