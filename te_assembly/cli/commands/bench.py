@@ -9,10 +9,8 @@ with the crossing channels returned and passed back by the caller (TE's way befo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -30,20 +28,12 @@ from te_assembly.bench import (
     run_benchmark,
 )
 from te_assembly.bench.runner import process_peak_rss_mib
-from te_assembly.cli.commands.common import require_plan
-from te_assembly.cli.commands.run import resolve_device, resolve_dtype
-from te_assembly.engines import resolve_engine
+from te_assembly.cli.commands.common import section
+from te_assembly.cli.commands.session import start
 from te_assembly.engines.data import sample_public_inputs, sample_x
 
 # Backward does two GEMMs per forward GEMM (data and weight gradients).
 FLOP_FACTOR = {"forward": 1, "backward": 2, "step": 3}
-
-
-def _section(cfg: Any, key: str) -> dict[str, Any]:
-    node = cfg.get(key)
-    data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    assert isinstance(data, dict)
-    return {str(k): v for k, v in data.items()}
 
 
 def _ms(seconds: float) -> str:
@@ -100,28 +90,24 @@ def split_summary(split: SplitPlan) -> str:
 
 
 def main(overrides: Sequence[str], console: Console) -> int:
-    loaded, plan = require_plan(overrides, console)
-    cfg = loaded.cfg
-    settings = BenchSettings.from_mapping(_section(cfg, "bench"))
-    kernels = str(cfg.kernels)
-    engine, reason = resolve_engine(str(cfg.engine), kernels)
-    device, dtype, seed = resolve_device(str(cfg.device)), resolve_dtype(str(cfg.dtype)), int(cfg.seed)
-    console.print(reason, markup=False)
+    session = start(overrides, console)
+    plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
+    settings = BenchSettings.from_mapping(section(session.cfg, "bench"))
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
 
     torch.manual_seed(seed)
     variants, split = build_variants(
         plan,
-        engine=engine,
-        kernels=kernels,
+        engine=session.engine,
+        kernels=session.kernels,
         device=device,
         dtype=dtype,
         optimizer=settings.optimizer,
         lr=settings.lr,
         compare=settings.compare,
         split_at=settings.split_at,
-        recipe=_section(cfg, "recipe") if engine == "te" else None,
+        recipe=session.engine_recipe,
     )
     generator = torch.Generator().manual_seed(seed)
     x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype)

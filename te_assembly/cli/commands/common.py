@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from te_assembly.config import LoadedConfig, compose, locate, yaml_lines
@@ -22,16 +24,21 @@ def load_and_validate(overrides: Sequence[str]) -> tuple[LoadedConfig, list[Diag
     return loaded, diags, (None if has_errors(diags) else plan)
 
 
+def section(cfg: DictConfig, key: str) -> dict[str, Any]:
+    """A config node as a plain dict with interpolations resolved; empty when the key is absent."""
+    node = cfg.get(key)
+    data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
 def _recipe_diagnostics(loaded: LoadedConfig) -> list[Diagnostic]:
     if "recipe" not in loaded.cfg:
         return []
-    from omegaconf import OmegaConf
-
     from te_assembly.recipes import recipe_dir, validate_recipe
 
-    recipe = OmegaConf.to_container(loaded.cfg.recipe, resolve=True)
-    assert isinstance(recipe, dict)
-    diags = validate_recipe({str(k): v for k, v in recipe.items()}, prefix="recipe")
+    recipe = section(loaded.cfg, "recipe")
+    diags = validate_recipe(recipe, prefix="recipe")
     source = recipe_dir() / f"{recipe.get('name', '')}.yaml"
     if diags and source.is_file():
         diags = locate(diags, str(source), yaml_lines(source.read_text(), "recipe"))

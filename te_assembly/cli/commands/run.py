@@ -21,7 +21,6 @@ import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,20 +28,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from te_assembly.cli.commands.common import require_plan
+from te_assembly.cli.commands.session import start
 from te_assembly.cli.report import plan_tables
 from te_assembly.diagnostics import error
-from te_assembly.engines import build, resolve_engine
+from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.errors import ConfigError, EngineUnavailableError, NonFiniteError
+from te_assembly.errors import ConfigError, NonFiniteError
 from te_assembly.plan import Plan
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-}
 
 
 @dataclass
@@ -51,29 +44,6 @@ class StepResult:
     extras: dict[str, torch.Tensor]
     loss: float
     seconds: float
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when a GPU is visible, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            [error("device", "bad-device", f"unknown device {name!r}", "use auto, cpu or cuda")]
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailableError(f"device={name} but no CUDA GPU is visible (use device=auto or cpu)")
-    return device
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ConfigError(
-            [error("dtype", "bad-dtype", f"unknown dtype {name!r}", f"use one of {', '.join(DTYPES)}")]
-        )
-    return DTYPES[name]
 
 
 def _positive(cfg: DictConfig, key: str) -> int:
@@ -98,14 +68,6 @@ def loss_of(y: torch.Tensor, extras: Mapping[str, torch.Tensor]) -> torch.Tensor
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
-def _recipe(cfg: DictConfig) -> dict[str, Any]:
-    if "recipe" not in cfg:
-        return {"kind": "none", "name": "bf16"}
-    recipe = OmegaConf.to_container(cfg.recipe, resolve=True)
-    assert isinstance(recipe, dict)
-    return {str(k): v for k, v in recipe.items()}
 
 
 def _sync(device: torch.device) -> None:
@@ -210,17 +172,10 @@ def _progress(console: Console) -> Iterator[Progress]:
 
 
 def main(overrides: Sequence[str], console: Console) -> int:
-    loaded, plan = require_plan(overrides, console)
-    cfg = loaded.cfg
-    kernels = str(cfg.kernels)
-    engine, reason = resolve_engine(str(cfg.engine), kernels)
-    device = resolve_device(str(cfg.device))
-    dtype = resolve_dtype(str(cfg.dtype))
-    steps, tokens = _positive(cfg, "run.steps"), _positive(cfg, "run.tokens")
-    seed = int(cfg.seed)
-    recipe = _recipe(cfg)
-
-    console.print(reason, markup=False)
+    session = start(overrides, console)
+    plan, engine, kernels = session.plan, session.engine, session.kernels
+    device, dtype, seed, recipe = session.device, session.dtype, session.seed, session.recipe
+    steps, tokens = _positive(session.cfg, "run.steps"), _positive(session.cfg, "run.tokens")
     header = f"{plan.name}: device {device}, dtype {str(dtype).removeprefix('torch.')}, seed {seed}"
     if engine == "te":
         header += f", kernels {kernels}, recipe {recipe.get('name')}"
@@ -231,9 +186,9 @@ def main(overrides: Sequence[str], console: Console) -> int:
         console.print(table)
 
     torch.manual_seed(seed)
-    # The TE engine runs its forwards under the recipe's te.autocast; the reference engine has none.
-    te_recipe = recipe if engine == "te" else None
-    model = build(plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=te_recipe)
+    model = build(
+        plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=session.engine_recipe
+    )
     record = getattr(model, "record_channels", None)
     if record is not None:
         record(True)

@@ -8,35 +8,19 @@ tensor's name (exit 1).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from te_assembly.cli.commands.common import require_plan
-from te_assembly.cli.commands.run import resolve_device, resolve_dtype
-from te_assembly.engines import resolve_engine
+from te_assembly.cli.commands.common import section
+from te_assembly.cli.commands.session import start
 from te_assembly.train import StepRecord, TrainSettings, train
 
 
-def _section(cfg: Any, key: str) -> dict[str, Any]:
-    node = cfg.get(key)
-    data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    assert isinstance(data, dict)
-    return {str(k): v for k, v in data.items()}
-
-
 def main(overrides: Sequence[str], console: Console) -> int:
-    loaded, plan = require_plan(overrides, console)
-    cfg = loaded.cfg
-    settings = TrainSettings.from_mapping(_section(cfg, "train"))
-    kernels = str(cfg.kernels)
-    engine, reason = resolve_engine(str(cfg.engine), kernels)
-    device, dtype, seed = resolve_device(str(cfg.device)), resolve_dtype(str(cfg.dtype)), int(cfg.seed)
-    # The TE engine runs its forwards under the recipe's te.autocast; the reference engine has none.
-    recipe = _section(cfg, "recipe") if engine == "te" else None
-    console.print(reason, markup=False)
+    session = start(overrides, console)
+    plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
+    settings = TrainSettings.from_mapping(section(session.cfg, "train"))
     console.print(
         f"{plan.name}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "
@@ -63,12 +47,12 @@ def main(overrides: Sequence[str], console: Console) -> int:
         result = train(
             plan,
             settings,
-            engine=engine,
-            kernels=kernels,
+            engine=session.engine,
+            kernels=session.kernels,
             device=device,
             dtype=dtype,
             seed=seed,
-            recipe=recipe,
+            recipe=session.engine_recipe,
             on_step=on_step,
         )
     for note in result.notes:

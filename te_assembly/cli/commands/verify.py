@@ -8,14 +8,12 @@ locking and gradient accumulation against the reference engine on any machine.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from te_assembly.cli.commands.common import require_plan
-from te_assembly.cli.commands.run import resolve_device, resolve_dtype
+from te_assembly.cli.commands.common import require_plan, section
+from te_assembly.cli.commands.session import resolve_device, resolve_dtype
 from te_assembly.engines import te_available
 from te_assembly.errors import EngineUnavailableError
 from te_assembly.verify import VerifyReport, verify
@@ -30,14 +28,6 @@ def _kernels(overrides: Sequence[str], configured: str, on_gpu: bool) -> str:
     if any(o.lstrip("+").startswith("kernels=") for o in overrides):
         return configured
     return "te" if on_gpu else "reference"
-
-
-def _recipe(cfg: Any) -> dict[str, Any] | None:
-    if "recipe" not in cfg:
-        return None
-    recipe = OmegaConf.to_container(cfg.recipe, resolve=True)
-    assert isinstance(recipe, dict)
-    return {str(k): v for k, v in recipe.items()}
 
 
 def _fmt(value: float) -> str:
@@ -76,7 +66,7 @@ def main(overrides: Sequence[str], console: Console) -> int:
         kernels=kernels,
         device=device,
         dtype=resolve_dtype(str(cfg.dtype)),
-        recipe=_recipe(cfg),
+        recipe=section(cfg, "recipe") or None,
         tokens=int(cfg.run.tokens),
         seed=int(cfg.seed),
     )
