@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Piped output (CI logs, tests) gets a wide fixed width so tables are not folded at 80 columns.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
-    if args and args[0] in ("-h", "--help", "help"):
+    if any(a in ("-h", "--help") for a in args) or args[:1] == ["help"]:
         console.print(usage(), markup=False)
         return 0
     command = "run"
