@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.base import AssembledModel, ModelOutput
-from te_assembly.errors import EngineUnavailableError
+from te_assembly.errors import ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan
 
 ENGINES = ("auto", "reference", "te")
@@ -30,10 +31,18 @@ def te_available() -> bool:
 
 def resolve_engine(engine: str, kernels: str = "te") -> tuple[str, str]:
     """The engine to use and a one-line reason, for ``engine=auto``."""
-    if engine not in ENGINES:
-        raise EngineUnavailableError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if kernels not in KERNELS:
-        raise EngineUnavailableError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
+    problems = [
+        error(
+            key,
+            f"bad-{key}",
+            f"unknown {key} {value!r}; choose one of {', '.join(choices)}",
+            did_you_mean(value, choices),
+        )
+        for key, value, choices in (("engine", engine, ENGINES), ("kernels", kernels, KERNELS))
+        if value not in choices
+    ]
+    if problems:
+        raise ConfigError(problems)
     if engine != "auto":
         return engine, f"engine={engine} (asked for)"
     has_te, has_gpu = te_available(), torch.cuda.is_available()

@@ -182,13 +182,13 @@ def main(overrides: Sequence[str], console: Console) -> int:
     elif recipe.get("kind") != "none":
         header += f"; recipe {recipe.get('name')} ignored by the reference engine"
     console.print(header, markup=False)
-    for table in plan_tables(plan):
-        console.print(table)
-
+    # Build before printing the plan, so an engine that cannot run here says so first.
     torch.manual_seed(seed)
     model = build(
         plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=session.engine_recipe
     )
+    for table in plan_tables(plan):
+        console.print(table)
     record = getattr(model, "record_channels", None)
     if record is not None:
         record(True)
