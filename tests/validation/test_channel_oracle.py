@@ -7,6 +7,7 @@ the same everywhere), so every error must come from the channel graph.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -244,7 +245,11 @@ _ADD = {"op": "AddExtraInput", "extra_inputs": {"addend": "a"}}
 _SPLIT = {"module": "Identity"}
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("ORACLE_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(models())
 # One name produced in two fusers, consumed after the second producer: only the duplicate is an error.
 @example(
