@@ -9,7 +9,12 @@ from te_assembly.catalog.spec import ModuleSpec, Param, Width
 
 MODULES: tuple[ModuleSpec, ...] = (
     ModuleSpec("Identity", "torch.nn.Identity: ends the fuser, changes nothing.", "torch.nn:Identity"),
-    ModuleSpec("Dropout", "torch.nn.Dropout.", "torch.nn:Dropout", params=(Param("p", float, 0.5),)),
+    ModuleSpec(
+        "Dropout",
+        "torch.nn.Dropout.",
+        "torch.nn:Dropout",
+        params=(Param("p", float, 0.5, bounds=(0.0, 1.0)),),
+    ),
     ModuleSpec("GELU", "torch.nn.GELU (erf).", "torch.nn:GELU"),
     ModuleSpec("ReLU", "torch.nn.ReLU.", "torch.nn:ReLU"),
     ModuleSpec("SiLU", "torch.nn.SiLU.", "torch.nn:SiLU"),

@@ -24,6 +24,8 @@ class Param:
     default: Any = REQUIRED
     choices: tuple[Any, ...] | None = None
     doc: str = ""
+    bounds: tuple[float | None, float | None] = (None, None)
+    """Inclusive (min, max) for numbers; None = unbounded. Ints are positive unless bounds say otherwise."""
 
     @property
     def required(self) -> bool:
@@ -56,6 +58,12 @@ class Slot:
     enabled_if: tuple[str, ...] = ()
     """The slot exists only when all these bool arguments are true (TE sizes slots at init)."""
     doc: str = ""
+    shape: str = "main"
+    """What the tensor looks like, so a channel can only join slots that agree:
+    ``main`` (like the main-path tensor at that op), ``rows`` (one value per row of the main path),
+    ``token_topk`` ([tokens, top_k]), ``groups`` (one per group/expert), ``scalar``."""
+    is_loss: bool = False
+    """A scalar loss term the caller should add to its objective (TopKRouter's aux_loss)."""
 
     def enabled(self, args: Mapping[str, Any]) -> bool:
         return all(bool(args.get(a)) for a in self.enabled_if)
@@ -102,6 +110,11 @@ class OpSpec:
     """Has an ``in_place`` argument whose aliasing matters at channel endpoints."""
     validation_only_params: tuple[str, ...] = ()
     """Params checked by the validator but not passed to the TE constructor."""
+    changes_rows: bool = False
+    """The op changes the number of rows of the main path (Dispatch, Combine): such models take
+    ``x`` as a 2-D [tokens, features] tensor."""
+    arg_rules: tuple[tuple[str, str, str], ...] = ()
+    """(smaller, larger, message) pairs of arguments that must satisfy ``args[smaller] <= args[larger]``."""
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)

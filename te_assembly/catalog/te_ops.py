@@ -102,8 +102,16 @@ TE_OPS: tuple[OpSpec, ...] = (
             Param("scale_bias", bool, False, doc="Add bias * scales (a second input slot)."),
         ),
         inputs=(
-            Slot("split_sizes", "int", agree=(("groups", "num_groups"),), doc="Rows per group (int64)."),
-            Slot("scales", "float", enabled_if=("scale_bias", "bias"), doc="Per-row bias scales."),
+            Slot(
+                "split_sizes",
+                "int",
+                agree=(("groups", "num_groups"),),
+                shape="groups",
+                doc="Rows per group (int64).",
+            ),
+            Slot(
+                "scales", "float", enabled_if=("scale_bias", "bias"), shape="rows", doc="Per-row bias scales."
+            ),
         ),
         width=Width(in_arg="in_features", out_arg="out_features"),
         te_class=f"{_TE}:GroupedLinear",
@@ -149,7 +157,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="ScaledSwiGLU",
         doc="SwiGLU(x) * scales[..., None]: per-row post-scaling, e.g. by router probabilities.",
-        inputs=(Slot("scales", "float", doc="One scale per row."),),
+        inputs=(Slot("scales", "float", shape="rows", doc="One scale per row."),),
         width=Width(divisor=2),
         te_class=f"{_TE}:ScaledSwiGLU",
         reference=f"{_REF}.activations:ScaledSwiGLU",
@@ -192,7 +200,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="Dropout",
         doc="Dropout with probability p (identity in eval mode).",
-        params=(Param("p", float),),
+        params=(Param("p", float, bounds=(0.0, 1.0)),),
         te_class=f"{_TE}:Dropout",
         reference=f"{_REF}.passthrough:Dropout",
     ),
