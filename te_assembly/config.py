@@ -7,6 +7,7 @@ syntax errors as diagnostics, and the file:line of every key of the model file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from te_assembly.diagnostics import Diagnostic, error, sort_diagnostics
+from te_assembly.diagnostics import Diagnostic, closest, did_you_mean, error, sort_diagnostics
 from te_assembly.errors import CompositionError, ConfigError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -104,7 +105,7 @@ def to_plain(node: Any, path: str, diags: list[Diagnostic]) -> Any:
             try:
                 value = node[key]
             except Exception as exc:
-                diags.append(error(child, "bad-interpolation", _omegaconf_message(exc)))
+                diags.append(_bad_interpolation(child, node, exc))
                 continue
             out[str(key)] = to_plain(value, child, diags)
         return out
@@ -114,16 +115,85 @@ def to_plain(node: Any, path: str, diags: list[Diagnostic]) -> Any:
             try:
                 value = node[i]
             except Exception as exc:
-                diags.append(error(f"{path}[{i}]", "bad-interpolation", _omegaconf_message(exc)))
+                diags.append(_bad_interpolation(f"{path}[{i}]", node, exc))
                 continue
             items.append(to_plain(value, f"{path}[{i}]", diags))
         return items
     return node
 
 
-def _omegaconf_message(exc: Exception) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"cannot resolve value: {first}"
+_MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
+
+
+def _bad_interpolation(path: str, node: DictConfig | ListConfig, exc: Exception) -> Diagnostic:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    missing = _MISSING_KEY.search(first)
+    hint = suggest_key(node._get_root(), missing.group(1)) if missing else None
+    return error(path, "bad-interpolation", f"cannot resolve value: {first}", hint)
+
+
+def suggest_key(root: Any, dotted: str) -> str | None:
+    """For a key path that does not exist in ``root``: the path with its first wrong component replaced
+    by the closest existing key, and the keys that do exist there. None when nothing is close."""
+    parts = dotted.split(".")
+    node = root
+    for i, part in enumerate(parts):
+        keys = _child_keys(node)
+        if keys is None:
+            return None
+        if part in keys:
+            try:
+                node = node[int(part)] if isinstance(node, ListConfig) else node._get_node(part)
+            except Exception:
+                return None
+            continue
+        match = closest(part, keys)
+        parent = ".".join(parts[:i]) or "the config root"
+        listed = f"{parent} has: {', '.join(sorted(keys))}" if keys else f"{parent} is empty"
+        if match is None:
+            return listed
+        return f"did you mean {'.'.join([*parts[:i], match, *parts[i + 1 :]])!r}? {listed}"
+    return None
+
+
+def _child_keys(node: Any) -> list[str] | None:
+    if isinstance(node, DictConfig):
+        return [str(k) for k in node.keys()]
+    if isinstance(node, ListConfig):
+        return [str(i) for i in range(len(node))]
+    return None
+
+
+def resolve_model(model: Mapping[str, Any]) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """A model mapping from Python (``yaml.safe_load`` of a model file, a hand-built dict) with its
+    ``${model.dims.X}`` interpolations resolved as a loaded file's are; the mapping unchanged, and no
+    diagnostics, when it holds no interpolation."""
+    if isinstance(model, DictConfig):
+        diags: list[Diagnostic] = []
+        return to_plain(model, "model", diags), diags
+    if not _has_interpolation(model):
+        return dict(model), []
+    try:
+        cfg = OmegaConf.create({"model": dict(model)})
+    except Exception:
+        return dict(model), []  # not a plain-data tree (e.g. a live object): validation says what is wrong
+    diags = []
+    return to_plain(cfg.model, "model", diags), diags
+
+
+def _has_interpolation(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "${" in item:
+                return True
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def locate(diags: Sequence[Diagnostic], file: str | None, lines: Mapping[str, int]) -> list[Diagnostic]:
@@ -193,9 +263,6 @@ def _register_recipes() -> None:
 def compose(overrides: Sequence[str]) -> LoadedConfig:
     """Compose ``configs/config.yaml`` with Hydra overrides; raise ``CompositionError`` or
     ``ConfigError`` (YAML syntax) with a short message, never a Hydra traceback."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -207,14 +274,10 @@ def compose(overrides: Sequence[str]) -> LoadedConfig:
         if diags:
             raise ConfigError(diags)
     _register_recipes()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        cfg = _hydra_compose(overrides)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
-        raise CompositionError(_composition_message(exc, choice)) from None
-    finally:
-        GlobalHydra.instance().clear()
+        raise CompositionError(_composition_message(exc, choice, overrides)) from None
     load_diags: list[Diagnostic] = []
     model = to_plain(cfg.model, "model", load_diags) if "model" in cfg else {}
     lines = yaml_lines(text, "model") if text is not None else {}
@@ -222,13 +285,47 @@ def compose(overrides: Sequence[str]) -> LoadedConfig:
     return LoadedConfig(cfg, model, file, lines, locate(load_diags, file, lines))
 
 
-def _composition_message(exc: Exception, choice: str) -> str:
+def _hydra_compose(overrides: Sequence[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+_CANNOT_OVERRIDE = re.compile(r"Could not override '([^']+)'")
+
+
+def _composition_message(exc: Exception, choice: str, overrides: Sequence[str]) -> str:
     # Hydra appends its search path to "not found" messages: noise for a user picking a model.
     text = str(exc).strip().split("\nConfig search path:")[0].rstrip()
     if "model" in text and choice and choice not in available_models():
-        from te_assembly.diagnostics import did_you_mean
-
         hint = did_you_mean(choice, available_models())
         text = f"unknown model {choice!r}" + (f" ({hint})" if hint else "")
         text += f"\navailable models: {', '.join(available_models())}"
+        return text
+    missing = _CANNOT_OVERRIDE.search(text)
+    if missing is not None:
+        hint = _override_hint(missing.group(1), overrides)
+        if hint:
+            text += f"\n{hint}"
     return text
+
+
+def _override_hint(key: str, overrides: Sequence[str]) -> str | None:
+    """Did-you-mean for an override of a key that does not exist: compose again without it (a second
+    Hydra run, only on this error path) and look for close keys where it should have been."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") != key]
+    try:
+        cfg = _hydra_compose(rest)
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError):
+        return None
+    return suggest_key(cfg, key)

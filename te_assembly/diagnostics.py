@@ -51,8 +51,8 @@ def warning(path: str, code: str, message: str, hint: str | None = None) -> Diag
     return Diagnostic(Severity.WARNING, path, message, code, hint)
 
 
-def did_you_mean(word: object, candidates: Iterable[str]) -> str | None:
-    """A did-you-mean hint for a misspelled name, or None when nothing is close."""
+def closest(word: object, candidates: Iterable[str]) -> str | None:
+    """The candidate a misspelled name most likely meant, or None when nothing is close."""
     if not isinstance(word, str):
         return None
     pool = sorted(set(candidates))
@@ -61,7 +61,13 @@ def did_you_mean(word: object, candidates: Iterable[str]) -> str | None:
         lowered = {c.lower(): c for c in pool}
         if word.lower() in lowered:
             matches = [lowered[word.lower()]]
-    return f"did you mean {matches[0]!r}?" if matches else None
+    return matches[0] if matches else None
+
+
+def did_you_mean(word: object, candidates: Iterable[str]) -> str | None:
+    """A did-you-mean hint for a misspelled name, or None when nothing is close."""
+    match = closest(word, candidates)
+    return f"did you mean {match!r}?" if match is not None else None
 
 
 _PATH_TOKEN = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
@@ -95,22 +101,43 @@ def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
 
 # When one of these is reported at a path, the others there are consequences of it.
 _ROOT_CAUSES = {
-    "bad-interpolation": {"missing-key", "missing-arg", "wrong-type"},
     "bad-channel-name": {"wrong-type"},
 }
+# A value that could not be resolved is absent: every other error about it, or about anything under it
+# ("missing required key", "needs argument", "exactly one of op or module"), only restates that.
+_UNRESOLVED = "bad-interpolation"
 
 
 def dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
     """Drop repeats, and findings that are only consequences of a root cause at the same path."""
     causes: dict[str, set[str]] = {}
+    unresolved: set[str] = set()
     for d in diags:
         causes.setdefault(d.path, set()).add(d.code)
+        if d.code == _UNRESOLVED:
+            unresolved.add(d.path)
     seen: set[tuple[str, str, str]] = set()
     out = []
     for d in diags:
         key = (d.path, d.code, d.message)
-        shadowed = any(d.code in _ROOT_CAUSES.get(c, ()) for c in causes[d.path])
+        shadowed = any(d.code in _ROOT_CAUSES.get(c, ()) for c in causes[d.path]) or (
+            bool(unresolved)
+            and d.is_error
+            and d.code != _UNRESOLVED
+            and any(p in unresolved for p in _enclosing(d.path))
+        )
         if key not in seen and not shadowed:
             seen.add(key)
             out.append(d)
     return out
+
+
+def _enclosing(path: str) -> list[str]:
+    """``path`` and each path above it: ``a.b[2].c``, ``a.b[2]``, ``a.b``, ``a``."""
+    out = [path]
+    while True:
+        cut = max(path.rfind("."), path.rfind("["))
+        if cut <= 0:
+            return out
+        path = path[:cut]
+        out.append(path)

@@ -46,3 +46,7 @@ class NonFiniteError(TeAssemblyError):
 
 class VerificationError(TeAssemblyError):
     """Two engines disagreed beyond tolerance."""
+
+
+class OutputPathError(TeAssemblyError):
+    """A directory that results go to cannot be created or written (``cannot write to ...``)."""

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from te_assembly.diagnostics import Diagnostic
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.errors import ConfigError
+from te_assembly.outputs import prepare_out_dir, write_error
 from te_assembly.plan import FuserGroup, Plan, PlannedStep
 from te_assembly.validate import analyze_full
 
@@ -65,6 +67,9 @@ class GraphView:
     def node(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.id == node_id)
 
+    def nodes_of(self, kind: NodeKind) -> list[Node]:
+        return [n for n in self.nodes if n.kind == kind]
+
     @property
     def has_errors(self) -> bool:
         return any(d.is_error for d in self.diagnostics)
@@ -72,10 +77,6 @@ class GraphView:
 
 def step_id(index: int) -> str:
     return f"s{index}"
-
-
-def _safe_id(prefix: str, name: str) -> str:
-    return prefix + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 def view_from_plan(plan: Plan) -> GraphView:
@@ -147,6 +148,10 @@ def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None
                 producers.setdefault(channel, []).append((step, slot))
     # The validator already judged each consumer slot; the drawing only shows its verdict.
     slot_errors = {d.path: d.message for d in view.diagnostics if d.is_error}
+    # Node ids are numbered, never derived from names: channel names may hold any character, and any
+    # name-to-id mapping (``a b`` -> ``a_b``) would merge distinct tensors. Names stay in the labels.
+    missing_ids: dict[str, str] = {}
+    inputs = itertools.count()
 
     for step in ops:
         for slot, channel in enumerate(step.input_channels):
@@ -154,16 +159,18 @@ def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None
             dst = step_id(step.index)
             if channel is None:
                 public = step.public_input_name(slot)
-                nid = _safe_id("in_", public)
-                _add_node(view, Node(nid, public, "public_input"))
+                nid = f"in{next(inputs)}"
+                view.nodes.append(Node(nid, public, "public_input"))
                 view.edges.append(Edge(nid, dst, "public", public, None, dst_slot))
                 continue
             why = slot_errors.get(f"model.ops[{step.index}].extra_inputs.{dst_slot}")
             candidates = producers.get(channel, [])
             if not candidates:
-                nid = _safe_id("missing_", channel)
                 missing = why or f"no producer of {channel!r}"
-                _add_node(view, Node(nid, f"missing channel '{channel}'", "missing", error=missing))
+                nid = missing_ids.get(channel, f"missing{len(missing_ids)}")
+                if channel not in missing_ids:
+                    missing_ids[channel] = nid
+                    view.nodes.append(Node(nid, f"missing channel '{channel}'", "missing", error=missing))
                 view.edges.append(Edge(nid, dst, "error", channel, None, dst_slot, missing))
                 continue
             # Draw from the producer this consumer would bind to: its own fuser's, else the first.
@@ -175,21 +182,16 @@ def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None
             kind: EdgeKind = "public" if producer.output_public[out_slot] else "internal"
             view.edges.append(Edge(src, dst, kind, channel, src_slot, dst_slot))
 
+    outputs = itertools.count()
     for step in ops:
         for slot, is_public in enumerate(step.output_public):
             if not is_public:
                 continue
             out_name = step.public_output_name(slot)
-            nid = _safe_id("out_", out_name)
-            _add_node(view, Node(nid, out_name, "public_output"))
+            nid = f"out{next(outputs)}"
+            view.nodes.append(Node(nid, out_name, "public_output"))
             src_slot = step.output_slots[slot].name
             view.edges.append(Edge(step_id(step.index), nid, "public", out_name, src_slot, None))
-
-
-def _add_node(view: GraphView, node: Node) -> None:
-    # Two public tensors with one name (a reported clash) share a node rather than duplicate an id.
-    if not any(n.id == node.id for n in view.nodes):
-        view.nodes.append(node)
 
 
 # ----------------------------------------------------------------------------------------------- Mermaid
@@ -342,12 +344,24 @@ def dot_binary() -> str | None:
 
 
 def render(view: GraphView, out_dir: str | Path, formats: Sequence[str] = FORMATS) -> RenderResult:
-    """Write ``<name>.mmd``, ``<name>.dot`` and, when Graphviz's ``dot`` is on PATH, SVG/PNG."""
+    """Write ``<name>.mmd``, ``<name>.dot`` and, when Graphviz's ``dot`` is on PATH, SVG/PNG. Raises
+    ``ConfigError`` for an unknown format and ``OutputPathError`` when ``out_dir`` cannot be written."""
+    if isinstance(formats, str):
+        formats = [formats]  # one format, not one per character
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
-        raise ValueError(f"unknown graph format(s) {unknown}; choose from {', '.join(FORMATS)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+        raise ConfigError(
+            [
+                error(
+                    "formats",
+                    "bad-graph-format",
+                    f"unknown graph format {f!r}; choose from {', '.join(FORMATS)}",
+                    did_you_mean(f, FORMATS),
+                )
+                for f in unknown
+            ]
+        )
+    out = prepare_out_dir(out_dir)
     result = RenderResult()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", view.name) or "model"
     dot_text = to_dot(view)
@@ -355,7 +369,10 @@ def render(view: GraphView, out_dir: str | Path, formats: Sequence[str] = FORMAT
     for fmt in formats:
         path = out / f"{stem}.{SUFFIX[fmt]}"
         if fmt in texts:
-            path.write_text(texts[fmt])
+            try:
+                path.write_text(texts[fmt])
+            except OSError as exc:
+                raise write_error(path, exc) from None
             result.written[fmt] = path
             continue
         binary = dot_binary()

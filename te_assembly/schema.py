@@ -31,10 +31,11 @@ class StepConfig:
     name: str
     op: str | None = None
     module: str | None = None
-    args: dict[str, Any] = field(default_factory=dict)
-    extra_inputs: dict[str, str | None] = field(default_factory=dict)
+    # null means empty for the three mappings: ``args:`` with nothing under it is how YAML spells it.
+    args: dict[str, Any] | None = field(default_factory=dict)
+    extra_inputs: dict[str, str | None] | None = field(default_factory=dict)
     """Input slot name -> channel name, or null for a public input named ``<step>_<slot>``."""
-    extra_outputs: dict[str, OutputBinding] = field(default_factory=dict)
+    extra_outputs: dict[str, OutputBinding] | None = field(default_factory=dict)
     """Output slot name -> binding. Unlisted outputs are public, named ``<step>_<slot>``."""
     doc: str = ""
 

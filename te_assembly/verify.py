@@ -3,6 +3,9 @@
 ``verify`` returns a ``VerifyReport`` (data); the ``verify`` command prints it. Compared: the main
 output, every public extra output, the gradient of ``x`` and of every public float input, and every
 parameter gradient, for the loss ``sum(output * fixed random cotangent)`` over the float outputs.
+
+Both models run in eval mode: dropout masks come from each implementation's own RNG (TE's GPU dropout
+has its own generator), so training-mode randomness is not comparable across engines.
 """
 
 from __future__ import annotations
@@ -60,9 +63,10 @@ def precision_class(dtype: torch.dtype, recipe: Mapping[str, Any] | None = None)
 @dataclass(frozen=True)
 class TensorComparison:
     name: str
-    """``y``, a public output name, ``grad x``, ``grad <public input>`` or ``grad <parameter name>``."""
+    """``y`` (the main output), a public output name, ``grad x``, ``grad <public input>`` or
+    ``grad <parameter name>``."""
     kind: str
-    """``output``, ``input grad`` or ``param grad``."""
+    """``main output``, ``output`` (a public extra output), ``input grad`` or ``param grad``."""
     shape: tuple[int, ...]
     max_abs: float
     max_rel: float
@@ -131,11 +135,24 @@ def fill_zero_parameters(model: torch.nn.Module, seed: int, scale: float = 0.1) 
                 p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * scale)
 
 
+MAIN_OUTPUT = "y"
+"""The report's name for the main output. It is kept apart from the public outputs (which are keyed by
+channel name), so no channel can stand in for it."""
+
+
 @dataclass
 class _Run:
+    y: torch.Tensor
     outputs: dict[str, torch.Tensor]
+    """Public extra outputs by name."""
     input_grads: dict[str, torch.Tensor | None]
     param_grads: dict[str, torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class _Cotangents:
+    y: torch.Tensor
+    extras: dict[str, torch.Tensor]
 
 
 def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -146,43 +163,43 @@ def _forward_backward(
     model: AssembledModel,
     x: torch.Tensor,
     inputs: Mapping[str, torch.Tensor],
-    cotangents: Mapping[str, torch.Tensor] | None,
+    cotangents: _Cotangents | None,
     seed: int,
-) -> tuple[_Run, dict[str, torch.Tensor]]:
+) -> tuple[_Run, _Cotangents]:
     xx = x.detach().clone().requires_grad_(True)
     ins = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
     model.zero_grad(set_to_none=True)
     y, extras = model(xx, **ins)
-    outputs = {"y": y, **extras}
     if cotangents is None:
-        cotangents = _cotangents(outputs, seed)
-    loss = sum(
+        cotangents = _cotangents(y, extras, seed)
+    loss = (y.to(_loss_dtype(y.dtype)) * cotangents.y).sum() + sum(
         (
-            (value.to(_loss_dtype(value.dtype)) * cotangents[name]).sum()
-            for name, value in outputs.items()
-            if name in cotangents
+            (value.to(_loss_dtype(value.dtype)) * cotangents.extras[name]).sum()
+            for name, value in extras.items()
+            if name in cotangents.extras
         ),
         start=torch.zeros((), device=y.device),
     )
     loss.backward()
     run = _Run(
-        outputs={k: v.detach() for k, v in outputs.items()},
+        y=y.detach(),
+        outputs={k: v.detach() for k, v in extras.items()},
         input_grads={"x": xx.grad, **{k: v.grad for k, v in ins.items() if v.is_floating_point()}},
         param_grads={name: p.grad for name, p in state_dict_parameters(model).items()},
     )
-    return run, dict(cotangents)
+    return run, cotangents
 
 
-def _cotangents(outputs: Mapping[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+def _cotangents(y: torch.Tensor, extras: Mapping[str, torch.Tensor], seed: int) -> _Cotangents:
     """One fixed random cotangent per float output, drawn on the CPU so every device sees the same."""
     generator = torch.Generator().manual_seed(seed + 1)
-    return {
-        name: torch.randn(value.shape, generator=generator, dtype=torch.float64).to(
-            device=value.device, dtype=_loss_dtype(value.dtype)
-        )
-        for name, value in outputs.items()
-        if value.is_floating_point()
-    }
+
+    def draw(value: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(value.shape, generator=generator, dtype=torch.float64)
+        return noise.to(device=value.device, dtype=_loss_dtype(value.dtype))
+
+    main = draw(y)
+    return _Cotangents(main, {name: draw(v) for name, v in extras.items() if v.is_floating_point()})
 
 
 def compare(
@@ -224,7 +241,8 @@ def verify(
     seed: int = 0,
 ) -> VerifyReport:
     """Build both engines with the reference engine's weights, run one forward and backward on the same
-    synthetic data and cotangents, and compare every output and gradient."""
+    synthetic data and cotangents, and compare every output and gradient. Both models run in eval mode
+    (dropout is the identity): random masks are not comparable across implementations."""
     plan = to_plan(config)
     dev = torch.device(device)
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
@@ -233,6 +251,9 @@ def verify(
     reference = build(plan, engine="reference", device=dev, dtype=dtype)
     fill_zero_parameters(reference, seed)
     copy_weights(reference, candidate)
+    # Dropout draws its masks from each implementation's own RNG: compare the deterministic model.
+    reference.eval()
+    candidate.eval()
 
     generator = torch.Generator().manual_seed(seed)
     x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype)
@@ -242,7 +263,8 @@ def verify(
 
     precision = precision_class(dtype, recipe)
     tolerance = TOLERANCES[precision]
-    rows = [compare(n, "output", te_run.outputs.get(n), v, tolerance) for n, v in ref_run.outputs.items()]
+    rows = [compare(MAIN_OUTPUT, "main output", te_run.y, ref_run.y, tolerance)]
+    rows += [compare(n, "output", te_run.outputs.get(n), v, tolerance) for n, v in ref_run.outputs.items()]
     rows += [
         compare(f"grad {n}", "input grad", te_run.input_grads.get(n), v, tolerance)
         for n, v in ref_run.input_grads.items()
@@ -267,6 +289,7 @@ def verify(
 
 
 __all__ = [
+    "MAIN_OUTPUT",
     "TOLERANCES",
     "TensorComparison",
     "Tolerance",

@@ -25,6 +25,8 @@ class Variant:
     name: str
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    loss_outputs: tuple[str, ...] = ()
+    """Public outputs that are loss terms (``engines.base.loss_output_names``), added to the loss."""
 
 
 @dataclass
@@ -36,10 +38,10 @@ class VariantResult:
     """CUDA ``max_memory_allocated`` during one full step; None on CPU."""
 
 
-def bench_loss(out: ModelOutput) -> torch.Tensor:
-    """Mean square of ``y`` plus every public aux loss: something every output's gradient flows from."""
+def bench_loss(out: ModelOutput, loss_names: Sequence[str]) -> torch.Tensor:
+    """Mean square of ``y`` plus every public loss output: something every output's gradient flows from."""
     loss = out.y.float().square().mean()
-    for value in aux_losses(out.extras).values():
+    for value in aux_losses(out.extras, loss_names).values():
         loss = loss + value
     return loss
 
@@ -64,12 +66,12 @@ def _phase_sample(
         return timed(lambda: _forward(v, x, inputs), device)
     if phase == "backward":
         v.optimizer.zero_grad(set_to_none=True)
-        loss = bench_loss(_forward(v, x, inputs))
+        loss = bench_loss(_forward(v, x, inputs), v.loss_outputs)
         return timed(loss.backward, device)
 
     def step() -> None:
         v.optimizer.zero_grad(set_to_none=True)
-        bench_loss(_forward(v, x, inputs)).backward()
+        bench_loss(_forward(v, x, inputs), v.loss_outputs).backward()
         v.optimizer.step()
 
     return timed(step, device)

@@ -81,16 +81,26 @@ def default_cut(plan: Plan) -> int:
     return min(candidates, key=lambda k: (abs(2 * k - n), k))
 
 
+def split_points(plan: Plan) -> list[str]:
+    """Step names a split can start part 2 at: every step but the first."""
+    return [s.name for s in plan.steps[1:]]
+
+
 def cut_at(plan: Plan, step_name: str | None) -> int:
     if step_name is None:
         return default_cut(plan)
     names = [s.name for s in plan.steps]
+    choices = ", ".join(split_points(plan)) or "none"
     if step_name not in names:
         hint = did_you_mean(step_name, names)
-        raise SplitError(f"no step {step_name!r} to split at" + (f" ({hint})" if hint else ""))
+        raise SplitError(
+            f"no step {step_name!r} to split at; choose one of {choices}" + (f" ({hint})" if hint else "")
+        )
     k = names.index(step_name)
     if k == 0:
-        raise SplitError(f"step {step_name!r} is the first step: part 1 would be empty")
+        raise SplitError(
+            f"step {step_name!r} is the first step: part 1 would be empty; choose one of {choices}"
+        )
     return k
 
 

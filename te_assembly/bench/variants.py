@@ -13,6 +13,7 @@ from te_assembly.bench.plain import PlainModel
 from te_assembly.bench.runner import Variant, make_optimizer
 from te_assembly.bench.split import SplitModel, SplitPlan, cut_at, split_plan
 from te_assembly.engines import build
+from te_assembly.engines.base import loss_output_names
 from te_assembly.plan import Plan
 
 CHANNELLED = "(a) channelled, one fuser"
@@ -45,7 +46,10 @@ def build_variants(
     recipe: Mapping[str, Any] | None = None,
 ) -> tuple[list[Variant], SplitPlan | None]:
     model = build(plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
-    variants = [Variant(CHANNELLED if compare else plan.name, model, make_optimizer(model, optimizer, lr))]
+    losses = loss_output_names(plan)
+    variants = [
+        Variant(CHANNELLED if compare else plan.name, model, make_optimizer(model, optimizer, lr), losses)
+    ]
     if not compare:
         return variants, None
     split = split_plan(plan, cut_at(plan, split_at))
@@ -56,6 +60,6 @@ def build_variants(
     two = SplitModel(split, parts[0], parts[1]).load_from(model)
     plain = PlainModel(plan, device=device, dtype=dtype)
     copy_weights(model, plain)
-    variants.append(Variant(SPLIT, two, make_optimizer(two, optimizer, lr)))
-    variants.append(Variant(PLAIN, plain, make_optimizer(plain, optimizer, lr)))
+    variants.append(Variant(SPLIT, two, make_optimizer(two, optimizer, lr), losses))
+    variants.append(Variant(PLAIN, plain, make_optimizer(plain, optimizer, lr), losses))
     return variants, split

@@ -10,9 +10,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError, MissingMandatoryValue
 from rich.console import Console
 
 from te_assembly.errors import CompositionError, ConfigError, TeAssemblyError
+
+# A value OmegaConf could not resolve when a command read it (``${oc.env:NOPE}``, ``???``). Commands check
+# the keys they read; this catches any they read raw, as a config error rather than a traceback.
+UNRESOLVED = (InterpolationResolutionError, MissingMandatoryValue, GrammarParseError)
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("te_assembly.cli.commands.run", "build the model and run a few forward+backward steps (default)"),
@@ -36,6 +41,14 @@ commands:
 def usage() -> str:
     lines = "\n".join(f"  {name:<9} {doc}" for name, (_, doc) in COMMANDS.items())
     return USAGE.format(commands=lines)
+
+
+def unresolved_message(exc: Exception) -> str:
+    """OmegaConf's first line, with the config key it names (its message adds internals after it)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    key = getattr(exc, "full_key", None)
+    return f"{key}: cannot resolve value: {first}" if key else f"cannot resolve config value: {first}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except CompositionError as exc:
         err.print(f"error: {exc}", markup=False)
+        return 2
+    except UNRESOLVED as exc:
+        err.print(f"error: {unresolved_message(exc)}", markup=False)
         return 2
     except TeAssemblyError as exc:
         err.print(f"error: {exc}", markup=False)

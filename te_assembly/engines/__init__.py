@@ -54,30 +54,25 @@ def resolve_engine(engine: str, kernels: str = "te") -> tuple[str, str]:
 
 
 def to_plan(config: Plan | Mapping[str, Any] | str | Path) -> Plan:
-    """Accept a plan, a model mapping, a shipped model name, or a YAML file path."""
-    from te_assembly.config import compose, load_model_file
-    from te_assembly.errors import ConfigError
-    from te_assembly.validate import analyze
+    """Accept a plan, a model mapping (the ``model`` node, or a whole config holding one; interpolations
+    resolved or not), a shipped model name, or a YAML file path."""
+    from te_assembly.config import compose, load_model_file, locate
+    from te_assembly.diagnostics import dedupe, has_errors, sort_diagnostics
+    from te_assembly.validate import analyze, plan_or_raise
 
     if isinstance(config, Plan):
         return config
-    if isinstance(config, Path) or (isinstance(config, str) and config.endswith((".yaml", ".yml"))):
+    if isinstance(config, Mapping):
+        model = config["model"] if isinstance(config.get("model"), Mapping) else config
+        return plan_or_raise(model)
+    if isinstance(config, Path) or config.endswith((".yaml", ".yml")):
         loaded = load_model_file(config)
-    elif isinstance(config, str):
-        loaded = compose([f"model={config}"])
     else:
-        model = config.get("model", config) if isinstance(config, Mapping) else config
-        diags, plan = analyze(model)
-        if plan is None:
-            raise ConfigError(diags)
-        return plan
-    if loaded.diagnostics:
-        raise ConfigError(loaded.diagnostics)
+        loaded = compose([f"model={config}"])
     diags, plan = analyze(loaded.model)
-    if plan is None:
-        from te_assembly.config import locate
-
-        raise ConfigError(locate(diags, loaded.file, loaded.lines))
+    diags = dedupe(sort_diagnostics([*loaded.diagnostics, *locate(diags, loaded.file, loaded.lines)]))
+    if plan is None or has_errors(diags):
+        raise ConfigError(diags)
     return plan
 
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from te_assembly.catalog import OpSpec
 from te_assembly.diagnostics import did_you_mean
 from te_assembly.errors import TeAssemblyError
 from te_assembly.plan import Plan
@@ -14,6 +15,13 @@ from te_assembly.plan import Plan
 
 class CallError(TeAssemblyError, TypeError):
     """A model was called with missing, unknown or surplus public inputs."""
+
+
+def loss_output_names(plan: Plan) -> tuple[str, ...]:
+    """Public outputs that are loss terms (a slot with ``is_loss``, e.g. TopKRouter's aux_loss), whatever
+    channel name the config gives them: the caller adds each to its objective as it is."""
+    steps = plan.steps_by_index
+    return tuple(t.name for t in plan.public_outputs if steps[t.ref.step].output_slots[t.ref.slot].is_loss)
 
 
 class ModelOutput(NamedTuple):
@@ -33,6 +41,10 @@ class AssembledModel(torch.nn.Module):
         super().__init__()
         self.plan = plan
         self.steps = torch.nn.ModuleDict()
+        self.row_changing_steps: tuple[str, ...] = tuple(
+            f"{s.name} ({s.type})" for s in plan.steps if isinstance(s.spec, OpSpec) and s.spec.changes_rows
+        )
+        """Steps that change the row count of the main path: with any, ``x`` must be [tokens, features]."""
 
     @property
     def input_names(self) -> list[str]:
@@ -42,7 +54,13 @@ class AssembledModel(torch.nn.Module):
     def output_names(self) -> list[str]:
         return [t.name for t in self.plan.public_outputs]
 
+    @property
+    def loss_output_names(self) -> tuple[str, ...]:
+        """The public outputs the caller adds to its loss (see ``loss_output_names``)."""
+        return loss_output_names(self.plan)
+
     def forward(self, x: torch.Tensor, *extra_inputs: torch.Tensor, **named: torch.Tensor) -> ModelOutput:
+        self.check_x(x)
         ordered = self.order_inputs(extra_inputs, named)
         return self.name_outputs(self.forward_positional(x, *ordered))
 
@@ -50,8 +68,19 @@ class AssembledModel(torch.nn.Module):
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """TE's calling convention: public extra inputs in (basic-op, slot) order, fuser after fuser;
-        returns ``x`` alone or ``(x, *public extra outputs)``."""
+        returns ``x`` alone or ``(x, *public extra outputs)``. Engines call ``check_x`` first."""
         raise NotImplementedError
+
+    def check_x(self, x: torch.Tensor) -> None:
+        """Models whose steps change the row count (MoE dispatch/combine) index rows of a 2-D tensor:
+        a [batch, seq, hidden] ``x`` would fail deep inside with a broadcasting error. Other models take
+        any [..., features]."""
+        if self.row_changing_steps and x.dim() != 2:
+            raise CallError(
+                f"{self.plan.name} changes the number of rows at {', '.join(self.row_changing_steps)}, so x "
+                f"must be a 2-D [tokens, features] tensor; got shape {tuple(x.shape)}: pass "
+                f"x.reshape(-1, {self.plan.in_features}) and reshape y back"
+            )
 
     def order_inputs(
         self, positional: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]

@@ -64,6 +64,7 @@ class ReferenceModel(AssembledModel):
     def forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        self.check_x(x)
         if len(extra_inputs) != len(self._input_registers):
             names = ", ".join(self.input_names) or "none"
             raise CallError(

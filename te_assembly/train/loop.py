@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from te_assembly.engines import build
-from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.errors import NonFiniteError
+from te_assembly.outputs import prepare_out_dir
 from te_assembly.plan import Plan
 from te_assembly.train.checkpoint import (
     CheckpointError,
@@ -98,10 +99,11 @@ def train(
 
     ``recipe`` is the TE engine's quantization recipe (teacher and student alike); the reference
     engine ignores it. Raises ``NonFiniteError`` (step, tensor name) when the loss or a gradient is
-    NaN/Inf, and
-    ``CheckpointError`` when resuming from a checkpoint that does not fit."""
+    NaN/Inf,
+    ``CheckpointError`` when resuming from a checkpoint that does not fit, and ``OutputPathError`` when
+    ``settings.out_dir`` cannot be written (checked before anything is built)."""
     dev = torch.device(device)
-    out_dir = Path(settings.out_dir)
+    out_dir = prepare_out_dir(settings.out_dir)
     notes: list[str] = [f"removed stale temp file {p}" for p in remove_stale_temp(out_dir)]
 
     torch.manual_seed(seed + settings.teacher_seed_offset)
@@ -112,6 +114,7 @@ def train(
     student.train()
     optimizer = make_optimizer(student.parameters(), settings)
     task = TeacherTask(plan, teacher, seed=seed, tokens=settings.batch_tokens, device=dev, dtype=dtype)
+    loss_names = loss_output_names(plan)
 
     losses: list[float] = []
     start = 0
@@ -160,7 +163,7 @@ def train(
         _sync(dev)
         began = time.perf_counter()
         y, extras = student(batch.x, **batch.inputs)
-        terms = loss_terms(y, batch.target, extras)
+        terms = loss_terms(y, batch.target, extras, loss_names)
         loss = torch.stack(list(terms.values())).sum()
         inject = settings.inject_nan_at_step == step
         if inject and settings.inject_nan_into == "loss":

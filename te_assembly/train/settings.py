@@ -63,6 +63,8 @@ class TrainSettings:
 _CHOICES = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "inject_nan_into": NAN_TARGETS}
 _POSITIVE = ("steps", "batch_tokens", "keep_checkpoints")
 _OPTIONAL_STEP = ("stop_after", "inject_nan_at_step")
+# The teacher is seeded with seed + offset; seeds are < 2**63 and torch takes seeds below 2**64.
+_MAX = {"teacher_seed_offset": 2**63}
 
 
 def _is_int(value: Any) -> bool:
@@ -85,9 +87,11 @@ def _check(key: str, value: Any, default: Any) -> str | None:
     if isinstance(default, bool):
         return None if isinstance(value, bool) else f"{key} must be true or false, got {value!r}"
     if _is_int(default):
-        return (
-            None if _is_int(value) and value >= 0 else f"{key} must be a non-negative integer, got {value!r}"
-        )
+        top = _MAX.get(key)
+        if _is_int(value) and value >= 0 and (top is None or value <= top):
+            return None
+        bound = f" at most {top}" if top is not None else ""
+        return f"{key} must be a non-negative integer{bound}, got {value!r}"
     if isinstance(default, float):
         ok = (_is_int(value) or isinstance(value, float)) and value >= 0
         return None if ok else f"{key} must be a non-negative number, got {value!r}"

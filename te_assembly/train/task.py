@@ -6,7 +6,7 @@ uninterrupted one would, without replaying any random stream.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +14,6 @@ import torch
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.plan import Plan
-
-AUX_LOSS_MARK = "aux_loss"
 
 
 @dataclass
@@ -76,20 +74,17 @@ def perturb_constant_parameters(model: torch.nn.Module, scale: float = 0.1) -> l
     return changed
 
 
-def aux_losses(extras: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Public float outputs named like an auxiliary loss; they join the objective as they are (the op
+def aux_losses(extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The public outputs named in ``loss_names`` (``engines.base.loss_output_names``: slots the catalog
+    marks ``is_loss``, whatever their channel is called); they join the objective as they are (the op
     already weights them, e.g. TopKRouter's ``aux_loss_coeff``)."""
-    return {
-        name: value.float().sum()
-        for name, value in extras.items()
-        if AUX_LOSS_MARK in name and value.is_floating_point()
-    }
+    return {name: extras[name].float().sum() for name in loss_names if extras[name].is_floating_point()}
 
 
 def loss_terms(
-    y: torch.Tensor, target: torch.Tensor, extras: Mapping[str, torch.Tensor]
+    y: torch.Tensor, target: torch.Tensor, extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]
 ) -> dict[str, torch.Tensor]:
     """Named terms of the objective, in float32 at least: the regression error, then each aux loss."""
     terms = {"mse(y, teacher)": torch.nn.functional.mse_loss(y.float(), target.float())}
-    terms.update(aux_losses(extras))
+    terms.update(aux_losses(extras, loss_names))
     return terms

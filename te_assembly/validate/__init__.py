@@ -63,9 +63,9 @@ def _analyze(model: Mapping[str, Any]) -> Analysis:
     if isinstance(raw_ops, list) and not raw_ops:
         diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
     fusers = assign_fusers(steps)
+    diags.extend(check_widths(steps, model.get("in_features")))  # channels compare the widths it sets
     graph = check_channels(steps, fusers)
     diags.extend(graph.diagnostics)
-    diags.extend(check_widths(steps, model.get("in_features")))
     diags = dedupe(sort_diagnostics(diags))
     if has_errors(diags):
         return Analysis(diags, None, steps, fusers)
@@ -86,13 +86,27 @@ def _analyze(model: Mapping[str, Any]) -> Analysis:
     return Analysis(diags, plan, steps, fusers)
 
 
+def analyze_mapping(model: Mapping[str, Any]) -> tuple[list[Diagnostic], Plan | None]:
+    """``analyze`` for a model mapping straight from Python (``yaml.safe_load`` of a model file, a
+    hand-written dict): its ``${model.dims.X}`` interpolations are resolved first, as a loaded file's are."""
+    from te_assembly.config import resolve_model
+
+    resolved, load_diags = resolve_model(model)
+    diags, plan = analyze(resolved)
+    if not load_diags:
+        return diags, plan
+    diags = dedupe(sort_diagnostics([*load_diags, *diags]))
+    return diags, (None if has_errors(diags) else plan)
+
+
 def validate_model(model: Mapping[str, Any]) -> list[Diagnostic]:
-    return analyze(model)[0]
+    """Every diagnostic for a model mapping (the ``model`` node, interpolations resolved or not)."""
+    return analyze_mapping(model)[0]
 
 
 def plan_or_raise(model: Mapping[str, Any]) -> Plan:
-    """The plan of a model, or ``ConfigError`` carrying every diagnostic."""
-    diags, plan = analyze(model)
+    """The plan of a model mapping, or ``ConfigError`` carrying every diagnostic."""
+    diags, plan = analyze_mapping(model)
     if plan is None:
         raise ConfigError(diags)
     return plan

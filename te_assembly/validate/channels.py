@@ -11,6 +11,18 @@ from dataclasses import dataclass, field
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
 from te_assembly.plan import Channel, FuserGroup, PlannedStep, PublicTensor, SlotRef
 
+RESERVED_NAMES = {"x": "the main input tensor", "y": "the main output tensor"}
+"""Names no public tensor may take: the call API (``model(x, **inputs)``), ``verify`` and the reports
+use them for the main path."""
+
+SHAPES = {
+    "main": "a main-path tensor",
+    "rows": "one value per row",
+    "token_topk": "a [tokens, top_k] tensor",
+    "groups": "one value per group",
+    "scalar": "a scalar",
+}
+
 
 @dataclass
 class ChannelGraph:
@@ -54,6 +66,8 @@ def assign_fusers(steps: Sequence[PlannedStep | None]) -> list[FuserGroup]:
 
 
 def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]) -> ChannelGraph:
+    """Check every channel against TE's fuser rules and the slots' dtype, shape and width; needs the
+    widths (``check_widths``) already set on the steps."""
     planned = [s for s in steps if s is not None and s.kind == "op"]
     diags: list[Diagnostic] = []
     producers: dict[str, SlotRef] = {}
@@ -94,6 +108,17 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
                 public_inputs.append(PublicTensor(step.public_input_name(slot), ref, dtype, step.fuser or 0))
                 continue
             source = local_producers.get((name, step.fuser)) or producers.get(name)
+            if source is None and name in RESERVED_NAMES:
+                diags.append(
+                    error(
+                        path,
+                        "reserved-name",
+                        f"{name!r} is {RESERVED_NAMES[name]}, not a channel: step {step.name!r} cannot "
+                        "take it as an extra input",
+                        "tap the main path with a MakeExtraOutput step and consume its channel",
+                    )
+                )
+                continue
             if source is None:
                 diags.append(
                     error(
@@ -132,6 +157,10 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
                     )
                 )
                 continue
+            mismatch = _shape_mismatch(producer, source.slot, step, slot, name, path)
+            if mismatch is not None:
+                diags.append(mismatch)
+                continue
             diags.extend(_agreement(producer, source.slot, step, slot, name))
             consumers[name].append(SlotRef(step.index, slot, step.input_slots[slot].name))
 
@@ -144,20 +173,32 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
             dtype = step.output_slots[slot].dtype
             name = step.output_channels[slot]
             if public:
-                public_outputs.append(
-                    PublicTensor(step.public_output_name(slot), ref, dtype, step.fuser or 0)
-                )
+                public_name = step.public_output_name(slot)
+                public_outputs.append(PublicTensor(public_name, ref, dtype, step.fuser or 0))
+                if public_name in RESERVED_NAMES:
+                    diags.append(
+                        error(
+                            _out_path(step, slot),
+                            "reserved-name",
+                            f"public output name {public_name!r} is reserved: it names "
+                            f"{RESERVED_NAMES[public_name]}",
+                            "rename the channel, or hide it with public: false",
+                        )
+                    )
             if name is None or producers.get(name) != ref:
                 continue
             channels[name] = Channel(name, dtype, step.fuser or 0, ref, tuple(consumers[name]), public)
             # A consumer rejected for another reason (crossing, order) already has its own error.
             if not public and not consumers[name] and name not in wanted:
+                loss = step.output_slots[slot].is_loss
                 diags.append(
                     warning(
                         _out_path(step, slot),
                         "unused-hidden-output",
                         f"hidden channel {name!r} has no consumer: it is computed and dropped",
-                        "consume it, or make it public",
+                        "it is a loss term: make it public so the caller can add it to the objective"
+                        if loss
+                        else "consume it, or make it public",
                     )
                 )
     diags.extend(_name_clashes(public_inputs, "input"))
@@ -188,6 +229,34 @@ def _crossing(
         f"channel {name!r} crosses a fuser boundary: produced by step {producer.name!r} in fuser "
         f"{producer.fuser}, consumed by step {consumer.name!r} in fuser {consumer.fuser}; {split}",
         "channels live inside one fuser: move the module, or pass the tensor as a public output and input",
+    )
+
+
+def _shape_mismatch(
+    producer: PlannedStep, out_slot: int, consumer: PlannedStep, in_slot: int, name: str, path: str
+) -> Diagnostic | None:
+    produced, taken = producer.output_slots[out_slot], consumer.input_slots[in_slot]
+    if produced.shape != taken.shape:
+        return error(
+            path,
+            "channel-shape",
+            f"slot {taken.name!r} of {consumer.type} takes {SHAPES.get(taken.shape, taken.shape)} "
+            f"({taken.shape}) but channel {name!r} carries {SHAPES.get(produced.shape, produced.shape)} "
+            f"({producer.type}.{produced.name}: {produced.shape})",
+        )
+    if produced.shape != "main":
+        return None
+    # A main-shaped output is the tensor arriving at its producer (MakeExtraOutput passes it through).
+    width, wanted = producer.in_width, consumer.in_width
+    if width is None or wanted is None or width == wanted:
+        return None
+    return error(
+        path,
+        "channel-width",
+        f"channel {name!r} has width {width} (the main path at step {producer.name!r}, "
+        f"model.ops[{producer.index}]) but the main path arrives at step {consumer.name!r} "
+        f"(model.ops[{consumer.index}]) with width {wanted}",
+        "tap the main path where its width matches, or project it back",
     )
 
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec, Param
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
 from te_assembly.plan import PlannedStep
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep | None, list[Diagnostic]]:
@@ -21,8 +18,17 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     out: list[Diagnostic] = []
     name = raw.get("name")
     if isinstance(name, str):
-        if not _NAME.match(name):
-            out.append(error(f"{path}.name", "bad-name", f"step name {name!r} must be a Python identifier"))
+        # Any identifier, Unicode and keywords included: a name is a dict key and a string in both engines
+        # and in state-dict keys, never Python syntax; public inputs are ``<step>_<slot>``, never a keyword.
+        if not name.isidentifier():
+            out.append(
+                error(
+                    f"{path}.name",
+                    "bad-name",
+                    f"step name {name!r} must be a Python identifier (letters, digits, _; not starting "
+                    "with a digit)",
+                )
+            )
         elif name in seen:
             out.append(
                 error(
@@ -69,14 +75,16 @@ def _resolve_spec(
     if (op is None) == (module is None):
         msg = "a step needs exactly one of 'op' (fusible) or 'module' (non-fusible)"
         return None, "", [error(f"{path}.op", "op-or-module", msg)]
+    if not isinstance(op if op is not None else module, str):
+        return None, "", []  # not a name at all (a list, a number): the structural check reports it
     if op is not None:
-        if isinstance(op, str) and op in OPS:
+        if op in OPS:
             return OPS[op], "op", []
         hint = did_you_mean(op, OPS)
         if hint is None and op in MODULE_ALLOWLIST:
             hint = f"{op!r} is an allowlisted module: write 'module: {op}'"
         return None, "", [error(f"{path}.op", "unknown-op", f"unknown op {op!r}", hint)]
-    if isinstance(module, str) and module in MODULE_ALLOWLIST:
+    if module in MODULE_ALLOWLIST:
         return MODULE_ALLOWLIST[module], "module", []
     hint = did_you_mean(module, MODULE_ALLOWLIST)
     msg = f"module {module!r} is not in the allowlist ({', '.join(sorted(MODULE_ALLOWLIST))})"
@@ -109,8 +117,44 @@ def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -
                 )
         elif not param.accepts(args[param.name]):
             out.append(_bad_arg(param, args[param.name], f"{path}.{param.name}"))
-        elif isinstance(args[param.name], int) and param.type is int and args[param.name] <= 0:
-            out.append(error(f"{path}.{param.name}", "bad-arg-value", f"{param.name} must be positive"))
+        else:
+            out.extend(_out_of_bounds(param, args[param.name], f"{path}.{param.name}"))
+    if not out and isinstance(spec, OpSpec):
+        out.extend(_arg_order(spec, spec.with_defaults(args), path))
+    return out
+
+
+def _out_of_bounds(param: Param, value: Any, path: str) -> list[Diagnostic]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return []
+    low, high = param.bounds
+    if low is None and high is None:
+        if param.type is int and value <= 0:
+            return [error(path, "bad-arg-value", f"{param.name} must be positive, got {value}")]
+        return []
+    if (low is not None and value < low) or (high is not None and value > high):
+        if low is not None and high is not None:
+            wanted = f"between {low} and {high}"
+        else:
+            wanted = f">= {low}" if low is not None else f"<= {high}"
+        return [error(path, "bad-arg-value", f"{param.name} must be {wanted}, got {value}")]
+    return []
+
+
+def _arg_order(spec: OpSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for smaller, larger, why in spec.arg_rules:
+        low, high = args.get(smaller), args.get(larger)
+        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
+            out.append(
+                error(
+                    f"{path}.{smaller}",
+                    "arg-order",
+                    f"{spec.name} needs {smaller} <= {larger}, got {smaller}={low} and "
+                    f"{larger}={high}: {why}",
+                    f"set {smaller} to at most {high}",
+                )
+            )
     return out
 
 

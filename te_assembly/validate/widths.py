@@ -8,9 +8,20 @@ from te_assembly.diagnostics import Diagnostic, error
 from te_assembly.plan import PlannedStep
 
 
+def _width(value: object) -> int | None:
+    """A usable width, or None: a non-positive one is reported where it is set, and suggesting it as a
+    fix elsewhere (``set normalized_shape: -4``) would only spread the mistake."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def check_widths(steps: Sequence[PlannedStep | None], in_features: object) -> list[Diagnostic]:
+    """Check each step against the width arriving at it; set ``in_width``/``out_width`` on the steps."""
     out: list[Diagnostic] = []
-    width = in_features if isinstance(in_features, int) and not isinstance(in_features, bool) else None
+    width = _width(in_features)
+    if width is None and isinstance(in_features, int) and not isinstance(in_features, bool):
+        out.append(
+            error("model.in_features", "bad-value", f"in_features must be positive, got {in_features}")
+        )
     came_from = "model.in_features"
     for step in steps:
         if step is None:
@@ -18,8 +29,7 @@ def check_widths(steps: Sequence[PlannedStep | None], in_features: object) -> li
             continue
         rule = step.spec.width
         if not step.args_valid:
-            value = step.args.get(rule.out_arg) if rule.out_arg else None
-            width = value if isinstance(value, int) and not isinstance(value, bool) else None
+            width = _width(step.args.get(rule.out_arg)) if rule.out_arg else None
             continue
         step.in_width = width
         if width is not None and rule.in_arg is not None and step.args.get(rule.in_arg) != width:

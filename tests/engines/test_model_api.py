@@ -188,3 +188,42 @@ def test_cuda_matches_cpu() -> None:
     for (name, p_cpu), p_gpu in zip(cpu.named_parameters(), gpu.parameters(), strict=True):
         assert p_cpu.grad is not None and p_gpu.grad is not None, name
         torch.testing.assert_close(p_gpu.grad.cpu(), p_cpu.grad)
+
+
+ROWWISE = """
+name: rowwise
+in_features: 4
+ops:
+  - name: fc
+    op: Linear
+    args: {in_features: 4, out_features: 4}
+  - name: tap
+    op: MakeExtraOutput
+  - name: act
+    module: GELU
+  - name: bias
+    op: Bias
+    args: {size: 4}
+"""
+
+
+def test_moe_model_rejects_x_that_is_not_2d_with_a_reshape_hint() -> None:
+    torch.manual_seed(0)
+    model = build("moe_block", engine="reference", dtype=F64)
+    x = torch.randn(2, 3, 64, dtype=F64)
+    for call in (model, model.forward_positional):
+        with pytest.raises(CallError, match=r"\[tokens, features\].*\(2, 3, 64\).*x\.reshape\(-1, 64\)"):
+            call(x)
+    y, extras = model(x.reshape(-1, 64))
+    assert y.shape == (6, 64) and set(extras) == {"aux_loss"}
+
+
+def test_row_preserving_model_accepts_leading_dims() -> None:
+    model = build_yaml(ROWWISE)
+    randomize(model)
+    x = torch.randn(2, 3, 4, dtype=F64)
+    y, extras = model(x)
+    flat_y, flat_extras = model(x.reshape(-1, 4))
+    assert y.shape == (2, 3, 4)
+    torch.testing.assert_close(y.reshape(-1, 4), flat_y)
+    torch.testing.assert_close(extras["tap_out"].reshape(-1, 4), flat_extras["tap_out"])

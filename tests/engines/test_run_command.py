@@ -128,7 +128,21 @@ def test_loss_adds_aux_losses_as_is_and_squares_other_outputs() -> None:
         "tap": torch.tensor([2.0, 4.0]),
         "routing_map": torch.tensor([7, 8]),
     }
-    assert run.loss_of(y, extras).item() == pytest.approx(5.0 + 0.25 + 10.0)
+    assert run.loss_of(y, extras, ["router_aux_loss"]).item() == pytest.approx(5.0 + 0.25 + 10.0)
+    # A scalar output that is not a loss slot is squared like any other output.
+    assert run.loss_of(y, extras, []).item() == pytest.approx(5.0 + 0.0625 + 10.0)
+
+
+def test_renamed_aux_loss_channel_is_still_added_as_is() -> None:
+    overrides = ["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=8"]
+    plan = plan_or_raise(compose([*overrides, "model.ops.2.extra_outputs.aux_loss.channel=balance"]).model)
+    torch.manual_seed(0)
+    model = build(plan, engine="reference", dtype=torch.float64)
+    assert model.loss_output_names == ("balance",)
+    result = run.run_steps(model, plan, steps=1, tokens=24, seed=0, device=CPU, dtype=torch.float64)[-1]
+    balance = result.extras["balance"]
+    assert result.loss == pytest.approx((result.y.square().mean() + balance).item(), rel=1e-12)
+    assert balance.item() != pytest.approx(balance.square().item())  # added, not squared
 
 
 def test_median_step_time_leaves_out_the_first_step() -> None:

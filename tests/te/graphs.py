@@ -1,6 +1,6 @@
 """Seeded random channel graphs (model mappings) of TE's CPU-capable ops and our MoE ops.
 
-Channel names come from one pool per slot dtype, and every op keeps the width and uses the same MoE
+Channel names come from one pool per slot dtype and shape, and every op keeps the width and uses the same MoE
 arguments, so the only rules a graph can break are the ones TE itself enforces (dangling input,
 producer at or after the consumer, several producers) plus fuser crossings when modules split it.
 """
@@ -31,8 +31,11 @@ def _args(op: str, rng: random.Random) -> dict[str, Any]:
     }.get(op, {})
 
 
-def _pool(dtype: str) -> tuple[str, ...]:
-    return FLOAT_POOL if dtype == "float" else INT_POOL
+def _pool(dtype: str, shape: str) -> tuple[str, ...]:
+    # Shapes TE does not check at construction (a [tokens, top_k] tensor into a per-row slot) keep pools
+    # apart, like dtypes: the main-path pool keeps the plain names.
+    names = FLOAT_POOL if dtype == "float" else INT_POOL
+    return names if shape == "main" else tuple(f"{n}_{shape}" for n in names)
 
 
 def random_model(
@@ -57,13 +60,13 @@ def random_model(
         spec, args = OPS[op], _args(op, rng)
         step: dict[str, Any] = {"name": f"s{i}", "op": op, "args": args}
         inputs = {
-            slot.name: (rng.choice(_pool(slot.dtype)) if rng.random() < bind else None)
+            slot.name: (rng.choice(_pool(slot.dtype, slot.shape)) if rng.random() < bind else None)
             for slot in spec.input_slots(args)
         }
         outputs = {}
         for slot in spec.output_slots(args):
             if rng.random() < bind:
-                pool = ROUTER_POOL if runnable and op == "TopKRouter" else _pool(slot.dtype)
+                pool = ROUTER_POOL if runnable and op == "TopKRouter" else _pool(slot.dtype, slot.shape)
                 outputs[slot.name] = {"channel": rng.choice(pool), "public": rng.random() < 0.5}
         if inputs:
             step["extra_inputs"] = inputs

@@ -167,6 +167,15 @@ def test_wrong_number_of_public_inputs_is_rejected() -> None:
         model.forward_positional(x, torch.zeros(4, 32, dtype=F64), torch.zeros(4, 32, dtype=F64))
 
 
+def test_moe_model_rejects_x_that_is_not_2d() -> None:
+    model = build("moe_block", engine="te", kernels="reference", dtype=F64)
+    x = torch.randn(2, 3, 64, dtype=F64)
+    for call in (model, model.forward_positional):
+        with pytest.raises(CallError, match=r"\[tokens, features\].*x\.reshape\(-1, 64\)"):
+            call(x)
+    assert model(x.reshape(-1, 64)).y.shape == (6, 64)
+
+
 # ----------------------------------------------------------------------------------------------
 # TE's channel scenarios, through TE's own CPU kernels, against closed forms.
 

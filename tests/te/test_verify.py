@@ -74,3 +74,91 @@ def test_verify_command_exit_1_when_kernels_need_a_gpu(run_cli: Callable[..., Co
     result = run_cli(["verify", "model=moe_block", "kernels=te"])
     assert result.returncode == 1
     assert "fc1 (GroupedLinear)" in result.stderr
+
+
+PUBLIC_THEN_BIAS = """
+name: public_then_bias
+in_features: 8
+ops:
+  - name: tap
+    op: MakeExtraOutput
+    extra_outputs:
+      out: {channel: tapped, public: true}
+  - name: bias
+    op: Bias
+    args: {size: 8}
+  - name: scale
+    op: ConstantScale
+    args: {scale: 0.5}
+"""
+
+WITH_DROPOUT = """
+name: with_dropout
+in_features: 8
+ops:
+  - name: fc
+    op: Linear
+    args: {in_features: 8, out_features: 8}
+  - name: drop_op
+    op: Dropout
+    args: {p: 0.5}
+  - name: drop_module
+    module: Dropout
+    args: {p: 0.3}
+  - name: bias
+    op: Bias
+    args: {size: 8}
+"""
+
+
+def _plant_wrong_main_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TE engine returns its main output scaled by 1.5; public extra outputs stay right."""
+    from te_assembly.engines.te.model import TEModel
+
+    original = TEModel.forward_positional
+
+    def wrong(
+        self: TEModel, x: torch.Tensor, *extra: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        out = original(self, x, *extra)
+        if isinstance(out, tuple):
+            return (out[0] * 1.5, *out[1:])
+        return out * 1.5
+
+    monkeypatch.setattr(TEModel, "forward_positional", wrong)
+
+
+@pytest.mark.te
+def test_wrong_main_output_fails_even_when_a_public_output_is_named_y(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    from te_assembly.verify import MAIN_OUTPUT, verify
+    from tests.engines._helpers import plan_from_yaml
+
+    plan = plan_from_yaml(PUBLIC_THEN_BIAS)
+    assert verify(plan, kernels="reference", dtype=torch.float64, tokens=8).passed
+    # A public output called ``y`` (the validator reserves the name; a plan built around it must still
+    # not let the channel stand in for the main output).
+    clash = plan_from_yaml(PUBLIC_THEN_BIAS)
+    clash.public_outputs[0] = dataclasses.replace(clash.public_outputs[0], name=MAIN_OUTPUT)
+    assert verify(clash, kernels="reference", dtype=torch.float64, tokens=8).passed
+    _plant_wrong_main_output(monkeypatch)
+    clash_report = verify(clash, kernels="reference", dtype=torch.float64, tokens=8)
+    assert not clash_report.passed
+    assert [c.kind for c in clash_report.comparisons if c.name == MAIN_OUTPUT] == ["main output", "output"]
+    report = verify(plan, kernels="reference", dtype=torch.float64, tokens=8)
+    assert [(c.name, c.kind) for c in report.failures][:1] == [(MAIN_OUTPUT, "main output")]
+
+
+@pytest.mark.te
+def test_dropout_models_are_compared_in_eval_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from te_assembly.verify import verify
+    from tests.engines._helpers import plan_from_yaml
+
+    plan = plan_from_yaml(WITH_DROPOUT)
+    report = verify(plan, kernels="reference", dtype=torch.float64, tokens=32)
+    assert report.passed, report.failures
+    _plant_wrong_main_output(monkeypatch)
+    assert "y" in {c.name for c in verify(plan, kernels="reference", dtype=torch.float64, tokens=32).failures}

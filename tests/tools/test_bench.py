@@ -69,7 +69,7 @@ def test_split_and_plain_variants_match_the_channelled_model(model: str) -> None
     for v in variants:
         v.model.zero_grad(set_to_none=True)
         out = v.model(x, **inputs)
-        bench_loss(out).backward()
+        bench_loss(out, v.loss_outputs).backward()
         grads = {n: p.grad for n, p in v.model.named_parameters()}
         outs.append((out, grads))
     (ref, ref_grads), *others = outs
@@ -200,3 +200,28 @@ def test_cli_bench_compare(
     for name in ("(a) channelled, one fuser", "(b) split, public tensors", "(c) plain PyTorch"):
         assert name in out
     assert "channels passed by the caller: res1 -> add_res1_addend" in out
+
+
+def test_bench_loss_adds_the_aux_loss_under_any_channel_name() -> None:
+    from te_assembly.config import compose
+
+    overrides = ["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=8"]
+    model = compose([*overrides, "model.ops.2.extra_outputs.aux_loss.channel=balance"]).model
+    _, plan = analyze(model)
+    assert plan is not None
+    torch.manual_seed(0)
+    variants, _ = build_variants(
+        plan,
+        engine="reference",
+        kernels="te",
+        device=CPU,
+        dtype=torch.float64,
+        optimizer="sgd",
+        lr=0.1,
+        compare=True,
+    )
+    assert [v.loss_outputs for v in variants] == [("balance",)] * 3
+    x, inputs = _data(plan, 24, torch.float64)
+    out = variants[0].model(x, **inputs)
+    expected = out.y.float().square().mean() + out.extras["balance"].float()
+    torch.testing.assert_close(bench_loss(out, variants[0].loss_outputs), expected)

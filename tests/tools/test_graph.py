@@ -88,15 +88,15 @@ def test_spine_and_public_tensors(model: str) -> None:
     dot_links = {(s, d) for s, d, a in _dot_edges(dot) if "weight=100" in a}
     for pair in itertools.pairwise(spine):
         assert pair in mermaid_links and pair in dot_links
-    for t in plan.public_inputs:
-        node = view.node(f"in_{t.name}")
-        assert node.kind == "public_input"
-        assert re.search(rf"^\s*in_{t.name} \[label=\"{t.name}\", shape=invhouse", dot, flags=re.M)
-        assert f"in_{t.name}[/" in mermaid
-        assert (f"in_{t.name}", f"s{t.ref.step}") in {(s, d) for s, d, _ in _dot_edges(dot)}
-    for t in plan.public_outputs:
-        assert re.search(rf"^\s*out_{t.name} \[label=\"{t.name}\", shape=house", dot, flags=re.M)
-        assert (f"s{t.ref.step}", f"out_{t.name}") in {(s, d) for s, _, _, d in _mermaid_edges(mermaid)}
+    assert [n.label for n in view.nodes_of("public_input")] == [t.name for t in plan.public_inputs]
+    assert [n.label for n in view.nodes_of("public_output")] == [t.name for t in plan.public_outputs]
+    for node, t in zip(view.nodes_of("public_input"), plan.public_inputs, strict=True):
+        assert re.search(rf"^\s*{node.id} \[label=\"{t.name}\", shape=invhouse", dot, flags=re.M)
+        assert f'{node.id}[/"{t.name}"/]' in mermaid
+        assert (node.id, f"s{t.ref.step}") in {(s, d) for s, d, _ in _dot_edges(dot)}
+    for node, t in zip(view.nodes_of("public_output"), plan.public_outputs, strict=True):
+        assert re.search(rf"^\s*{node.id} \[label=\"{t.name}\", shape=house", dot, flags=re.M)
+        assert (f"s{t.ref.step}", node.id) in {(s, d) for s, _, _, d in _mermaid_edges(mermaid)}
     assert plan.public_inputs or plan.public_outputs
 
 
@@ -128,21 +128,19 @@ def test_dangling_and_crossing_channels_are_red() -> None:
     view = view_from_model(loaded.model)
     assert view.has_errors
     dot, mermaid = to_dot(view), to_mermaid(view)
-    missing = view.node("missing_stage2_inn")
-    assert missing.kind == "missing" and "stage2_inn" in missing.label and missing.error
-    assert re.search(rf'^\s*missing_stage2_inn \[.*color="{RED}"', dot, flags=re.M)
-    dangling = [a for s, d, a in _dot_edges(dot) if (s, d) == ("missing_stage2_inn", "s8")]
+    [missing] = view.nodes_of("missing")
+    assert "stage2_inn" in missing.label and missing.error
+    assert re.search(rf'^\s*{missing.id} \[.*color="{RED}"', dot, flags=re.M)
+    dangling = [a for s, d, a in _dot_edges(dot) if (s, d) == (missing.id, "s8")]
     assert len(dangling) == 1 and RED in dangling[0] and 'label="stage2_inn"' in dangling[0]
     crossing = [a for s, d, a in _dot_edges(dot) if (s, d) == ("s5", "s3")]
     assert len(crossing) == 1 and RED in crossing[0] and "crosses a fuser boundary" in crossing[0]
     # Mermaid: the same two links are styled red by index.
     links = _mermaid_edges(mermaid)
-    red = {
-        i for i, (s, _, _, d) in enumerate(links) if (s, d) in {("missing_stage2_inn", "s8"), ("s5", "s3")}
-    }
+    red = {i for i, (s, _, _, d) in enumerate(links) if (s, d) in {(missing.id, "s8"), ("s5", "s3")}}
     styled = re.search(r"^\s*linkStyle ([\d,]+) stroke:" + RED, mermaid, flags=re.M)
     assert styled is not None and set(map(int, styled.group(1).split(","))) == red
-    assert re.search(r"^\s*class .*\bmissing_stage2_inn\b.* error$", mermaid, flags=re.M)
+    assert re.search(rf"^\s*class .*\b{missing.id}\b.* error$", mermaid, flags=re.M)
 
 
 def test_cli_draws_a_broken_config_then_exits_2(
@@ -156,9 +154,9 @@ def test_cli_draws_a_broken_config_then_exits_2(
     captured = capsys.readouterr()
     assert rc == 2
     assert "channel 'resdual' consumed by step 'add_residual' has no producer" in captured.err
-    assert "missing_resdual" in captured.out  # the Mermaid text went to stdout
+    assert "missing channel 'resdual'" in captured.out  # the Mermaid text went to stdout
     dot = (out / "residual_mlp.dot").read_text()
-    assert re.search(rf'^\s*missing_resdual \[.*color="{RED}"', dot, flags=re.M)
+    assert re.search(rf'^\s*missing0 \[label="missing channel \'resdual\'".*color="{RED}"', dot, flags=re.M)
     assert (out / "residual_mlp.mmd").read_text() == captured.out
 
 
@@ -208,3 +206,32 @@ def test_graph_module_does_not_import_torch() -> None:
     code = "import sys, te_assembly.graph; assert 'torch' not in sys.modules, 'graph imported torch'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_public_outputs_differing_only_in_space_vs_underscore_get_their_own_nodes() -> None:
+    model = {
+        "name": "twins",
+        "in_features": 4,
+        "ops": [
+            {
+                "name": "tap1",
+                "op": "MakeExtraOutput",
+                "extra_outputs": {"out": {"channel": "a b", "public": True}},
+            },
+            {
+                "name": "tap2",
+                "op": "MakeExtraOutput",
+                "extra_outputs": {"out": {"channel": "a_b", "public": True}},
+            },
+        ],
+    }
+    view = view_from_model(model)
+    assert not view.has_errors, view.diagnostics
+    outs = view.nodes_of("public_output")
+    assert [n.label for n in outs] == ["a b", "a_b"]
+    assert len({n.id for n in view.nodes}) == len(view.nodes)
+    dot, mermaid = to_dot(view), to_mermaid(view)
+    assert {(s, d) for s, d, _ in _dot_edges(dot)} >= {("s0", outs[0].id), ("s1", outs[1].id)}
+    assert {(s, d) for s, _, _, d in _mermaid_edges(mermaid)} >= {("s0", outs[0].id), ("s1", outs[1].id)}
+    for node in outs:
+        assert len(re.findall(rf"^\s*{node.id} \[label=\"{node.label}\"", dot, flags=re.M)) == 1

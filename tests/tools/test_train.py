@@ -203,3 +203,22 @@ def test_teacher_differs_even_where_init_is_deterministic(tmp_path: Path) -> Non
     # channel_demo has only zero-initialised biases: without perturbing them the task would be solved.
     result = train(to_plan("channel_demo"), _settings(tmp_path, steps=2), seed=0)
     assert result.losses[0] > 1e-4
+
+
+RENAMED_AUX = [
+    "model=moe_block",
+    "model.dims.hidden=16",
+    "model.dims.ffn=8",
+    "model.ops.2.extra_outputs.aux_loss.channel=balance",
+]
+
+
+def test_aux_loss_joins_the_objective_whatever_its_channel_is_called(tmp_path: Path) -> None:
+    _, plan = analyze(compose(RENAMED_AUX).model)
+    assert plan is not None and [t.name for t in plan.public_outputs] == ["balance"]
+    records: list[StepRecord] = []
+    train(plan, _settings(tmp_path, steps=2, batch_tokens=16), seed=0, on_step=records.append)
+    assert [sorted(r.terms) for r in records] == [["balance", "mse(y, teacher)"]] * 2
+    for r in records:
+        assert r.terms["balance"] > 0
+        assert r.loss == pytest.approx(sum(r.terms.values()), rel=1e-6)

@@ -25,22 +25,31 @@ CHANNEL_CODES = {
     "duplicate-producer",
     "crosses-fuser",
     "channel-dtype",
+    "channel-shape",
 }
 
-# (extra input slots, extra output slots) as (name, dtype), in TE slot order; written out here on purpose
-# rather than read from the catalog, so a catalog mistake shows up as a disagreement.
-SLOTS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]] = {
-    "MakeExtraOutput": ((), (("out", "float"),)),
-    "AddExtraInput": ((("addend", "float"),), ()),
-    "TopKRouter": ((), (("probs", "float"), ("routing_map", "int"), ("aux_loss", "float"))),
-    "Dispatch": (
-        (("probs", "float"), ("routing_map", "int")),
-        (("split_sizes", "int"), ("row_probs", "float"), ("row_map", "int")),
+# (extra input slots, extra output slots) as (name, dtype, shape), in TE slot order; written out here on
+# purpose rather than read from the catalog, so a catalog mistake shows up as a disagreement. Shapes:
+# main (like x at the op), rows (one value per row), token_topk ([tokens, top_k]), groups, scalar.
+SLOTS: dict[str, tuple[tuple[tuple[str, str, str], ...], tuple[tuple[str, str, str], ...]]] = {
+    "MakeExtraOutput": ((), (("out", "float", "main"),)),
+    "AddExtraInput": ((("addend", "float", "main"),), ()),
+    "TopKRouter": (
+        (),
+        (
+            ("probs", "float", "token_topk"),
+            ("routing_map", "int", "token_topk"),
+            ("aux_loss", "float", "scalar"),
+        ),
     ),
-    "Combine": ((("row_map", "int"),), ()),
-    "GroupedLinear": ((("split_sizes", "int"),), ()),
-    "GroupedLinearScaled": ((("split_sizes", "int"), ("scales", "float")), ()),
-    "ScaledSwiGLU": ((("scales", "float"),), ()),
+    "Dispatch": (
+        (("probs", "float", "token_topk"), ("routing_map", "int", "token_topk")),
+        (("split_sizes", "int", "groups"), ("row_probs", "float", "rows"), ("row_map", "int", "rows")),
+    ),
+    "Combine": ((("row_map", "int", "rows"),), ()),
+    "GroupedLinear": ((("split_sizes", "int", "groups"),), ()),
+    "GroupedLinearScaled": ((("split_sizes", "int", "groups"), ("scales", "float", "rows")), ()),
+    "ScaledSwiGLU": ((("scales", "float", "rows"),), ()),
     "Bias": ((), ()),
     "Linear": ((), ()),
     "Identity": ((), ()),  # the torch module: ends the fuser
@@ -81,26 +90,26 @@ def _steps_for(kind: str, name: str, data: st.DataObject) -> list[dict[str, Any]
     return steps
 
 
-def _bind(step: dict[str, Any], kind: str, data: st.DataObject, produced: list[tuple[str, str]]) -> None:
+def _bind(step: dict[str, Any], kind: str, data: st.DataObject, produced: list[tuple[str, str, str]]) -> None:
     """Bind slots at random, leaning towards names that make sense (an earlier producer of the same
-    dtype, a fresh output name) so that valid graphs come up often, not only broken ones."""
+    dtype and shape, a fresh output name) so that valid graphs come up often, not only broken ones."""
     inputs, outputs = SLOTS[kind]
     bound_in: dict[str, Any] = {}
-    for slot, dtype in inputs:
-        earlier = [name for name, dt in produced if dt == dtype]
+    for slot, dtype, shape in inputs:
+        earlier = [name for name, dt, sh in produced if (dt, sh) == (dtype, shape)]
         choices: list[Any] = [POOL[0], None, "<absent>", *(earlier * 4)]
         choice = data.draw(st.sampled_from(choices))
         if choice != "<absent>":
             bound_in[slot] = choice
     bound_out: dict[str, Any] = {}
-    for slot, dtype in outputs:
+    for slot, dtype, shape in outputs:
         fresh = f"{step['name']}_{slot[:2]}"
         choice = data.draw(st.sampled_from([*POOL, *[fresh] * 4, None, "<absent>"]))
         if choice == "<absent>":
             continue
         binding: dict[str, Any] = {"channel": choice}
         if choice is not None:  # public: false needs a channel (a separate rule, not tested here)
-            produced.append((choice, dtype))
+            produced.append((choice, dtype, shape))
             public = data.draw(st.sampled_from([True, False, "<absent>"]))
             if public != "<absent>":
                 binding["public"] = public
@@ -117,7 +126,7 @@ def models(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[dict[str, Any], 
     kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=9))
     ops: list[dict[str, Any]] = []
     units: list[tuple[dict[str, Any], str]] = []
-    produced: list[tuple[str, str]] = []
+    produced: list[tuple[str, str, str]] = []
     for i, kind in enumerate(kinds):
         steps = _steps_for(kind, f"s{i}", data)
         _bind(steps[0], kind, data, produced)
@@ -153,30 +162,31 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
         # te.ops.Linear expands to BasicLinear + Bias: two basic ops.
         basic += 2 if step["op"] == "Linear" and step["args"].get("bias", True) else 1
 
-    def inputs(i: int) -> list[tuple[str, str, str | None]]:
+    def inputs(i: int) -> list[tuple[str, str, str, str | None]]:
         step, kind = units[i]
-        return [(s, dt, step.get("extra_inputs", {}).get(s)) for s, dt in SLOTS[kind][0]]
+        return [(s, dt, sh, step.get("extra_inputs", {}).get(s)) for s, dt, sh in SLOTS[kind][0]]
 
-    def outputs(i: int) -> list[tuple[str, str, str | None, bool]]:
+    def outputs(i: int) -> list[tuple[str, str, str, str | None, bool]]:
         step, kind = units[i]
         out = []
-        for s, dt in SLOTS[kind][1]:
+        for s, dt, sh in SLOTS[kind][1]:
             b = step.get("extra_outputs", {}).get(s, {})
-            out.append((s, dt, b.get("channel"), not (b.get("channel") and b.get("public") is False)))
+            out.append((s, dt, sh, b.get("channel"), not (b.get("channel") and b.get("public") is False)))
         return out
 
     ops = sorted(fuser_of)
     errors: set[tuple[int, str, str]] = set()
-    producers: dict[str, list[tuple[int, str, str]]] = {}  # name -> [(step, slot, dtype)] in model order
+    # name -> [(step, slot, dtype, shape)] in model order
+    producers: dict[str, list[tuple[int, str, str, str]]] = {}
     for i in ops:
-        for slot, dtype, channel, _ in outputs(i):
+        for slot, dtype, shape, channel, _ in outputs(i):
             if channel is not None:
                 if channel in producers:
                     # TE: two producers in one fuser. te_assembly: channel names are model-wide.
                     errors.add((i, slot, "duplicate-producer"))
-                producers.setdefault(channel, []).append((i, slot, dtype))
+                producers.setdefault(channel, []).append((i, slot, dtype, shape))
     for i in ops:
-        for slot, dtype, channel in inputs(i):
+        for slot, dtype, shape, channel in inputs(i):
             if channel is None:
                 continue
             local = [p for p in producers.get(channel, []) if fuser_of[p[0]] == fuser_of[i]]
@@ -186,17 +196,21 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
                 errors.add((i, slot, "producer-after-consumer"))
             elif local[0][2] != dtype:
                 errors.add((i, slot, "channel-dtype"))
+            elif local[0][3] != shape:
+                # Widths never differ here (the generator keeps them equal), so a main-shaped channel
+                # between main-shaped slots is always sound.
+                errors.add((i, slot, "channel-shape"))
 
     public_in = sorted(
         (fuser_of[i], basic_of[i], k, f"{units[i][0]['name']}_{slot}")
         for i in ops
-        for k, (slot, _, channel) in enumerate(inputs(i))
+        for k, (slot, _, _, channel) in enumerate(inputs(i))
         if channel is None
     )
     public_out = sorted(
         (fuser_of[i], basic_of[i], k, channel or f"{units[i][0]['name']}_{slot}")
         for i in ops
-        for k, (slot, _, channel, public) in enumerate(outputs(i))
+        for k, (slot, _, _, channel, public) in enumerate(outputs(i))
         if public
     )
     return Verdict(errors, [(n, f) for f, _, _, n in public_in], [(n, f) for f, _, _, n in public_out])

@@ -77,3 +77,38 @@ def test_unknown_command_suggests(run_cli: RunCli) -> None:
     result = run_cli(["validat", "model=moe_block"])
     _assert_clean_failure(result)
     assert "did you mean 'validate'?" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "suggestion", "listed"),
+    [
+        (
+            ["model.ops.4.args.num_group=4"],
+            "did you mean 'model.ops.4.args.num_groups'?",
+            "model.ops.4.args has: in_features, num_groups, out_features",
+        ),
+        (
+            ["recipe=fp8_delayed", "recipe.amax_histroy_len=16"],
+            "did you mean 'recipe.amax_history_len'?",
+            "amax_compute_algo, amax_history_len",
+        ),
+        (["modle.dims.hidden=3"], "did you mean 'model.dims.hidden'?", "the config root has: bench"),
+    ],
+    ids=["step-arg", "recipe-field", "top-level"],
+)
+def test_mistyped_override_key_suggests_existing_keys(
+    run_cli: RunCli, overrides: list[str], suggestion: str, listed: str
+) -> None:
+    result = run_cli(["validate", "model=moe_block", *overrides])
+    _assert_clean_failure(result)
+    assert "Could not override" in result.stderr
+    assert suggestion in result.stderr
+    assert listed in result.stderr
+
+
+@pytest.mark.parametrize("value", ["[LayerNorm]", "{name: LayerNorm}", "5"], ids=["list", "mapping", "int"])
+def test_op_that_is_not_a_name_is_one_clean_error(run_cli: RunCli, value: str) -> None:
+    result = run_cli(["validate", "model=residual_mlp", f"model.ops.1.op={value}"])
+    _assert_clean_failure(result)
+    assert re.findall(r"error: (\S+): ", result.stderr) == ["model.ops[1].op"], result.stderr
+    assert "1 error(s)" in result.stderr

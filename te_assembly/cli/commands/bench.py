@@ -28,9 +28,13 @@ from te_assembly.bench import (
     run_benchmark,
 )
 from te_assembly.bench.runner import process_peak_rss_mib
+from te_assembly.bench.split import split_points
 from te_assembly.cli.commands.common import section
 from te_assembly.cli.commands.session import start
+from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.errors import ConfigError
+from te_assembly.plan import Plan
 
 # Backward does two GEMMs per forward GEMM (data and weight gradients).
 FLOP_FACTOR = {"forward": 1, "backward": 2, "step": 3}
@@ -89,10 +93,23 @@ def split_summary(split: SplitPlan) -> str:
     return f"(b) cuts before step {cut!r} (model.ops[{split.cut}]); channels passed by the caller: {bridged}"
 
 
+def check_split_at(plan: Plan, split_at: str | None) -> None:
+    """``bench.split_at`` names a step of this model that can start part 2: a config error otherwise."""
+    points = split_points(plan)
+    if split_at is None or split_at in points:
+        return
+    first = bool(plan.steps) and split_at == plan.steps[0].name
+    why = "is the first step: part 1 would be empty" if first else f"is not a step of {plan.name}"
+    message = f"{split_at!r} {why}; choose one of {', '.join(points) or 'none'}"
+    hint = None if first else did_you_mean(split_at, points)
+    raise ConfigError([error("bench.split_at", "bad-split-point", message, hint)])
+
+
 def main(overrides: Sequence[str], console: Console) -> int:
     session = start(overrides, console)
     plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
     settings = BenchSettings.from_mapping(section(session.cfg, "bench"))
+    check_split_at(plan, settings.split_at)
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
 

@@ -6,10 +6,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError, MissingMandatoryValue
 from rich.console import Console
 
 from te_assembly.config import LoadedConfig, compose, locate, yaml_lines
-from te_assembly.diagnostics import Diagnostic, dedupe, has_errors, sort_diagnostics
+from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_diagnostics
 from te_assembly.errors import ConfigError
 from te_assembly.plan import Plan
 from te_assembly.validate import analyze
@@ -30,6 +31,20 @@ def section(cfg: DictConfig, key: str) -> dict[str, Any]:
     data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     assert isinstance(data, dict)
     return {str(k): v for k, v in data.items()}
+
+
+RESOLUTION_ERRORS = (InterpolationResolutionError, MissingMandatoryValue, GrammarParseError)
+"""What OmegaConf raises when a value's interpolation (``${oc.env:NOPE}``, ``???``) cannot resolve."""
+
+
+def setting(cfg: DictConfig, key: str) -> Any:
+    """The resolved value at ``key`` (dotted); an interpolation that cannot resolve is a config error
+    at that key, not an OmegaConf traceback."""
+    try:
+        return OmegaConf.select(cfg, key, throw_on_resolution_failure=True, throw_on_missing=True)
+    except RESOLUTION_ERRORS as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError([error(key, "bad-interpolation", f"cannot resolve value: {first}")]) from None
 
 
 def _recipe_diagnostics(loaded: LoadedConfig) -> list[Diagnostic]:

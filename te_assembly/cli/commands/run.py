@@ -4,8 +4,9 @@ Per step: a fresh ``x`` of shape ``[run.tokens, in_features]`` and a sample for 
 (``te_assembly.engines.data``), all seeded by ``seed``. The loss is
 
     y.square().mean()
-    + every public float scalar output whose name contains ``aux_loss``, added as is (it is already
-      weighted by the op, e.g. TopKRouter's ``aux_loss_coeff``)
+    + every public output of a loss slot (``is_loss`` in the catalog, e.g. TopKRouter's aux_loss,
+      whatever its channel is called), added as is (it is already weighted by the op, e.g.
+      ``aux_loss_coeff``)
     + the mean square of every other public float output,
 
 so that gradients also come back from the caller for public outputs, as they would in training.
@@ -23,18 +24,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from te_assembly.cli.commands.session import start
+from te_assembly.cli.commands.session import positive_int, start
 from te_assembly.cli.report import plan_tables
-from te_assembly.diagnostics import error
 from te_assembly.engines import build
-from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.errors import ConfigError, NonFiniteError
+from te_assembly.errors import NonFiniteError
 from te_assembly.plan import Plan
 
 
@@ -46,21 +45,15 @@ class StepResult:
     seconds: float
 
 
-def _positive(cfg: DictConfig, key: str) -> int:
-    value = OmegaConf.select(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError([error(key, "bad-run-value", f"{key} must be a positive integer, got {value!r}")])
-    return value
-
-
-def loss_of(y: torch.Tensor, extras: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The run's loss (see the module docstring), in float32 at least (bfloat16 sums lose too much)."""
+def loss_of(y: torch.Tensor, extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]) -> torch.Tensor:
+    """The run's loss (see the module docstring), in float32 at least (bfloat16 sums lose too much).
+    ``loss_names``: the public outputs that are loss terms (``engines.base.loss_output_names``)."""
     loss = _widen(y).square().mean()
     for name, value in extras.items():
         if not value.is_floating_point():
             continue
-        if value.numel() == 1 and "aux_loss" in name:
-            loss = loss + _widen(value).reshape(())
+        if name in loss_names:
+            loss = loss + _widen(value).sum()
         else:
             loss = loss + _widen(value).square().mean()
     return loss
@@ -88,6 +81,7 @@ def run_steps(
 ) -> list[StepResult]:
     """``steps`` forward+backward passes on fresh synthetic data; gradients are left from the last."""
     generator = torch.Generator().manual_seed(seed)
+    loss_names = loss_output_names(plan)
     results: list[StepResult] = []
     task = progress.add_task("forward+backward", total=steps) if progress is not None else None
     for step in range(steps):
@@ -100,7 +94,7 @@ def run_steps(
         _sync(device)
         start = time.perf_counter()
         y, extras = model(x, **inputs)
-        loss = loss_of(y, extras)
+        loss = loss_of(y, extras, loss_names)
         loss.backward()
         _sync(device)
         seconds = time.perf_counter() - start
@@ -175,7 +169,7 @@ def main(overrides: Sequence[str], console: Console) -> int:
     session = start(overrides, console)
     plan, engine, kernels = session.plan, session.engine, session.kernels
     device, dtype, seed, recipe = session.device, session.dtype, session.seed, session.recipe
-    steps, tokens = _positive(session.cfg, "run.steps"), _positive(session.cfg, "run.tokens")
+    steps, tokens = positive_int(session.cfg, "run.steps"), positive_int(session.cfg, "run.tokens")
     header = f"{plan.name}: device {device}, dtype {str(dtype).removeprefix('torch.')}, seed {seed}"
     if engine == "te":
         header += f", kernels {kernels}, recipe {recipe.get('name')}"

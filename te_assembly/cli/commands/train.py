@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from te_assembly.cli.commands.common import section
 from te_assembly.cli.commands.session import start
+from te_assembly.outputs import prepare_out_dir
 from te_assembly.train import StepRecord, TrainSettings, train
 
 
@@ -21,6 +22,7 @@ def main(overrides: Sequence[str], console: Console) -> int:
     session = start(overrides, console)
     plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
     settings = TrainSettings.from_mapping(section(session.cfg, "train"))
+    prepare_out_dir(settings.out_dir)  # before the progress bar: a bad path fails first, alone
     console.print(
         f"{plan.name}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "

@@ -3,6 +3,9 @@
 Kernels: ``kernels=...`` when given; otherwise TE's own kernels on a GPU and, without one, the
 reference math inside TE's real fusers (``kernels=reference``), which checks TE's channel routing,
 locking and gradient accumulation against the reference engine on any machine.
+
+Both models run in eval mode: dropout masks come from each implementation's own RNG and are not
+comparable, so dropout is the identity for the comparison.
 """
 
 from __future__ import annotations
@@ -12,8 +15,14 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from te_assembly.cli.commands.common import require_plan, section
-from te_assembly.cli.commands.session import resolve_device, resolve_dtype
+from te_assembly.cli.commands.common import require_plan, section, setting
+from te_assembly.cli.commands.session import (
+    Checks,
+    positive_int,
+    resolve_device,
+    resolve_dtype,
+    resolve_seed,
+)
 from te_assembly.engines import te_available
 from te_assembly.errors import EngineUnavailableError
 from te_assembly.verify import VerifyReport, verify
@@ -37,7 +46,7 @@ def _fmt(value: float) -> str:
 def report_table(report: VerifyReport) -> Table:
     tol = report.tolerance
     table = Table(
-        title=f"{report.model}: engine=te kernels={report.kernels} vs reference "
+        title=f"{report.model}: engine=te kernels={report.kernels} vs reference, both in eval mode "
         f"({report.device}, {report.dtype}, recipe {report.recipe or 'none'}; "
         f"pass: max abs <= {tol.atol:g} + {tol.rtol:g} * max|ref|, int tensors exact)",
         title_justify="left",
@@ -57,18 +66,24 @@ def report_table(report: VerifyReport) -> Table:
 def main(overrides: Sequence[str], console: Console) -> int:
     loaded, plan = require_plan(overrides, console)
     cfg = loaded.cfg
+    check = Checks()
+    dtype = check(lambda: resolve_dtype(str(setting(cfg, "dtype"))))
+    tokens = check(lambda: positive_int(cfg, "run.tokens"))
+    seed = check(lambda: resolve_seed(setting(cfg, "seed")))
+    check.raise_errors()
+    assert dtype is not None and tokens is not None and seed is not None
     if not te_available():
         raise EngineUnavailableError(INSTALL_HINT)
-    device = resolve_device(str(cfg.device))
-    kernels = _kernels(overrides, str(cfg.kernels), device.type == "cuda")
+    device = resolve_device(str(setting(cfg, "device")))
+    kernels = _kernels(overrides, str(setting(cfg, "kernels")), device.type == "cuda")
     report = verify(
         plan,
         kernels=kernels,
         device=device,
-        dtype=resolve_dtype(str(cfg.dtype)),
+        dtype=dtype,
         recipe=section(cfg, "recipe") or None,
-        tokens=int(cfg.run.tokens),
-        seed=int(cfg.seed),
+        tokens=tokens,
+        seed=seed,
     )
     console.print(report_table(report))
     failures = report.failures

@@ -52,6 +52,7 @@ class TEModel(AssembledModel):
     def forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        self.check_x(x)
         expected = len(self.plan.public_inputs)
         if len(extra_inputs) != expected:
             # Sequential would silently drop surplus trailing inputs; a miscount is a caller bug.

@@ -1,0 +1,68 @@
+"""Step fields the corpus cannot express as one broken rule: names that are valid, and null mappings."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from te_assembly.validate import analyze
+from tests.validation.test_invalid_corpus import BASE
+
+
+def _errors(model: dict[str, Any]) -> list[str]:
+    diags, plan = analyze(model)
+    errors = [d.format() for d in diags if d.is_error]
+    assert (plan is None) == bool(errors)
+    return errors
+
+
+@pytest.mark.parametrize("name", ["naïve", "Überblick", "class", "steps", "_", "norm2"])
+def test_any_python_identifier_is_a_step_name(name: str) -> None:
+    # Keywords too: a step name is a dict key and a string in both engines, never Python syntax.
+    model = copy.deepcopy(BASE)
+    model["ops"][1]["name"] = name
+    assert _errors(model) == []
+    assert analyze(model)[1] is not None and analyze(model)[1].steps[1].name == name  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", ["pre-norm", "1norm", "norm two", "", "a.b"])
+def test_non_identifier_step_name_is_rejected(name: str) -> None:
+    model = copy.deepcopy(BASE)
+    model["ops"][1]["name"] = name
+    diags, plan = analyze(model)
+    assert plan is None
+    assert [(d.path, d.code) for d in diags if d.is_error] == [("model.ops[1].name", "bad-name")]
+
+
+def test_null_args_and_slot_mappings_mean_empty() -> None:
+    model = copy.deepcopy(BASE)
+    model["ops"][5]["args"] = None  # ScaledSwiGLU has no arguments
+    model["ops"][1]["extra_inputs"] = None  # RMSNorm: no slots
+    model["ops"][1]["extra_outputs"] = None
+    model["ops"][4]["extra_outputs"] = None  # GroupedLinear: no output slots
+    assert _errors(model) == []
+    plain = analyze(copy.deepcopy(BASE))[1]
+    nulls = analyze(model)[1]
+    assert plain is not None and nulls is not None
+    assert [(s.name, s.args, s.input_channels) for s in nulls.steps] == [
+        (s.name, s.args, s.input_channels) for s in plain.steps
+    ]
+
+
+def test_null_args_still_need_required_arguments() -> None:
+    model = copy.deepcopy(BASE)
+    model["ops"][1]["args"] = None
+    diags, _ = analyze(model)
+    assert [(d.path, d.code) for d in diags if d.is_error] == [
+        ("model.ops[1].args.normalized_shape", "missing-arg")
+    ]
+
+
+def test_hidden_channel_may_be_named_x() -> None:
+    # Only public names reach the caller; a hidden channel's name stays inside the fuser.
+    model = copy.deepcopy(BASE)
+    model["ops"][0]["extra_outputs"]["out"]["channel"] = "x"
+    model["ops"][8]["extra_inputs"]["addend"] = "x"
+    assert _errors(model) == []
