@@ -40,6 +40,8 @@ class PlannedStep:
     output_public: tuple[bool, ...] = ()
     in_width: int | None = None
     out_width: int | None = None
+    row_depth: int | None = None
+    """Dispatch depth of the main path arriving here: 0 = token rows, 1 = dispatched expert rows."""
     args_valid: bool = True
     """False while the step has argument errors (validation only; never in a finished plan)."""
 

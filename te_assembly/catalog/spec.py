@@ -110,11 +110,16 @@ class OpSpec:
     """Has an ``in_place`` argument whose aliasing matters at channel endpoints."""
     validation_only_params: tuple[str, ...] = ()
     """Params checked by the validator but not passed to the TE constructor."""
-    changes_rows: bool = False
-    """The op changes the number of rows of the main path (Dispatch, Combine): such models take
-    ``x`` as a 2-D [tokens, features] tensor."""
+    rows_delta: int = 0
+    """+1 when the op fans rows out (Dispatch: each token becomes top_k expert rows), -1 when it folds
+    them back (Combine). Such models take ``x`` as a 2-D [tokens, features] tensor, and a channel must
+    join slots at the same depth (token rows vs dispatched rows)."""
     arg_rules: tuple[tuple[str, str, str], ...] = ()
     """(smaller, larger, message) pairs of arguments that must satisfy ``args[smaller] <= args[larger]``."""
+
+    @property
+    def changes_rows(self) -> bool:
+        return self.rows_delta != 0
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from te_assembly.catalog import Slot
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
 from te_assembly.plan import Channel, FuserGroup, PlannedStep, PublicTensor, SlotRef
 
@@ -244,8 +245,9 @@ def _shape_mismatch(
             f"({taken.shape}) but channel {name!r} carries {SHAPES.get(produced.shape, produced.shape)} "
             f"({producer.type}.{produced.name}: {produced.shape})",
         )
-    if produced.shape != "main":
-        return None
+    rows = _rows_mismatch(producer, produced, consumer, name, path)
+    if rows is not None or produced.shape != "main":
+        return rows
     # A main-shaped output is the tensor arriving at its producer (MakeExtraOutput passes it through).
     width, wanted = producer.in_width, consumer.in_width
     if width is None or wanted is None or width == wanted:
@@ -257,6 +259,32 @@ def _shape_mismatch(
         f"model.ops[{producer.index}]) but the main path arrives at step {consumer.name!r} "
         f"(model.ops[{consumer.index}]) with width {wanted}",
         "tap the main path where its width matches, or project it back",
+    )
+
+
+_DEPTH = {0: "token rows", 1: "dispatched expert rows"}
+
+
+def _rows_mismatch(
+    producer: PlannedStep, produced: Slot, consumer: PlannedStep, name: str, path: str
+) -> Diagnostic | None:
+    """Row-shaped tensors only fit where the main path has the same rows: a residual tapped before
+    Dispatch cannot be added between Dispatch and Combine, nor row_probs used after Combine."""
+    if produced.shape not in ("main", "rows", "token_topk"):
+        return None
+    made_at = producer.row_depth
+    if made_at is not None and produced.shape == "rows":
+        made_at += getattr(producer.spec, "rows_delta", 0)  # Dispatch's outputs describe its output rows
+    wanted = consumer.row_depth
+    if made_at is None or wanted is None or made_at == wanted:
+        return None
+    return error(
+        path,
+        "channel-rows",
+        f"channel {name!r} carries {_DEPTH.get(made_at, f'rows at dispatch depth {made_at}')} "
+        f"(from step {producer.name!r}) but step {consumer.name!r} runs on "
+        f"{_DEPTH.get(wanted, f'rows at dispatch depth {wanted}')}",
+        "consume it on the same side of Dispatch/Combine as it was made",
     )
 
 

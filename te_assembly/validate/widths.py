@@ -23,10 +23,14 @@ def check_widths(steps: Sequence[PlannedStep | None], in_features: object) -> li
             error("model.in_features", "bad-value", f"in_features must be positive, got {in_features}")
         )
     came_from = "model.in_features"
+    depth: int | None = 0
     for step in steps:
         if step is None:
-            width = None  # unknown step: stop checking until a step sets the width again
+            width = depth = None  # unknown step: stop checking until a step sets the width again
             continue
+        step.row_depth = depth
+        delta = getattr(step.spec, "rows_delta", 0)
+        depth = None if depth is None else depth + delta
         rule = step.spec.width
         if not step.args_valid:
             width = _width(step.args.get(rule.out_arg)) if rule.out_arg else None

@@ -26,7 +26,11 @@ CHANNEL_CODES = {
     "crosses-fuser",
     "channel-dtype",
     "channel-shape",
+    "channel-rows",
 }
+# Dispatch turns each token into top_k expert rows; Combine folds them back. Rows-like tensors (main,
+# rows, token_topk) only fit at the same depth; a Dispatch's row outputs live at its output depth.
+ROW_DELTA = {"Dispatch": 1, "Combine": -1}
 
 # (extra input slots, extra output slots) as (name, dtype, shape), in TE slot order; written out here on
 # purpose rather than read from the catalog, so a catalog mistake shows up as a disagreement. Shapes:
@@ -152,8 +156,11 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
     # Fusers: maximal runs of fusible ops; a module ends the run. Empty runs are not fusers.
     fuser_of: dict[int, int] = {}
     basic_of: dict[int, int] = {}  # fuser-local index of the step's (first) basic op
-    fuser, basic, open_run = 0, 0, False
+    depth_of: dict[int, int] = {}  # dispatch depth of the main path arriving at the step
+    fuser, basic, open_run, depth = 0, 0, False, 0
     for i, (step, kind) in enumerate(units):
+        depth_of[i] = depth
+        depth += ROW_DELTA.get(kind, 0)
         if kind == "Identity":
             if open_run:
                 fuser, basic, open_run = fuser + 1, 0, False
@@ -176,15 +183,16 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
 
     ops = sorted(fuser_of)
     errors: set[tuple[int, str, str]] = set()
-    # name -> [(step, slot, dtype, shape)] in model order
-    producers: dict[str, list[tuple[int, str, str, str]]] = {}
+    # name -> [(step, slot, dtype, shape, depth)] in model order
+    producers: dict[str, list[tuple[int, str, str, str, int]]] = {}
     for i in ops:
         for slot, dtype, shape, channel, _ in outputs(i):
             if channel is not None:
                 if channel in producers:
                     # TE: two producers in one fuser. te_assembly: channel names are model-wide.
                     errors.add((i, slot, "duplicate-producer"))
-                producers.setdefault(channel, []).append((i, slot, dtype, shape))
+                made_at = depth_of[i] + (ROW_DELTA.get(units[i][1], 0) if shape == "rows" else 0)
+                producers.setdefault(channel, []).append((i, slot, dtype, shape, made_at))
     for i in ops:
         for slot, dtype, shape, channel in inputs(i):
             if channel is None:
@@ -200,6 +208,8 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
                 # Widths never differ here (the generator keeps them equal), so a main-shaped channel
                 # between main-shaped slots is always sound.
                 errors.add((i, slot, "channel-shape"))
+            elif shape in ("main", "rows", "token_topk") and local[0][4] != depth_of[i]:
+                errors.add((i, slot, "channel-rows"))
 
     public_in = sorted(
         (fuser_of[i], basic_of[i], k, f"{units[i][0]['name']}_{slot}")

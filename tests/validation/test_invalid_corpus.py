@@ -507,6 +507,21 @@ CASES: list[Case] = [
         "takes one value per group (groups)",
     ),
     Case(
+        "channel-rows-token-residual-on-expert-rows",
+        {"ops[7]+": {"name": "early_add", "op": "AddExtraInput", "extra_inputs": {"addend": "residual"}}},
+        f"{MOE}[7].extra_inputs.addend",
+        "channel-rows",
+        "carries token rows (from step 'residual') but step 'early_add' runs on dispatched expert rows",
+        hint="same side of Dispatch/Combine",
+    ),
+    Case(
+        "channel-rows-row-probs-after-combine",
+        {"ops[9]+": {"name": "late", "op": "ScaledSwiGLU", "extra_inputs": {"scales": "row_probs"}}},
+        f"{MOE}[9].extra_inputs.scales",
+        "channel-rows",
+        "carries dispatched expert rows (from step 'dispatch') but step 'late' runs on token rows",
+    ),
+    Case(
         "channel-width-residual-after-linear",
         {"ops[8]+": {"name": "up", "op": "Linear", "args": {"in_features": 8, "out_features": 16}}},
         f"{MOE}[9].extra_inputs.addend",
