@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,10 +55,12 @@ def _problem(key: str, value: Any) -> str | None:
     if key == "compare":
         return None if isinstance(value, bool) else f"compare must be true or false, got {value!r}"
     if key == "threads":
+        # More threads than cores only adds contention to the timings (and torch takes a C int).
+        cores = os.cpu_count() or 1
         return (
             None
-            if value is None or (is_int and value >= 1)
-            else f"threads must be null or >= 1, got {value!r}"
+            if value is None or (is_int and 1 <= value <= cores)
+            else f"threads must be null or 1..{cores} (the CPU cores here), got {value!r}"
         )
     if key == "split_at":
         return None if value is None or isinstance(value, str) else "split_at must be a step name or null"

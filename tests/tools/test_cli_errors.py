@@ -117,3 +117,9 @@ def test_bad_bench_split_point_lists_the_steps(
     assert "bench.split_at:" in err
     assert "choose one of norm, router, dispatch, fc1, act, fc2, combine, add_residual" in err
     assert (hint in err) if hint else "did you mean" not in err
+
+
+def test_bench_threads_beyond_the_cores_is_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = _err(capsys, "bench", "model=channel_demo", "bench.threads=99999999999999999999")
+    assert rc == 2
+    assert "bench.threads: threads must be null or 1.." in err

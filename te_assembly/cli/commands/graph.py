@@ -53,7 +53,8 @@ def _formats(raw: Any) -> tuple[list[str], list[Diagnostic]]:
     diags = []
     for i, item in enumerate(items):
         if item not in FORMATS:
-            path = "graph.formats" if isinstance(raw, str) else f"graph.formats[{i}]"
+            listed = isinstance(raw, Sequence) and not isinstance(raw, str)
+            path = f"graph.formats[{i}]" if listed else "graph.formats"
             message = f"unknown graph format {item!r}; choose from {choices}"
             diags.append(error(path, "bad-graph-format", message, did_you_mean(item, FORMATS)))
     return list(dict.fromkeys(str(f) for f in items)), diags
