@@ -79,17 +79,23 @@ def _fsync_dir(directory: Path) -> None:
 def write_atomic(path: Path, write: Callable[[str], object]) -> None:
     """Call ``write(temp_path)`` for a temp file next to ``path``, fsync it, then rename it over ``path``.
     On any failure the temp file is removed and ``path`` is left as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
-    os.close(fd)
+    tmp = ""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+        os.close(fd)
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    except BaseException as exc:
+        if tmp:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if isinstance(exc, OSError):  # disk full, permissions...: a user problem, not a traceback
+            raise CheckpointError(
+                f"cannot write {path}: {exc.strerror or exc} (any previous file is intact)"
+            ) from exc
         raise
     _fsync_dir(path.parent)
 

@@ -18,7 +18,7 @@ from te_assembly.errors import ConfigError, NonFiniteError
 from te_assembly.plan import Plan
 from te_assembly.train import StepRecord, TrainSettings, train
 from te_assembly.train import checkpoint as ckpt_module
-from te_assembly.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from te_assembly.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
 from te_assembly.train.optim import lr_at, make_optimizer
 from te_assembly.validate import analyze
 
@@ -146,8 +146,10 @@ def test_checkpoint_write_is_atomic(
     model = build(small_plan, engine="reference")
     optimizer = make_optimizer(model.parameters(), s)
     monkeypatch.setattr(ckpt_module, "save_file", _interrupted_write)
-    with pytest.raises(OSError, match="simulated crash"):
+    # The OS error surfaces as a typed CheckpointError (a message, not a traceback, in the CLI).
+    with pytest.raises(CheckpointError, match="simulated crash") as info:
         save_checkpoint(tmp_path, 12, model, optimizer, {"plan": small_plan.name})
+    assert isinstance(info.value.__cause__, OSError)
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".json") == sorted(before)
     assert {p.name: p.read_bytes() for _, p in list_checkpoints(tmp_path)} == before
 
@@ -175,7 +177,7 @@ def test_crash_mid_write_during_training_then_resume(
         real_save(tensors, filename, metadata=metadata)
 
     monkeypatch.setattr(ckpt_module, "save_file", fail_at_step_8)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match="ckpt-0000008"):
         train(small_plan, s, seed=4)
     monkeypatch.undo()
     assert [step for step, _ in list_checkpoints(tmp_path)] == [4]
