@@ -21,6 +21,8 @@ from te_assembly.bench import (
     run_benchmark,
     split_plan,
 )
+from te_assembly.bench.runner import Variant
+from te_assembly.bench.split import SplitPlan
 from te_assembly.cli.main import main as cli_main
 from te_assembly.config import available_models
 from te_assembly.engines import build, to_plan
@@ -49,11 +51,8 @@ def test_plan_to_model_round_trips(model: str) -> None:
     assert [t.name for t in again.public_outputs] == [t.name for t in plan.public_outputs]
 
 
-@pytest.mark.parametrize("model", available_models())
-def test_split_and_plain_variants_match_the_channelled_model(model: str) -> None:
-    plan = to_plan(model)
-    torch.manual_seed(0)
-    variants, split = build_variants(
+def _float64_variants(plan: Plan) -> tuple[list[Variant], SplitPlan | None]:
+    return build_variants(
         plan,
         engine="reference",
         kernels="te",
@@ -63,6 +62,13 @@ def test_split_and_plain_variants_match_the_channelled_model(model: str) -> None
         lr=0.1,
         compare=True,
     )
+
+
+@pytest.mark.parametrize("model", available_models())
+def test_split_and_plain_variants_match_the_channelled_model(model: str) -> None:
+    plan = to_plan(model)
+    torch.manual_seed(0)
+    variants, split = _float64_variants(plan)
     assert split is not None and len(variants) == 3
     x, inputs = _data(plan, 24, torch.float64)
     outs = []
@@ -210,16 +216,7 @@ def test_bench_loss_adds_the_aux_loss_under_any_channel_name() -> None:
     _, plan = analyze(model)
     assert plan is not None
     torch.manual_seed(0)
-    variants, _ = build_variants(
-        plan,
-        engine="reference",
-        kernels="te",
-        device=CPU,
-        dtype=torch.float64,
-        optimizer="sgd",
-        lr=0.1,
-        compare=True,
-    )
+    variants, _ = _float64_variants(plan)
     assert [v.loss_outputs for v in variants] == [("balance",)] * 3
     x, inputs = _data(plan, 24, torch.float64)
     out = variants[0].model(x, **inputs)
