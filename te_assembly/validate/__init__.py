@@ -14,7 +14,7 @@ from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_
 from te_assembly.errors import ConfigError
 from te_assembly.plan import FuserGroup, Plan, PlannedStep
 from te_assembly.schema import ModelConfig, check_structure
-from te_assembly.validate.channels import assign_fusers, check_channels
+from te_assembly.validate.channels import RawChannels, assign_fusers, check_channels
 from te_assembly.validate.steps import check_step
 from te_assembly.validate.widths import check_widths
 
@@ -64,7 +64,7 @@ def _analyze(model: Mapping[str, Any]) -> Analysis:
         diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
     fusers = assign_fusers(steps)
     diags.extend(check_widths(steps, model.get("in_features")))  # channels compare the widths it sets
-    graph = check_channels(steps, fusers)
+    graph = check_channels(steps, fusers, RawChannels.of(ops))
     diags.extend(graph.diagnostics)
     diags = dedupe(sort_diagnostics(diags))
     if has_errors(diags):

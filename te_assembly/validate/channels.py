@@ -5,8 +5,9 @@ Fusers are the runs of consecutive ``op`` steps between ``module`` steps, as in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from te_assembly.catalog import Slot
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
@@ -66,7 +67,37 @@ def assign_fusers(steps: Sequence[PlannedStep | None]) -> list[FuserGroup]:
     return fusers
 
 
-def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]) -> ChannelGraph:
+@dataclass(frozen=True)
+class RawChannels:
+    """Channel names as written anywhere in the config, also by steps or slots too broken to plan.
+    A name declared or consumed only there already has its own error; reporting it again as
+    dangling or unused would point at the wrong cause."""
+
+    declared: frozenset[str] = frozenset()
+    requested: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, raw_ops: Sequence[Any]) -> RawChannels:
+        declared: set[str] = set()
+        requested: set[str] = set()
+        for raw in raw_ops:
+            if not isinstance(raw, Mapping):
+                continue
+            outputs, inputs = raw.get("extra_outputs"), raw.get("extra_inputs")
+            if isinstance(outputs, Mapping):
+                declared.update(
+                    b["channel"]
+                    for b in outputs.values()
+                    if isinstance(b, Mapping) and isinstance(b.get("channel"), str)
+                )
+            if isinstance(inputs, Mapping):
+                requested.update(v for v in inputs.values() if isinstance(v, str))
+        return cls(frozenset(declared), frozenset(requested))
+
+
+def check_channels(
+    steps: Sequence[PlannedStep | None], fusers: list[FuserGroup], raw: RawChannels = RawChannels()
+) -> ChannelGraph:
     """Check every channel against TE's fuser rules and the slots' dtype, shape and width; needs the
     widths (``check_widths``) already set on the steps."""
     planned = [s for s in steps if s is not None and s.kind == "op"]
@@ -121,6 +152,8 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
                 )
                 continue
             if source is None:
+                if name in raw.declared:
+                    continue  # its producer's step or slot is broken and already reported
                 diags.append(
                     error(
                         path,
@@ -167,7 +200,7 @@ def check_channels(steps: Sequence[PlannedStep | None], fusers: list[FuserGroup]
 
     channels: dict[str, Channel] = {}
     public_outputs: list[PublicTensor] = []
-    wanted = {n for s in planned for n in s.input_channels if n is not None}
+    wanted = {n for s in planned for n in s.input_channels if n is not None} | raw.requested
     for step in planned:
         for slot, public in enumerate(step.output_public):
             ref = SlotRef(step.index, slot, step.output_slots[slot].name)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec, Param
-from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
+from te_assembly.diagnostics import Diagnostic, closest, did_you_mean, error, warning
 from te_assembly.plan import PlannedStep
+from te_assembly.schema import StepConfig
 
 
 def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep | None, list[Diagnostic]]:
@@ -68,10 +70,16 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     return step, out
 
 
+_KINDS = ("op", "module")
+_STEP_KEYS = {f.name for f in dataclasses.fields(StepConfig)}
+
+
 def _resolve_spec(
     raw: Mapping[str, Any], path: str
 ) -> tuple[OpSpec | ModuleSpec | None, str, list[Diagnostic]]:
     op, module = raw.get("op"), raw.get("module")
+    if op is None and module is None and any(closest(k, _KINDS) for k in raw if k not in _STEP_KEYS):
+        return None, "", []  # a misspelled 'op'/'module' key: the structural check suggests the fix
     if (op is None) == (module is None):
         msg = "a step needs exactly one of 'op' (fusible) or 'module' (non-fusible)"
         return None, "", [error(f"{path}.op", "op-or-module", msg)]
@@ -94,6 +102,8 @@ def _resolve_spec(
 def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     names = [p.name for p in spec.params]
+    # A misspelled argument is reported once, with its suggestion, not also as the missing one it meant.
+    meant = {closest(key, names) for key in args if spec.param(key) is None}
     for key in args:
         if spec.param(key) is None:
             known = ", ".join(names) or "none"
@@ -107,7 +117,7 @@ def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -
             )
     for param in spec.params:
         if param.name not in args:
-            if param.required:
+            if param.required and param.name not in meant:
                 out.append(
                     error(
                         f"{path}.{param.name}",
