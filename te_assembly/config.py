@@ -238,11 +238,28 @@ def load_model_file(path: str | Path) -> LoadedConfig:
     return load_model_text(p.read_text(), str(p))
 
 
-def _model_choice(overrides: Sequence[str]) -> str:
+def _choice_of(group: str, overrides: Sequence[str]) -> str:
+    """The option a command line picks for a config group (``model=moe_block``), or ""."""
     for item in reversed(overrides):
         key, sep, value = item.partition("=")
-        if sep and key.lstrip("+~") == "model":
+        if sep and key.lstrip("+~") == group:
             return value
+    return ""
+
+
+def _unknown_choice(group: str, choice: str, available: Sequence[str]) -> str:
+    hint = did_you_mean(choice, available)
+    return (
+        f"unknown {group} {choice!r}"
+        + (f" ({hint})" if hint else "")
+        + f"\navailable {group}s: {', '.join(available)}"
+    )
+
+
+def _model_choice(overrides: Sequence[str]) -> str:
+    chosen = _choice_of("model", overrides)
+    if chosen:
+        return chosen
     defaults = yaml.safe_load((config_dir() / "config.yaml").read_text()).get("defaults", [])
     for entry in defaults:
         if isinstance(entry, dict) and "model" in entry:
@@ -305,10 +322,13 @@ def _composition_message(exc: Exception, choice: str, overrides: Sequence[str]) 
     # Hydra appends its search path to "not found" messages: noise for a user picking a model.
     text = str(exc).strip().split("\nConfig search path:")[0].rstrip()
     if "model" in text and choice and choice not in available_models():
-        hint = did_you_mean(choice, available_models())
-        text = f"unknown model {choice!r}" + (f" ({hint})" if hint else "")
-        text += f"\navailable models: {', '.join(available_models())}"
-        return text
+        return _unknown_choice("model", choice, available_models())
+    recipe = _choice_of("recipe", overrides)
+    if recipe and "recipe" in text:
+        from te_assembly import recipes
+
+        if recipe not in recipes.available_recipes():
+            return _unknown_choice("recipe", recipe, recipes.available_recipes())
     missing = _CANNOT_OVERRIDE.search(text)
     if missing is not None:
         hint = _override_hint(missing.group(1), overrides)

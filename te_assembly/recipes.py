@@ -50,6 +50,8 @@ class FieldSpec(NamedTuple):
     nullable: bool = False
     enum: str | None = None
     """Name of the TE enum in ``transformer_engine.common.recipe`` the value converts to."""
+    minimum: int | None = None
+    """Smallest allowed value of an int field (TE does not check; a bad one fails at the first forward)."""
 
 
 def _format(default: str, choices: tuple[str, ...] = _FP8_TRAINING_FORMATS) -> FieldSpec:
@@ -67,9 +69,9 @@ def _backward_override(choices: tuple[str, ...] = _BACKWARD_OVERRIDES) -> FieldS
 
 RECIPE_SCHEMA: dict[str, dict[str, FieldSpec]] = {
     "DelayedScaling": {
-        "margin": FieldSpec(int, None, 0),
+        "margin": FieldSpec(int, None, 0, minimum=0),
         "fp8_format": _format("HYBRID"),
-        "amax_history_len": FieldSpec(int, None, 1024),
+        "amax_history_len": FieldSpec(int, None, 1024, minimum=1),
         "amax_compute_algo": FieldSpec(str, ("max", "most_recent"), "max"),
         "reduce_amax": _flag(True),
         "fp8_dpa": _flag(),
@@ -85,7 +87,7 @@ RECIPE_SCHEMA: dict[str, dict[str, FieldSpec]] = {
         "backward_override": _backward_override(),
     },
     "MXFP8BlockScaling": {
-        "margin": FieldSpec(int, None, 0),
+        "margin": FieldSpec(int, None, 0, minimum=0),
         "fp8_format": _format("E4M3"),
         "fp8_dpa": _flag(),
         "fp8_mha": _flag(),
@@ -214,6 +216,8 @@ def _check_field(spec: FieldSpec, value: Any, path: str) -> list[Diagnostic]:
         allowed = [_show(c) for c in spec.choices] + (["null"] if spec.nullable else [])
         message = f"{_show(value)!r} is not allowed; allowed values: {', '.join(allowed)}"
         return [error(path, "bad-choice", message, did_you_mean(value, [str(c) for c in spec.choices]))]
+    if spec.minimum is not None and value < spec.minimum:
+        return [error(path, "bad-value", f"must be at least {spec.minimum}, got {value}")]
     return []
 
 

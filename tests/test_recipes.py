@@ -312,3 +312,14 @@ def test_required_capability() -> None:
     minimum, text = required_capability(load_recipe("mxfp8")) or ((0, 0), "")
     assert minimum == (10, 0) and "MXFP8" in text and "10.x" in text
     assert (required_capability(load_recipe("fp8_delayed")) or ((0, 0), ""))[0] == (8, 9)
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value", "minimum"),
+    [("fp8_delayed", "amax_history_len", 0, 1), ("fp8_delayed", "margin", -1, 0), ("mxfp8", "margin", -5, 0)],
+)
+def test_out_of_range_fields_are_config_errors(name: str, field: str, value: int, minimum: int) -> None:
+    diag = _only_error(validate_recipe({**load_recipe(name), field: value}))
+    assert (diag.path, diag.code) == (f"recipe.{field}", "bad-value")
+    assert f"at least {minimum}" in diag.message
+    assert validate_recipe({**load_recipe(name), field: minimum}) == []

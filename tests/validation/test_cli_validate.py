@@ -38,9 +38,10 @@ def test_unknown_model_lists_models_and_suggests(run_cli: RunCli) -> None:
     [
         ("model.ops[0]=x=y", "model.ops[0]=x=y"),  # not Hydra override grammar
         ("nosuchkey=1", "'nosuchkey'"),  # a top-level key the config does not have
-        ("recipe=nope", "recipe/nope"),
+        ("recipe=nope", "unknown recipe 'nope'\navailable recipes: bf16, "),
+        ("recipe=mxfp9", "unknown recipe 'mxfp9' (did you mean 'mxfp8'?)"),
     ],
-    ids=["bad-override-syntax", "unknown-top-level-key", "unknown-recipe"],
+    ids=["bad-override-syntax", "unknown-top-level-key", "unknown-recipe", "misspelled-recipe"],
 )
 def test_composition_error_is_one_clean_message(run_cli: RunCli, override: str, fragment: str) -> None:
     result = run_cli(["validate", "model=moe_block", override])
