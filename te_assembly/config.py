@@ -170,8 +170,11 @@ def resolve_model(model: Mapping[str, Any]) -> tuple[dict[str, Any], list[Diagno
     ``${model.dims.X}`` interpolations resolved as a loaded file's are; the mapping unchanged, and no
     diagnostics, when it holds no interpolation."""
     if isinstance(model, DictConfig):
-        diags: list[Diagnostic] = []
-        return to_plain(model, "model", diags), diags
+        if model._get_parent() is not None:  # the ``model`` node of a composed config: resolve in place
+            diags: list[Diagnostic] = []
+            return to_plain(model, "model", diags), diags
+        # A model file loaded on its own (``OmegaConf.load``): its ``${model.*}`` need a ``model`` root.
+        model = OmegaConf.to_container(model, resolve=False)  # type: ignore[assignment]
     if not _has_interpolation(model):
         return dict(model), []
     try:

@@ -89,3 +89,15 @@ def test_raw_mapping_is_not_modified() -> None:
     before = copy.deepcopy(raw)
     plan_or_raise(raw)
     assert raw == before
+
+
+def test_a_model_file_loaded_with_omegaconf_builds_a_plan() -> None:
+    from omegaconf import OmegaConf
+
+    from te_assembly.config import config_dir
+    from te_assembly.validate import plan_or_raise
+
+    path = config_dir() / "model" / "residual_mlp.yaml"
+    plan = plan_or_raise(OmegaConf.load(path))
+    assert plan.in_features == OmegaConf.load(path).dims.hidden
+    assert plan.steps[2].args["out_features"] == 2 * OmegaConf.load(path).dims.ffn
