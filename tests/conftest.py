@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # CI replays the same examples every run (a red CI then means a code change, not a new random draw);
 # local runs keep exploring and print a reproduction blob for anything they find.
-settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("ci", derandomize=True, print_blob=True, database=None)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
