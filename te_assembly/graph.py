@@ -210,8 +210,14 @@ _MERMAID_ARROWS: dict[EdgeKind, str] = {"spine": "-->", "internal": "-.->", "pub
 _RED = "#d62728"
 
 
+# Mermaid renders labels as HTML: a channel named ``<b>`` would become markup. Its entity codes
+# (``#name;`` / ``#number;``) keep every character literal, ``#`` itself included.
+_MERMAID_ENTITIES = {"#": "#35;", '"': "#quot;", "&": "#amp;", "<": "#lt;", ">": "#gt;"}
+
+
 def _mermaid_text(text: str) -> str:
-    return '"' + text.replace('"', "#quot;").replace("\n", "<br/>") + '"'
+    escaped = "".join(_MERMAID_ENTITIES.get(c, c) for c in text)
+    return '"' + escaped.replace("\n", "<br/>") + '"'
 
 
 def _edge_text(edge: Edge) -> str:
@@ -222,7 +228,8 @@ def _edge_text(edge: Edge) -> str:
 
 
 def to_mermaid(view: GraphView) -> str:
-    lines = ["flowchart LR", f"  %% {view.name}: te_assembly channel graph"]
+    comment = " ".join(view.name.splitlines())  # a line break would end the comment
+    lines = ["flowchart LR", f"  %% {comment}: te_assembly channel graph"]
     clustered = {nid for ids in view.clusters.values() for nid in ids}
 
     def node_line(node: Node, indent: str) -> str:
@@ -283,8 +290,14 @@ _DOT_EDGE: dict[EdgeKind, str] = {
 }
 
 
+# Graphviz decodes HTML entities even in quoted strings (``"&lt;"`` draws ``<``), so ``&`` is escaped for
+# a name to be drawn as written; ``<`` and ``>`` too, so no output format ever sees markup.
+_DOT_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
 def _dot_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    escaped = "".join(_DOT_ENTITIES.get(c, c) for c in text)
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 def to_dot(view: GraphView) -> str:

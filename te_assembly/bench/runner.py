@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from te_assembly.bench.timing import Stats, synchronize, timed
-from te_assembly.engines.base import ModelOutput
+from te_assembly.engines.base import ModelOutput, loss_precision
 from te_assembly.train.task import aux_losses
 
 PHASES = ("forward", "backward", "step")
@@ -40,7 +40,7 @@ class VariantResult:
 
 def bench_loss(out: ModelOutput, loss_names: Sequence[str]) -> torch.Tensor:
     """Mean square of ``y`` plus every public loss output: something every output's gradient flows from."""
-    loss = out.y.float().square().mean()
+    loss = loss_precision(out.y).square().mean()
     for value in aux_losses(out.extras, loss_names).values():
         loss = loss + value
     return loss

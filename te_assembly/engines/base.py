@@ -24,6 +24,12 @@ def loss_output_names(plan: Plan) -> tuple[str, ...]:
     return tuple(t.name for t in plan.public_outputs if steps[t.ref.step].output_slots[t.ref.slot].is_loss)
 
 
+def loss_precision(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the dtype every loss (run, train, bench) is computed in: float32 at least, since bfloat16
+    sums lose too much, and float64 stays float64 (``.float()`` would silently narrow it)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class ModelOutput(NamedTuple):
     """``y, extras = model(x, ...)``: the main output and the public extra outputs by name."""
 
@@ -60,7 +66,6 @@ class AssembledModel(torch.nn.Module):
         return loss_output_names(self.plan)
 
     def forward(self, x: torch.Tensor, *extra_inputs: torch.Tensor, **named: torch.Tensor) -> ModelOutput:
-        self.check_x(x)
         ordered = self.order_inputs(extra_inputs, named)
         return self.name_outputs(self.forward_positional(x, *ordered))
 
@@ -68,7 +73,15 @@ class AssembledModel(torch.nn.Module):
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """TE's calling convention: public extra inputs in (basic-op, slot) order, fuser after fuser;
-        returns ``x`` alone or ``(x, *public extra outputs)``. Engines call ``check_x`` first."""
+        returns ``x`` alone or ``(x, *public extra outputs)``. Every call path checks ``x`` here, once;
+        engines implement ``_forward_positional``."""
+        self.check_x(x)
+        return self._forward_positional(x, *extra_inputs)
+
+    def _forward_positional(
+        self, x: torch.Tensor, *extra_inputs: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The engine's forward, ``x`` already checked."""
         raise NotImplementedError
 
     def check_x(self, x: torch.Tensor) -> None:

@@ -61,10 +61,9 @@ class ReferenceModel(AssembledModel):
         """The gradient that reached each recorded channel in the last backward (None: no gradient)."""
         return {name: t.grad if t.is_floating_point() else None for name, t in self.channel_tensors.items()}
 
-    def forward_positional(
+    def _forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        self.check_x(x)
         if len(extra_inputs) != len(self._input_registers):
             names = ", ".join(self.input_names) or "none"
             raise CallError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from te_assembly.train.checkpoint import CheckpointError
 from te_assembly.train.loop import StepRecord, TrainResult, train
+from te_assembly.train.run_record import ExistingRunError
 from te_assembly.train.settings import TrainSettings
 
-__all__ = ["CheckpointError", "StepRecord", "TrainResult", "TrainSettings", "train"]
+__all__ = ["CheckpointError", "ExistingRunError", "StepRecord", "TrainResult", "TrainSettings", "train"]

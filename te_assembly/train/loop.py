@@ -18,16 +18,17 @@ from te_assembly.errors import NonFiniteError
 from te_assembly.outputs import prepare_out_dir
 from te_assembly.plan import Plan
 from te_assembly.train.checkpoint import (
-    CheckpointError,
     list_checkpoints,
     load_checkpoint,
     prune,
+    read_meta,
     remove_stale_temp,
     save_checkpoint,
     write_text_atomic,
 )
 from te_assembly.train.optim import lr_at, make_optimizer, set_lr
 from te_assembly.train.plot import save_loss_curve
+from te_assembly.train.run_record import check_fresh_start, check_resumable, run_record
 from te_assembly.train.settings import TrainSettings
 from te_assembly.train.task import TeacherTask, loss_terms, perturb_constant_parameters
 
@@ -99,11 +100,13 @@ def train(
 
     ``recipe`` is the TE engine's quantization recipe (teacher and student alike); the reference
     engine ignores it. Raises ``NonFiniteError`` (step, tensor name) when the loss or a gradient is
-    NaN/Inf,
-    ``CheckpointError`` when resuming from a checkpoint that does not fit, and ``OutputPathError`` when
-    ``settings.out_dir`` cannot be written (checked before anything is built)."""
+    NaN/Inf; ``CheckpointError`` when resuming from a checkpoint that does not fit or whose run had
+    other settings (``run_record``). Before anything is built: ``OutputPathError`` when
+    ``settings.out_dir`` cannot be written, ``ExistingRunError`` when it holds checkpoints and neither
+    ``resume`` nor ``overwrite`` is set."""
     dev = torch.device(device)
     out_dir = prepare_out_dir(settings.out_dir)
+    check_fresh_start(out_dir, settings)
     notes: list[str] = [f"removed stale temp file {p}" for p in remove_stale_temp(out_dir)]
 
     torch.manual_seed(seed + settings.teacher_seed_offset)
@@ -116,17 +119,24 @@ def train(
     task = TeacherTask(plan, teacher, seed=seed, tokens=settings.batch_tokens, device=dev, dtype=dtype)
     loss_names = loss_output_names(plan)
 
+    run = run_record(
+        settings,
+        plan=plan.name,
+        seed=seed,
+        engine=student.engine,
+        kernels=kernels,
+        dtype=dtype,
+        recipe=recipe,
+    )
     losses: list[float] = []
     start = 0
     existing = list_checkpoints(out_dir)
     if settings.resume and existing:
-        ckpt = load_checkpoint(existing[-1][1], student, optimizer)
+        latest = existing[-1][1]
+        # Compared before loading: another optimizer's state would not even load cleanly.
+        check_resumable(latest, read_meta(latest), run)
+        ckpt = load_checkpoint(latest, student, optimizer)
         meta = ckpt.meta
-        if meta.get("plan") != plan.name or meta.get("seed") != seed:
-            raise CheckpointError(
-                f"{ckpt.path} is from model {meta.get('plan')!r} seed {meta.get('seed')}, "
-                f"not {plan.name!r} seed {seed}: use another train.out_dir"
-            )
         if meta.get("planned_steps") != settings.steps and settings.schedule == "cosine":
             notes.append(
                 f"the checkpoint's run planned {meta.get('planned_steps')} steps, this one {settings.steps}: "
@@ -141,7 +151,7 @@ def train(
         for _, p in existing:
             p.unlink()
         notes.append(
-            f"removed {len(existing)} checkpoint(s) of an earlier run in {out_dir} (train.resume=false)"
+            f"removed {len(existing)} checkpoint(s) of an earlier run in {out_dir} (train.overwrite=true)"
         )
 
     end = min(settings.steps, settings.stop_after or settings.steps)
@@ -153,6 +163,7 @@ def train(
         "seed": seed,
         "planned_steps": settings.steps,
         "engine": student.engine,
+        "run": run,
         "settings": dataclasses.asdict(settings),
     }
     for step in range(start + 1, end + 1):

@@ -31,11 +31,29 @@ class TrainSettings:
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     resume: bool = False
+    """Continue from the last checkpoint in ``out_dir``; refused if the run's settings differ
+    (``run_record``)."""
+    overwrite: bool = False
+    """Start over when ``out_dir`` holds checkpoints of an earlier run (they are deleted); without it
+    such a directory is refused, so forgetting ``resume`` never loses a run."""
     plot: bool = True
     stop_after: int | None = None
     """Stop (with a checkpoint) after this step, as if interrupted; the schedule still spans ``steps``."""
     inject_nan_at_step: int | None = None
     inject_nan_into: str = "loss"
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise ConfigError(
+                [
+                    error(
+                        "train.overwrite",
+                        "bad-train-value",
+                        "train.resume and train.overwrite are both true: resume continues the run in "
+                        "out_dir, overwrite deletes it; set only one",
+                    )
+                ]
+            )
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "train") -> TrainSettings:
@@ -59,6 +77,12 @@ class TrainSettings:
             raise ConfigError(diags)
         return cls(**values)
 
+
+RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plot")
+"""Settings a resumed run may change (a changed ``steps`` reshapes the cosine schedule: noted)."""
+NOT_RECORDED = ("out_dir", "resume", "overwrite", "inject_nan_at_step", "inject_nan_into")
+"""Where and how this invocation runs, not what the run is. Every other setting defines the run: a
+checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""
 
 _CHOICES = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "inject_nan_into": NAN_TARGETS}
 _POSITIVE = ("steps", "batch_tokens", "keep_checkpoints")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.base import AssembledModel, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.plan import Plan
 
@@ -78,13 +78,16 @@ def aux_losses(extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]) ->
     """The public outputs named in ``loss_names`` (``engines.base.loss_output_names``: slots the catalog
     marks ``is_loss``, whatever their channel is called); they join the objective as they are (the op
     already weights them, e.g. TopKRouter's ``aux_loss_coeff``)."""
-    return {name: extras[name].float().sum() for name in loss_names if extras[name].is_floating_point()}
+    return {
+        name: loss_precision(extras[name]).sum() for name in loss_names if extras[name].is_floating_point()
+    }
 
 
 def loss_terms(
     y: torch.Tensor, target: torch.Tensor, extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]
 ) -> dict[str, torch.Tensor]:
-    """Named terms of the objective, in float32 at least: the regression error, then each aux loss."""
-    terms = {"mse(y, teacher)": torch.nn.functional.mse_loss(y.float(), target.float())}
+    """Named terms of the objective, in float32 at least (``loss_precision``): the regression error,
+    then each aux loss."""
+    terms = {"mse(y, teacher)": torch.nn.functional.mse_loss(loss_precision(y), loss_precision(target))}
     terms.update(aux_losses(extras, loss_names))
     return terms

@@ -218,6 +218,25 @@ def test_moe_model_rejects_x_that_is_not_2d_with_a_reshape_hint() -> None:
     assert y.shape == (6, 64) and set(extras) == {"aux_loss"}
 
 
+def test_x_is_checked_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = build("moe_block", engine="reference", dtype=F64)
+    calls: list[tuple[int, ...]] = []
+    check = model.check_x
+
+    def counting(x: torch.Tensor) -> None:
+        calls.append(tuple(x.shape))
+        check(x)
+
+    monkeypatch.setattr(model, "check_x", counting)
+    x = torch.randn(6, 64, dtype=F64)
+    model(x)
+    assert calls == [(6, 64)]
+    calls.clear()
+    model.forward_positional(x)
+    assert calls == [(6, 64)]
+
+
 def test_row_preserving_model_accepts_leading_dims() -> None:
     model = build_yaml(ROWWISE)
     randomize(model)

@@ -43,7 +43,7 @@ def test_run_moe_block_end_to_end(run_cli: Callable[..., subprocess.CompletedPro
     for name in plan.channels:
         assert re.search(rf"│ {name}\s", table), f"channel {name} missing from the gradient table"
     assert "split_sizes" in table and "fc1.split_sizes, fc2.split_sizes" in table  # the fan-out consumers
-    assert re.search(r"step time \d+\.\d+ ms \(median of 1 \(first excluded\)\)", out)
+    assert re.search(r"step time \d+\.\d+ ms \(1 timed step after a warm-up step\)", out)
 
 
 def test_auto_engine_prints_its_reason() -> None:
@@ -150,6 +150,21 @@ def test_median_step_time_leaves_out_the_first_step() -> None:
     results = [run.StepResult(y, {}, 0.0, s) for s in (9.0, 1.0, 3.0, 2.0)]
     assert run.median_step_time(results) == 2.0
     assert run.median_step_time(results[:1]) == 9.0
+
+
+@pytest.mark.parametrize(
+    ("steps", "note"),
+    [
+        (1, "(1 step, warm-up included)"),
+        (2, "(1 timed step after a warm-up step)"),
+        (3, "(median of 2 timed steps after a warm-up step)"),
+    ],
+)
+def test_step_time_says_how_many_steps_it_timed(steps: int, note: str) -> None:
+    out = _run_in_process("model=residual_mlp", "engine=reference", f"run.steps={steps}", "run.tokens=8")
+    line = next(line for line in out.splitlines() if "step time" in line)
+    assert line.endswith(f" ms {note}"), line
+    assert "median of 1" not in out
 
 
 SAMPLED = """

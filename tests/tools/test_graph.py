@@ -3,6 +3,7 @@ a broken config still draws, with the problem in red, and the command exits 2.""
 
 from __future__ import annotations
 
+import html
 import itertools
 import re
 import shutil
@@ -15,7 +16,15 @@ import pytest
 from te_assembly.cli.main import main as cli_main
 from te_assembly.config import compose
 from te_assembly.engines import to_plan
-from te_assembly.graph import RenderResult, render, to_dot, to_mermaid, view_from_model, view_from_plan
+from te_assembly.graph import (
+    GraphView,
+    RenderResult,
+    render,
+    to_dot,
+    to_mermaid,
+    view_from_model,
+    view_from_plan,
+)
 from te_assembly.plan import Plan
 
 RED = "#d62728"
@@ -235,3 +244,74 @@ def test_public_outputs_differing_only_in_space_vs_underscore_get_their_own_node
     assert {(s, d) for s, _, _, d in _mermaid_edges(mermaid)} >= {("s0", outs[0].id), ("s1", outs[1].id)}
     for node in outs:
         assert len(re.findall(rf"^\s*{node.id} \[label=\"{node.label}\"", dot, flags=re.M)) == 1
+
+
+HTML_NAMES = ["<b>&x", "#lt;&lt;"]
+"""A name that is markup, and names that look like Mermaid's and HTML's entity codes."""
+
+
+def _html_named_channels() -> GraphView:
+    ops: list[dict[str, object]] = []
+    for i, name in enumerate(HTML_NAMES):
+        ops.append(
+            {
+                "name": f"tap{i}",
+                "op": "MakeExtraOutput",
+                "extra_outputs": {"out": {"channel": name, "public": True}},
+            }
+        )
+        ops.append({"name": f"add{i}", "op": "AddExtraInput", "extra_inputs": {"addend": name}})
+    view = view_from_model({"name": "html", "in_features": 4, "ops": ops})
+    assert not view.has_errors, view.diagnostics
+    return view
+
+
+def _mermaid_decode(label: str) -> str:
+    """Mermaid's own decoding: one left-to-right pass turning ``#name;`` / ``#number;`` into HTML
+    entities, which the browser then decodes."""
+
+    def entity(m: re.Match[str]) -> str:
+        code = m.group(1)
+        return f"&#{code};" if code.isdigit() else f"&{code};"
+
+    return html.unescape(re.sub(r"#(\w+);", entity, label))
+
+
+def _quoted(text: str, escapes: str) -> list[str]:
+    return re.findall(rf'"((?:{escapes}|[^"\\])*)"', text)
+
+
+def test_html_like_channel_names_are_escaped_in_mermaid() -> None:
+    mermaid = to_mermaid(_html_named_channels())
+    labels = [label.replace("<br/>", "\n") for label in _quoted(mermaid, "(?!)")]
+    assert labels
+    for label in labels:
+        assert not set(label) & set('<>&"'), label
+    # The drawing shows each name as written once Mermaid decodes its entity codes.
+    decoded = [_mermaid_decode(label) for label in labels]
+    for name in HTML_NAMES:
+        assert name in decoded  # the public output node
+        assert f"{name} (out → addend)" in decoded  # the channel edge
+
+
+def test_html_like_channel_names_are_escaped_in_dot() -> None:
+    dot = to_dot(_html_named_channels())
+    labels = _quoted(dot, r"\\.")
+    for label in labels:
+        assert not set(label) & set("<>"), label
+        assert not re.search(r"&(?!(amp|lt|gt);)", label), label
+    # Graphviz decodes entities in quoted strings: each name is drawn as written.
+    decoded = {html.unescape(label) for label in labels}
+    assert set(HTML_NAMES) <= decoded
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz 'dot' binary not installed")
+def test_graphviz_draws_html_like_channel_names_as_text() -> None:
+    proc = subprocess.run(
+        ["dot", "-Tsvg"], input=to_dot(_html_named_channels()), capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
+    texts = [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", proc.stdout)]
+    for name in HTML_NAMES:
+        assert name in texts
+    assert "<b>" not in proc.stdout

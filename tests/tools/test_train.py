@@ -16,7 +16,7 @@ from te_assembly.config import compose
 from te_assembly.engines import build, to_plan
 from te_assembly.errors import ConfigError, NonFiniteError
 from te_assembly.plan import Plan
-from te_assembly.train import StepRecord, TrainSettings, train
+from te_assembly.train import ExistingRunError, StepRecord, TrainSettings, train
 from te_assembly.train import checkpoint as ckpt_module
 from te_assembly.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
 from te_assembly.train.optim import lr_at, make_optimizer
@@ -224,3 +224,120 @@ def test_aux_loss_joins_the_objective_whatever_its_channel_is_called(tmp_path: P
     for r in records:
         assert r.terms["balance"] > 0
         assert r.loss == pytest.approx(sum(r.terms.values()), rel=1e-6)
+
+
+def _checkpoint_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for _, p in list_checkpoints(out)}
+
+
+def test_fresh_run_refuses_an_earlier_runs_checkpoints(small_plan: Plan, tmp_path: Path) -> None:
+    s = _settings(tmp_path, steps=6)
+    train(small_plan, s, seed=0)
+    before = _checkpoint_bytes(tmp_path)
+    assert sorted(before) == ["ckpt-0000004.safetensors", "ckpt-0000006.safetensors"]
+    with pytest.raises(ExistingRunError) as info:
+        train(small_plan, dataclasses.replace(s, lr=1e-2), seed=0)  # forgot train.resume=true
+    assert str(info.value) == (
+        f"{tmp_path} already holds checkpoints up to step 6; pass train.resume=true to continue "
+        "or train.overwrite=true to start over"
+    )
+    assert _checkpoint_bytes(tmp_path) == before
+
+
+def test_overwrite_starts_over(small_plan: Plan, tmp_path: Path) -> None:
+    s = _settings(tmp_path / "a", steps=6)
+    train(small_plan, s, seed=0)
+    fresh = train(small_plan, _settings(tmp_path / "b", steps=4, lr=1e-2), seed=0).losses
+    again = train(small_plan, dataclasses.replace(s, steps=4, lr=1e-2, overwrite=True), seed=0)
+    assert again.start_step == 0 and again.losses == fresh
+    assert [step for step, _ in list_checkpoints(tmp_path / "a")] == [4]  # step 6 of the old run is gone
+    assert any("removed 2 checkpoint(s)" in note for note in again.notes)
+
+
+def test_resume_and_overwrite_together_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"train\.resume and train\.overwrite are both true"):
+        _settings(tmp_path, resume=True, overwrite=True)
+    with pytest.raises(ConfigError, match=r"^1 config error.*\n  .*train\.overwrite"):
+        TrainSettings.from_mapping({"resume": True, "overwrite": True})
+
+
+def test_resume_refuses_other_run_settings_and_lists_each(small_plan: Plan, tmp_path: Path) -> None:
+    s = _settings(tmp_path, steps=6, stop_after=4)
+    train(small_plan, s, seed=3)
+    before = _checkpoint_bytes(tmp_path)
+    changed = dataclasses.replace(
+        s, resume=True, stop_after=None, optimizer="sgd", lr=1e-2, batch_tokens=16, teacher_seed_offset=7
+    )
+    with pytest.raises(CheckpointError) as info:
+        train(small_plan, changed, seed=4, dtype=torch.float64)
+    message = str(info.value)
+    for line in (
+        "seed: checkpoint 3, now 4",
+        "dtype: checkpoint 'float32', now 'float64'",
+        "optimizer: checkpoint 'adamw', now 'sgd'",
+        "lr: checkpoint 0.003, now 0.01",
+        "batch_tokens: checkpoint 32, now 16",
+        "teacher_seed_offset: checkpoint 1, now 7",
+    ):
+        assert f"\n  {line}\n" in message, message
+    assert message.count("\n  ") == 6  # nothing else is reported as changed
+    assert _checkpoint_bytes(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("weight_decay", 0.1),
+        ("momentum", 0.5),
+        ("schedule", "constant"),
+        ("warmup_steps", 3),
+        ("min_lr_ratio", 0.5),
+    ],
+)
+def test_resume_refuses_each_optimizer_and_schedule_setting(
+    small_plan: Plan, tmp_path: Path, key: str, value: object
+) -> None:
+    s = _settings(tmp_path, steps=4, stop_after=2, checkpoint_every=2)
+    train(small_plan, s, seed=0)
+    with pytest.raises(CheckpointError, match=rf"\n  {key}: checkpoint .*, now {value!r}\n"):
+        train(small_plan, dataclasses.replace(s, resume=True, **{key: value}), seed=0)  # type: ignore[arg-type]
+
+
+def test_resume_refuses_another_model(small_plan: Plan, tmp_path: Path) -> None:
+    s = _settings(tmp_path, steps=2)
+    train(to_plan("channel_demo"), s, seed=0)
+    with pytest.raises(
+        CheckpointError, match=rf"\n  plan: checkpoint 'channel_demo', now '{small_plan.name}'"
+    ):
+        train(small_plan, dataclasses.replace(s, resume=True), seed=0)
+
+
+def test_resume_may_change_steps_and_bookkeeping(small_plan: Plan, tmp_path: Path) -> None:
+    s = _settings(tmp_path, steps=8, stop_after=4)
+    train(small_plan, s, seed=0)
+    resumed = train(
+        small_plan,
+        dataclasses.replace(
+            s, resume=True, steps=10, stop_after=None, checkpoint_every=3, keep_checkpoints=1
+        ),
+        seed=0,
+    )
+    assert resumed.start_step == 4 and resumed.last_step == 10
+    assert any("planned 8 steps, this one 10" in note for note in resumed.notes)
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [10]
+
+
+def test_cli_refuses_to_train_over_an_earlier_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    args = ["train", *SMALL, "train.steps=2", "train.batch_tokens=16", "train.plot=false", "engine=reference"]
+    assert cli_main([*args, f"train.out_dir={tmp_path}"]) == 0
+    before = _checkpoint_bytes(tmp_path)
+    capsys.readouterr()
+    assert cli_main([*args, f"train.out_dir={tmp_path}"]) == 1
+    captured = capsys.readouterr()
+    assert "already holds checkpoints up to step 2; pass train.resume=true" in captured.err
+    assert "regress a teacher" not in captured.out  # refused before the run header and progress bar
+    assert _checkpoint_bytes(tmp_path) == before
+    assert cli_main([*args, f"train.out_dir={tmp_path}", "train.overwrite=true"]) == 0

@@ -31,7 +31,7 @@ from rich.table import Table
 from te_assembly.cli.commands.session import positive_int, start
 from te_assembly.cli.report import plan_tables
 from te_assembly.engines import build
-from te_assembly.engines.base import AssembledModel, loss_output_names
+from te_assembly.engines.base import AssembledModel, loss_output_names, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.errors import NonFiniteError
 from te_assembly.plan import Plan
@@ -46,21 +46,17 @@ class StepResult:
 
 
 def loss_of(y: torch.Tensor, extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]) -> torch.Tensor:
-    """The run's loss (see the module docstring), in float32 at least (bfloat16 sums lose too much).
+    """The run's loss (see the module docstring), in float32 at least (``loss_precision``).
     ``loss_names``: the public outputs that are loss terms (``engines.base.loss_output_names``)."""
-    loss = _widen(y).square().mean()
+    loss = loss_precision(y).square().mean()
     for name, value in extras.items():
         if not value.is_floating_point():
             continue
         if name in loss_names:
-            loss = loss + _widen(value).sum()
+            loss = loss + loss_precision(value).sum()
         else:
-            loss = loss + _widen(value).square().mean()
+            loss = loss + loss_precision(value).square().mean()
     return loss
-
-
-def _widen(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _sync(device: torch.device) -> None:
@@ -111,6 +107,15 @@ def median_step_time(results: Sequence[StepResult]) -> float:
     """Median seconds per step; the first step (allocator and kernel warm-up) is left out if possible."""
     times = [r.seconds for r in results]
     return statistics.median(times[1:] if len(times) > 1 else times)
+
+
+def step_time_note(steps: int) -> str:
+    """What ``median_step_time`` of ``steps`` results measured, in words."""
+    if steps == 1:
+        return "1 step, warm-up included"
+    if steps == 2:
+        return "1 timed step after a warm-up step"
+    return f"median of {steps - 1} timed steps after a warm-up step"
 
 
 def _fmt(value: float) -> str:
@@ -205,10 +210,10 @@ def main(overrides: Sequence[str], console: Console) -> int:
             console.print(channel_grad_table(plan, getattr(model, "channel_tensors", {})))
         else:
             console.print(f"per-channel gradients are recorded by the reference engine only ({model.engine})")
-    timed = f"median of {len(results) - 1} (first excluded)" if len(results) > 1 else "1 step"
     console.print(
         f"engine {model.engine}: loss {last.loss:.6g}, parameter-gradient norm "
-        f"{parameter_grad_norm(model):.6g}, step time {median_step_time(results) * 1e3:.2f} ms ({timed})",
+        f"{parameter_grad_norm(model):.6g}, step time {median_step_time(results) * 1e3:.2f} ms "
+        f"({step_time_note(len(results))})",
         markup=False,
     )
     return 0

@@ -2,7 +2,8 @@
 
 Prints a progress bar with loss and tokens/s, writes checkpoints, ``losses.json`` and
 ``loss_curve.png`` to ``train.out_dir``. A NaN/Inf loss or gradient stops the run with the step and the
-tensor's name (exit 1).
+tensor's name (exit 1). Checkpoints of an earlier run in ``train.out_dir`` stop it before it starts
+(exit 1) unless ``train.resume=true`` continues that run or ``train.overwrite=true`` deletes it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from te_assembly.cli.commands.common import section
 from te_assembly.cli.commands.session import start
 from te_assembly.outputs import prepare_out_dir
 from te_assembly.train import StepRecord, TrainSettings, train
+from te_assembly.train.run_record import check_fresh_start
 
 
 def main(overrides: Sequence[str], console: Console) -> int:
     session = start(overrides, console)
     plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
     settings = TrainSettings.from_mapping(section(session.cfg, "train"))
-    prepare_out_dir(settings.out_dir)  # before the progress bar: a bad path fails first, alone
+    # Before the progress bar: a bad path, or an earlier run in the way, fails first and alone.
+    check_fresh_start(prepare_out_dir(settings.out_dir), settings)
     console.print(
         f"{plan.name}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "

@@ -49,10 +49,9 @@ class TEModel(AssembledModel):
             return contextlib.nullcontext()
         return _autocast(self.te_recipe)
 
-    def forward_positional(
+    def _forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        self.check_x(x)
         expected = len(self.plan.public_inputs)
         if len(extra_inputs) != expected:
             # Sequential would silently drop surplus trailing inputs; a miscount is a caller bug.

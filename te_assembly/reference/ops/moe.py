@@ -124,7 +124,9 @@ class Combine(ReferenceOp):
             raise ValueError(
                 f"Combine expects {row_map.numel()} rows, a multiple of top_k={self.top_k}; got {x.shape[0]}"
             )
-        # Gathering through the inverse permutation keeps backward a gather too (no scatter-add).
+        # Gather through the inverse permutation. index_select's backward is an index_add_ (a scatter-add),
+        # but ``inverse`` is a permutation: each row receives exactly one gradient row, so no two adds
+        # collide and the result does not depend on their order.
         inverse = torch.empty_like(row_map)
         inverse[row_map] = torch.arange(row_map.numel(), device=row_map.device)
         slots = x.index_select(0, inverse)
