@@ -57,7 +57,7 @@ def _only_error(diagnostics: list[Diagnostic]) -> Diagnostic:
     return errors[0]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # function scope: the autouse te-tier check (tests/conftest.py) must run first
 def te_recipe() -> ModuleType:
     try:
         # TE's core library needs torch loaded first on this setup.
