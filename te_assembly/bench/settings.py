@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from te_assembly.diagnostics import Diagnostic, did_you_mean, error
-from te_assembly.errors import ConfigError
+from te_assembly.sections import read_section
+from te_assembly.train.settings import OPTIMIZERS
 
 
 @dataclass(frozen=True)
@@ -25,20 +24,7 @@ class BenchSettings:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "bench") -> BenchSettings:
-        names = {f.name for f in dataclasses.fields(cls)}
-        diags: list[Diagnostic] = []
-        for key, value in raw.items():
-            path = f"{prefix}.{key}"
-            if key not in names:
-                diags.append(
-                    error(path, "unknown-key", f"unknown {prefix} setting {key!r}", did_you_mean(key, names))
-                )
-            elif (problem := _problem(key, value)) is not None:
-                diags.append(error(path, "bad-bench-value", problem))
-        if diags:
-            raise ConfigError(diags)
-        values: dict[str, Any] = {k: (float(v) if k == "lr" else v) for k, v in raw.items()}
-        return cls(**values)
+        return read_section(cls, raw, prefix, _problem)
 
 
 def _problem(key: str, value: Any) -> str | None:
@@ -48,7 +34,8 @@ def _problem(key: str, value: Any) -> str | None:
     if key == "warmup":
         return None if is_int and value >= 0 else f"warmup must be a non-negative integer, got {value!r}"
     if key == "optimizer":
-        return None if value in ("adamw", "sgd") else f"optimizer must be adamw or sgd, got {value!r}"
+        allowed = " or ".join(OPTIMIZERS)
+        return None if value in OPTIMIZERS else f"optimizer must be {allowed}, got {value!r}"
     if key == "lr":
         ok = (is_int or isinstance(value, float)) and value > 0
         return None if ok else f"lr must be a positive number, got {value!r}"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.diagnostics import error
 from te_assembly.errors import ConfigError
+from te_assembly.sections import read_section
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -58,24 +58,7 @@ class TrainSettings:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "train") -> TrainSettings:
         """Check every key at once; raise ``ConfigError`` listing all problems."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        diags: list[Diagnostic] = []
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            path = f"{prefix}.{key}"
-            if key not in fields:
-                diags.append(
-                    error(path, "unknown-key", f"unknown {prefix} setting {key!r}", did_you_mean(key, fields))
-                )
-                continue
-            problem = _check(key, value, getattr(cls, key) if hasattr(cls, key) else None)
-            if problem:
-                diags.append(error(path, "bad-train-value", problem))
-            else:
-                values[key] = float(value) if isinstance(getattr(cls, key, None), float) else value
-        if diags:
-            raise ConfigError(diags)
-        return cls(**values)
+        return read_section(cls, raw, prefix, lambda key, value: _check(key, value, getattr(cls, key, None)))
 
 
 RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plot")
