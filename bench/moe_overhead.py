@@ -30,10 +30,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from te_assembly.config import compose
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
-from te_assembly.validate import plan_or_raise
+from te_assembly.pipeline import load
 
 SIZES = ((512, 64), (2048, 256))
 """(tokens, hidden); ffn = 2 * hidden, 8 experts, top 2."""
@@ -92,7 +91,7 @@ def make_pair(
 ) -> tuple[AssembledModel, HandMoE, torch.Tensor]:
     ffn = 2 * hidden
     overrides = [f"model.dims.hidden={hidden}", f"model.dims.ffn={ffn}", f"model.dims.experts={EXPERTS}"]
-    plan = plan_or_raise(compose(["model=moe_block", *overrides, f"model.dims.top_k={TOP_K}"]).model)
+    plan = load("moe_block", [*overrides, f"model.dims.top_k={TOP_K}"]).checked_plan()
     torch.manual_seed(0)
     engine = build(plan, engine="reference", device=device, dtype=dtype)
     with torch.no_grad():  # non-zero biases, so a bias mistake would show in the check below

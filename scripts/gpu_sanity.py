@@ -124,10 +124,11 @@ def _median_ms(fn: Callable[[], None], iters: int = 20, warmup: int = 3) -> floa
 
 
 def bench(model: str, tokens: int) -> None:
-    from te_assembly.engines import build, to_plan
+    from te_assembly import load
+    from te_assembly.engines import build
     from te_assembly.engines.data import sample_public_inputs, sample_x
 
-    plan = to_plan(model)
+    plan = load(model).checked_plan()
     dev, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator().manual_seed(0)
     x = sample_x(plan, tokens, generator=gen, device=dev, dtype=dtype).requires_grad_(True)

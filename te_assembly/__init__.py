@@ -1,6 +1,7 @@
 """te_assembly: configuration-driven model assembly for Transformer Engine fusible ops and channels.
 
 Importing this package is cheap and never imports torch or TE; ``build`` pulls them in when called.
+``load`` runs the config pipeline (``pipeline.py``) without either.
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from te_assembly.config.locations import configs_dir, shipped_config
     from te_assembly.engines import build
+    from te_assembly.pipeline import load, validate_model
 
 _LAZY = {
     "build": "te_assembly.engines",
-    "validate_model": "te_assembly.validate",
-    "plan_or_raise": "te_assembly.validate",
-    "load_model_file": "te_assembly.config",
-    "load_model_text": "te_assembly.config",
+    "load": "te_assembly.pipeline",
+    "validate_model": "te_assembly.pipeline",
+    "shipped_config": "te_assembly.config.locations",
+    "configs_dir": "te_assembly.config.locations",
 }
 
 
@@ -29,4 +32,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'te_assembly' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "build", "load_model_file", "load_model_text", "plan_or_raise", "validate_model"]
+__all__ = ["__version__", "build", "configs_dir", "load", "shipped_config", "validate_model"]

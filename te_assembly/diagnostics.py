@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -34,13 +34,36 @@ class Diagnostic:
         return replace(self, file=file, line=line)
 
     def format(self) -> str:
+        """One line for people; control characters from names in the config are escaped."""
         where = ""
         if self.file is not None:
-            where = f"{self.file}:{self.line}: " if self.line is not None else f"{self.file}: "
-        text = f"{where}{self.severity.value}: {self.path}: {self.message}"
+            where = (
+                f"{printable(self.file)}:{self.line}: "
+                if self.line is not None
+                else f"{printable(self.file)}: "
+            )
+        message = printable(self.message, keep_newlines=True)
+        text = f"{where}{self.severity.value}: {printable(self.path)}: {message}"
         if self.hint:
-            text += f" ({self.hint})"
+            text += f" ({printable(self.hint, keep_newlines=True)})"
         return text
+
+
+# C0 and C1 controls, DEL, and the bidirectional-text controls a terminal would act on or hide behind.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """``text`` safe to print on a terminal: control characters (a name written ``"\\e[2J"`` in
+    YAML) become ``\\x1b``-style escapes, so a config cannot move the cursor, recolour or clear the
+    screen. Tabs stay; newlines too when ``keep_newlines`` (messages that span lines)."""
+    pattern = _CONTROL if keep_newlines else _CONTROL_OR_NEWLINE
+    if not pattern.search(text):
+        return text
+    return pattern.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text
+    )
 
 
 def error(path: str, code: str, message: str, hint: str | None = None) -> Diagnostic:
@@ -81,11 +104,14 @@ def path_sort_key(path: str) -> tuple[tuple[int, int | str], ...]:
     return tuple(key)
 
 
-def sort_diagnostics(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
-    """Source order: by line where known (a step's ``name`` precedes its ``args``), then by path."""
+def sort_diagnostics(diagnostics: Iterable[Diagnostic], files: Sequence[str | None] = ()) -> list[Diagnostic]:
+    """Source order: file by file (in the order of ``files``, others after), by line where known (a
+    step's ``name`` precedes its ``args``), then by path."""
+    rank = {f: i for i, f in enumerate(files)}
     return sorted(
         diagnostics,
         key=lambda d: (
+            rank.get(d.file, len(rank)),
             d.line is None,
             d.line or 0,
             path_sort_key(d.path),

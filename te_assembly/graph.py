@@ -11,22 +11,49 @@ import itertools
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
 from te_assembly.errors import ConfigError
+from te_assembly.fields import FieldSpec
 from te_assembly.outputs import prepare_out_dir, write_error
-from te_assembly.plan import FuserGroup, Plan, PlannedStep
-from te_assembly.validate import analyze_full
+from te_assembly.plan import FuserGroup, Plan, PlannedStep, SlotRef
+from te_assembly.sections import setting
+from te_assembly.validate.analysis import Analysis
 
 NodeKind = Literal["x", "y", "op", "module", "invalid", "public_input", "public_output", "missing"]
 EdgeKind = Literal["spine", "internal", "public", "error"]
 
 FORMATS = ("mermaid", "dot", "svg", "png")
 SUFFIX = {"mermaid": "mmd", "dot": "dot", "svg": "svg", "png": "png"}
+
+
+@dataclass(frozen=True)
+class GraphSettings:
+    """The ``graph:`` section."""
+
+    out_dir: str | int | None = setting(
+        "graph_out", doc="where <model>.mmd/.dot/.svg/.png go (null: graph_out)", nonempty=True
+    )
+    formats: list[str] = setting(
+        [*FORMATS],
+        doc="formats to write, a list or one name (empty: all); svg/png need Graphviz's dot",
+        items=FieldSpec(str, choices=FORMATS),
+        single_as_list=True,
+    )
+
+    @property
+    def directory(self) -> str:
+        return "graph_out" if self.out_dir is None else str(self.out_dir)
+
+    @property
+    def chosen_formats(self) -> list[str]:
+        """The formats, each once, in the order given; all of them when none is given."""
+        return list(dict.fromkeys(self.formats)) or list(FORMATS)
+
 
 _STEP_PATH = re.compile(r"^model\.ops\[(\d+)\]")
 
@@ -80,17 +107,20 @@ def step_id(index: int) -> str:
 
 
 def view_from_plan(plan: Plan) -> GraphView:
-    return build_view(plan.name, list(plan.steps), plan.fusers, plan.warnings)
+    return build_view(plan.name, list(plan.steps), plan.fusers, plan.warnings, plan.producer_of)
 
 
-def view_from_model(model: Mapping[str, Any], diagnostics: Sequence[Diagnostic] | None = None) -> GraphView:
-    """Draw a model mapping, valid or not. ``diagnostics`` defaults to the validator's own."""
-    result = analyze_full(model)
-    diags = list(diagnostics) if diagnostics is not None else result.diagnostics
-    if result.plan is not None:
-        return build_view(result.plan.name, list(result.plan.steps), result.plan.fusers, diags)
-    name = model.get("name")
-    return build_view(str(name) if name else "model", result.steps, result.fusers, diags)
+def view_from_analysis(analysis: Analysis) -> GraphView:
+    """Draw a config, valid or not, with every diagnostic of its analysis."""
+    if analysis.plan is not None:
+        plan = analysis.plan
+        return build_view(plan.name, list(plan.steps), plan.fusers, analysis.diagnostics, plan.producer_of)
+    model = analysis.resolved.model or {}
+    name = model.get("name") if isinstance(model, Mapping) else None
+    graph = analysis.graph
+    producer_of = graph.producer_of if graph is not None else (lambda step, slot: None)
+    title = name if isinstance(name, str) and name else "model"
+    return build_view(title, list(analysis.steps), analysis.fusers, analysis.diagnostics, producer_of)
 
 
 def _step_errors(diagnostics: Sequence[Diagnostic]) -> dict[int, str]:
@@ -107,7 +137,10 @@ def build_view(
     steps: Sequence[PlannedStep | None],
     fusers: Sequence[FuserGroup],
     diagnostics: Sequence[Diagnostic] = (),
+    producer_of: Callable[[int, int], SlotRef | None] = lambda step, slot: None,
 ) -> GraphView:
+    """Nodes and edges of the steps; ``producer_of(step, slot)`` is the channel graph's answer to which
+    output feeds an input slot (``ChannelGraph.producer_of``, ``Plan.producer_of``)."""
     view = GraphView(name, diagnostics=list(diagnostics))
     errors = _step_errors(diagnostics)
     view.nodes.append(Node("x", "x", "x"))
@@ -135,17 +168,17 @@ def build_view(
     view.nodes.append(Node("y", "y", "y"))
     spine.append("y")
     view.edges.extend(Edge(a, b, "spine") for a, b in itertools.pairwise(spine))
-    _channel_edges(view, steps)
+    _channel_edges(view, steps, producer_of)
     return view
 
 
-def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None:
+def _channel_edges(
+    view: GraphView,
+    steps: Sequence[PlannedStep | None],
+    producer_of: Callable[[int, int], SlotRef | None],
+) -> None:
     ops = [s for s in steps if s is not None and s.kind == "op"]
-    producers: dict[str, list[tuple[PlannedStep, int]]] = {}
-    for step in ops:
-        for slot, channel in enumerate(step.output_channels):
-            if channel is not None:
-                producers.setdefault(channel, []).append((step, slot))
+    by_index = {s.index: s for s in ops}
     # The validator already judged each consumer slot; the drawing only shows its verdict.
     slot_errors = {d.path: d.message for d in view.diagnostics if d.is_error}
     # Node ids are numbered, never derived from names: channel names may hold any character, and any
@@ -164,8 +197,9 @@ def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None
                 view.edges.append(Edge(nid, dst, "public", public, None, dst_slot))
                 continue
             why = slot_errors.get(f"model.ops[{step.index}].extra_inputs.{dst_slot}")
-            candidates = producers.get(channel, [])
-            if not candidates:
+            ref = producer_of(step.index, slot)
+            producer = by_index.get(ref.step) if ref is not None else None
+            if ref is None or producer is None:
                 missing = why or f"no producer of {channel!r}"
                 nid = missing_ids.get(channel, f"missing{len(missing_ids)}")
                 if channel not in missing_ids:
@@ -173,13 +207,11 @@ def _channel_edges(view: GraphView, steps: Sequence[PlannedStep | None]) -> None
                     view.nodes.append(Node(nid, f"missing channel '{channel}'", "missing", error=missing))
                 view.edges.append(Edge(nid, dst, "error", channel, None, dst_slot, missing))
                 continue
-            # Draw from the producer this consumer would bind to: its own fuser's, else the first.
-            producer, out_slot = next(((p, o) for p, o in candidates if p.fuser == step.fuser), candidates[0])
-            src, src_slot = step_id(producer.index), producer.output_slots[out_slot].name
+            src, src_slot = step_id(producer.index), ref.slot_name
             if why is not None:
                 view.edges.append(Edge(src, dst, "error", channel, src_slot, dst_slot, why))
                 continue
-            kind: EdgeKind = "public" if producer.output_public[out_slot] else "internal"
+            kind: EdgeKind = "public" if producer.output_public[ref.slot] else "internal"
             view.edges.append(Edge(src, dst, kind, channel, src_slot, dst_slot))
 
     outputs = itertools.count()

@@ -1,12 +1,15 @@
 """The validated plan: what every engine, ``explain`` and ``graph`` build from.
 
-A plan is only made from a config with no errors, so engines never re-check the graph.
+A plan is only made from a config with no errors, so engines never re-check the graph. Everything here
+is frozen: each validation pass returns new steps (``validate/analysis.py`` runs them in order), and
+what a plan derives (``steps_by_index``, ``producer_of``) is computed once and kept.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec, Slot
@@ -21,7 +24,7 @@ class SlotRef:
     slot_name: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlannedStep:
     index: int
     name: str
@@ -62,6 +65,13 @@ class PlannedStep:
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.param_shapes.values())
 
+    def evolve(self, **changes: Any) -> PlannedStep:
+        """A copy with ``changes`` (what a later pass computed: fuser, widths). Cheaper than
+        ``dataclasses.replace``, which re-runs ``__init__``; ``self`` is left as it is."""
+        new = object.__new__(PlannedStep)
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
     def public_input_name(self, slot: int) -> str:
         return f"{self.name}_{self.input_slots[slot].name}"
 
@@ -96,7 +106,7 @@ class FuserGroup:
     """Index of the module step that ends this fuser, if any."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     name: str
     in_features: int
@@ -115,9 +125,25 @@ class Plan:
     def num_params(self) -> int:
         return sum(s.num_params for s in self.steps)
 
-    @property
+    @cached_property
     def steps_by_index(self) -> dict[int, PlannedStep]:
         return {s.index: s for s in self.steps}
 
+    @cached_property
+    def _by_name(self) -> dict[str, PlannedStep]:
+        return {s.name: s for s in self.steps}
+
+    @cached_property
+    def _feeds(self) -> dict[tuple[int, int], SlotRef]:
+        return {(ref.step, ref.slot): c.producer for c in self.channels.values() for ref in c.consumers}
+
     def step(self, name: str) -> PlannedStep:
-        return next(s for s in self.steps if s.name == name)
+        found = self._by_name.get(name)
+        if found is None:
+            raise KeyError(f"{self.name} has no step {name!r}")
+        return found
+
+    def producer_of(self, step: int, slot: int) -> SlotRef | None:
+        """The output slot that feeds extra input ``slot`` of step ``step`` through a channel, or None
+        for a public input."""
+        return self._feeds.get((step, slot))

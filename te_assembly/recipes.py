@@ -13,14 +13,15 @@ names, types and defaults as TE declares them, and value choices from the docstr
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
-
+from te_assembly.config.locations import recipes_dir
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, has_errors, warning
 from te_assembly.errors import ConfigError, EngineUnavailableError, UnsupportedRecipeError
+from te_assembly.fields import FieldSpec, check_value, show
 
 NO_QUANTIZATION = "none"
 """``kind`` of a recipe that runs in BF16 with no TE autocast recipe."""
@@ -39,40 +40,40 @@ _NVFP4_4OVER6_SCOPES = ("none", "weights", "activations", "all")
 _NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
 
 
-class FieldSpec(NamedTuple):
-    """One YAML-settable field of a TE recipe dataclass."""
+@dataclass(frozen=True)
+class RecipeField(FieldSpec):
+    """One YAML-settable field of a TE recipe dataclass: a ``fields.FieldSpec`` (checked like every
+    config value) plus the TE enum its string names, if any. ``default`` is TE's default; an enum
+    field's default is the member name (``"HYBRID"``)."""
 
-    type: type
-    choices: tuple[Any, ...] | None
-    """Allowed values, or None for any value of ``type``."""
-    default: Any
-    """TE's default; enum fields hold the member name (``"HYBRID"``)."""
-    nullable: bool = False
     enum: str | None = None
     """Name of the TE enum in ``transformer_engine.common.recipe`` the value converts to."""
-    minimum: int | None = None
-    """Smallest allowed value of an int field (TE does not check; a bad one fails at the first forward)."""
 
 
-def _format(default: str, choices: tuple[str, ...] = _FP8_TRAINING_FORMATS) -> FieldSpec:
-    return FieldSpec(str, choices, default, enum="Format")
+def _int(default: int, minimum: int) -> RecipeField:
+    # TE does not range-check these; a bad one fails at the first forward.
+    return RecipeField(int, default, minimum=minimum)
 
 
-def _flag(default: bool = False) -> FieldSpec:
-    return FieldSpec(bool, None, default)
+def _format(default: str, choices: tuple[str, ...] = _FP8_TRAINING_FORMATS) -> RecipeField:
+    return RecipeField(str, default, choices=choices, enum="Format")
 
 
-def _backward_override(choices: tuple[str, ...] = _BACKWARD_OVERRIDES) -> FieldSpec:
+def _flag(default: bool = False) -> RecipeField:
+    return RecipeField(bool, default)
+
+
+def _backward_override(choices: tuple[str, ...] = _BACKWARD_OVERRIDES) -> RecipeField:
     # TE's default reads NVTE_BACKWARD_OVERRIDE at import; a shipped recipe writes null to pin it.
-    return FieldSpec(str, choices, None, nullable=True)
+    return RecipeField(str, None, choices=choices, nullable=True)
 
 
-RECIPE_SCHEMA: dict[str, dict[str, FieldSpec]] = {
+RECIPE_SCHEMA: dict[str, dict[str, RecipeField]] = {
     "DelayedScaling": {
-        "margin": FieldSpec(int, None, 0, minimum=0),
+        "margin": _int(0, minimum=0),
         "fp8_format": _format("HYBRID"),
-        "amax_history_len": FieldSpec(int, None, 1024, minimum=1),
-        "amax_compute_algo": FieldSpec(str, ("max", "most_recent"), "max"),
+        "amax_history_len": _int(1024, minimum=1),
+        "amax_compute_algo": RecipeField(str, "max", choices=("max", "most_recent")),
         "reduce_amax": _flag(True),
         "fp8_dpa": _flag(),
         "fp8_mha": _flag(),
@@ -87,7 +88,7 @@ RECIPE_SCHEMA: dict[str, dict[str, FieldSpec]] = {
         "backward_override": _backward_override(),
     },
     "MXFP8BlockScaling": {
-        "margin": FieldSpec(int, None, 0, minimum=0),
+        "margin": _int(0, minimum=0),
         "fp8_format": _format("E4M3"),
         "fp8_dpa": _flag(),
         "fp8_mha": _flag(),
@@ -98,12 +99,12 @@ RECIPE_SCHEMA: dict[str, dict[str, FieldSpec]] = {
         "use_f32_scales": _flag(),
         "fp8_format": _format("E4M3"),
         # TE asserts each block dimension is 1 or 2 (and no 2D-by-2D GEMM, see _block_dims_rule).
-        "x_block_scaling_dim": FieldSpec(int, (1, 2), 1),
-        "w_block_scaling_dim": FieldSpec(int, (1, 2), 2),
-        "grad_block_scaling_dim": FieldSpec(int, (1, 2), 1),
+        "x_block_scaling_dim": RecipeField(int, 1, choices=(1, 2)),
+        "w_block_scaling_dim": RecipeField(int, 2, choices=(1, 2)),
+        "grad_block_scaling_dim": RecipeField(int, 1, choices=(1, 2)),
         # TE asserts "FP8 attention is not supported for Float8BlockScaling".
-        "fp8_dpa": FieldSpec(bool, (False,), False),
-        "fp8_mha": FieldSpec(bool, (False,), False),
+        "fp8_dpa": RecipeField(bool, False, choices=(False,)),
+        "fp8_mha": RecipeField(bool, False, choices=(False,)),
         "backward_override": _backward_override(),
     },
     "NVFP4BlockScaling": {
@@ -111,9 +112,9 @@ RECIPE_SCHEMA: dict[str, dict[str, FieldSpec]] = {
         "disable_stochastic_rounding": _flag(),
         "disable_2d_quantization": _flag(),
         "row_scaled_activation": _flag(),
-        "nvfp4_4over6": FieldSpec(str, _NVFP4_4OVER6_SCOPES, "none"),
-        "nvfp4_4over6_e4m3_use_256": FieldSpec(str, _NVFP4_4OVER6_SCOPES, "all"),
-        "nvfp4_4over6_err_mode": FieldSpec(str, _NVFP4_4OVER6_ERR_MODES, "MAE"),
+        "nvfp4_4over6": RecipeField(str, "none", choices=_NVFP4_4OVER6_SCOPES),
+        "nvfp4_4over6_e4m3_use_256": RecipeField(str, "all", choices=_NVFP4_4OVER6_SCOPES),
+        "nvfp4_4over6_err_mode": RecipeField(str, "MAE", choices=_NVFP4_4OVER6_ERR_MODES),
         # TE asserts "Only E2M1 is supported" / "Only E4M3 is supported" for NVFP4 scaling.
         "fp4_format": _format("E2M1", choices=("E2M1",)),
         "fp8_format": _format("E4M3", choices=("E4M3",)),
@@ -152,11 +153,7 @@ RECIPE_KINDS: tuple[str, ...] = (NO_QUANTIZATION, *RECIPE_SCHEMA)
 
 def recipe_dir() -> Path:
     """The shipped recipes: ``_recipes`` inside an installed wheel, else the repo's ``recipes/``."""
-    package_dir = Path(__file__).resolve().parent
-    bundled = package_dir / "_recipes"
-    if bundled.is_dir():
-        return bundled
-    return package_dir.parent / "recipes"
+    return recipes_dir()
 
 
 def available_recipes() -> list[str]:
@@ -165,72 +162,35 @@ def available_recipes() -> list[str]:
 
 def load_recipe(name: str) -> dict[str, Any]:
     """The shipped recipe ``name`` as plain data (not validated; see ``validate_recipe``)."""
+    from te_assembly.config.resolved import read_source
+
     known = available_recipes()
     if name not in known:
         hint = did_you_mean(name, known) or f"available: {', '.join(known)}"
         raise ConfigError([error("recipe", "unknown-recipe", f"no shipped recipe named {name!r}", hint)])
-    path = recipe_dir() / f"{name}.yaml"
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        diag = error("recipe", "wrong-type", f"expected a mapping, got {type(data).__name__}")
-        raise ConfigError([diag.located(str(path), None)])
-    return data
+    source = read_source(str(recipe_dir() / f"{name}.yaml"), "recipe")
+    if not source.ok:
+        raise ConfigError(list(source.diagnostics))
+    if not isinstance(source.data, dict):
+        diag = error("recipe", "wrong-type", f"expected a mapping, got {type(source.data).__name__}")
+        raise ConfigError([diag.located(source.file, None)])
+    return dict(source.data)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Validation
 
 
-def _show(value: Any) -> str:
-    """A value as it would be written in YAML, so messages match what the user typed."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _type_name(spec: FieldSpec) -> str:
-    name = {bool: "bool", int: "int", float: "float", str: "string"}[spec.type]
-    return f"{name} or null" if spec.nullable else name
-
-
-def _has_type(value: Any, expected: type) -> bool:
-    # bool is an int subclass in Python, but ``margin: true`` is a mistake, not a 1.
-    if isinstance(value, bool):
-        return expected is bool
-    if expected is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, expected)
-
-
-def _check_field(spec: FieldSpec, value: Any, path: str) -> list[Diagnostic]:
-    if value is None:
-        if spec.nullable:
-            return []
-        return [error(path, "wrong-type", f"expected {_type_name(spec)}, got null")]
-    if not _has_type(value, spec.type):
-        got = type(value).__name__
-        return [error(path, "wrong-type", f"expected {_type_name(spec)}, got {got} ({value!r})")]
-    if spec.choices is not None and value not in spec.choices:
-        allowed = [_show(c) for c in spec.choices] + (["null"] if spec.nullable else [])
-        message = f"{_show(value)!r} is not allowed; allowed values: {', '.join(allowed)}"
-        return [error(path, "bad-choice", message, did_you_mean(value, [str(c) for c in spec.choices]))]
-    if spec.minimum is not None and value < spec.minimum:
-        return [error(path, "bad-value", f"must be at least {spec.minimum}, got {value}")]
-    return []
-
-
 def _check_key(kind: str, key: str, value: Any, prefix: str) -> list[Diagnostic]:
     path = f"{prefix}.{key}"
     spec = RECIPE_SCHEMA[kind].get(key)
     if spec is not None:
-        return _check_field(spec, value, path)
+        return check_value(spec, value, path)
     skipped = SKIPPED_FIELDS[kind].get(key)
     if skipped is not None:
         return [error(path, "unsupported-key", f"{kind}.{key} cannot be set from YAML: it {skipped}")]
     hint = did_you_mean(key, [*RECIPE_SCHEMA[kind], *META_KEYS])
-    return [error(path, "unknown-key", f"{kind} has no field {key!r}", hint)]
+    return [error(path, "unknown-key", f"unknown key {key!r} in a {kind} recipe", hint)]
 
 
 def _check_kind(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
@@ -242,16 +202,17 @@ def _check_kind(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
     if kind in RECIPE_KINDS:
         return []
     hint = did_you_mean(kind, RECIPE_KINDS) or f"one of: {', '.join(RECIPE_KINDS)}"
-    return [error(path, "unknown-recipe-kind", f"unknown recipe kind {_show(kind)!r}", hint)]
+    return [error(path, "unknown-recipe-kind", f"unknown recipe kind {show(kind)}", hint)]
 
 
 def _check_meta(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
     out = []
     for key in ("name", "description"):
-        value = cfg.get(key)
-        if value is not None and not isinstance(value, str):
-            out.append(error(f"{prefix}.{key}", "wrong-type", f"expected string, got {type(value).__name__}"))
+        out.extend(check_value(_META, cfg.get(key), f"{prefix}.{key}"))
     return out
+
+
+_META = FieldSpec(str, None, nullable=True)
 
 
 def _block_dims_rule(cfg: Mapping[str, Any], prefix: str) -> list[Diagnostic]:
@@ -324,12 +285,44 @@ def _te_recipe_module() -> Any:
     return te_recipe
 
 
-def _kind_of(cfg: Mapping[str, Any]) -> str:
-    """The recipe's kind, after full validation (raises ``ConfigError`` listing every error)."""
+class Recipe(Mapping[str, Any]):
+    """A recipe config that passed ``validate_recipe``: read-only, its ``kind`` known. Building the TE
+    recipe and the hardware checks take it as it is; a plain mapping is validated first (once)."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = dict(data)
+        self.kind = str(self._data["kind"])
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Recipe({self._data!r})"
+
+    @property
+    def name(self) -> str:
+        return str(self._data.get("name") or self.kind)
+
+
+def checked_recipe(cfg: Mapping[str, Any]) -> Recipe:
+    """``cfg`` as a ``Recipe``, or ``ConfigError`` listing every problem."""
+    if isinstance(cfg, Recipe):
+        return cfg
     diagnostics = validate_recipe(cfg)
     if has_errors(diagnostics):
         raise ConfigError(diagnostics, summary="invalid quantization recipe")
-    return str(cfg["kind"])
+    return Recipe(cfg)
+
+
+def _kind_of(cfg: Mapping[str, Any]) -> str:
+    """The recipe's kind; a plain mapping is validated first (raises ``ConfigError``)."""
+    return checked_recipe(cfg).kind
 
 
 def to_te_recipe(cfg: Mapping[str, Any]) -> object | None:

@@ -1,7 +1,8 @@
 """The model schema: dataclasses are the schema, YAML is the data.
 
 ``check_structure`` walks plain data against these dataclasses and reports every mismatch at once
-(OmegaConf's structured configs stop at the first one).
+(OmegaConf's structured configs stop at the first one); scalar values go through the shared field
+checker (``fields.py``), so a wrong type reads the same here as in every settings section.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.fields import FieldSpec, check_value, show
 
 
 @dataclass
@@ -43,22 +45,50 @@ class StepConfig:
 @dataclass
 class ModelConfig:
     name: str
-    in_features: int
+    in_features: int = field(metadata={"minimum": 1})
     """Feature width of the main input tensor ``x``."""
-    ops: list[StepConfig]
+    ops: list[StepConfig] = field(default_factory=list, metadata={"required": True})
     description: str = ""
     dims: dict[str, Any] = field(default_factory=dict)
     """Free-form numbers for ``${model.dims.X}`` interpolation."""
 
 
+@dataclass(frozen=True)
+class _Field:
+    tp: Any
+    required: bool
+    rules: dict[str, Any]
+    fast: tuple[type, ...]
+    """Exact value types that are valid without further checks (the common case, kept cheap)."""
+
+
+def _fast_types(tp: Any, rules: dict[str, Any]) -> tuple[type, ...]:
+    if rules:
+        return ()
+    if tp in (str, bool):
+        return (tp,)
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if all(a in (str, bool, type(None)) for a in args):
+            return tuple(args)
+    return ()
+
+
 @functools.cache  # get_type_hints evaluates string annotations: far too slow to redo for every step
-def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
+def _fields(cls: type) -> dict[str, _Field]:
     hints = typing.get_type_hints(cls)
     out = {}
     for f in dataclasses.fields(cls):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        out[f.name] = (hints[f.name], required)
+        rules = dict(f.metadata)
+        missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        required = bool(rules.pop("required", missing))
+        out[f.name] = _Field(hints[f.name], required, rules, _fast_types(hints[f.name], rules))
     return out
+
+
+@functools.cache
+def _scalar_spec(tp: type, rules: tuple[tuple[str, Any], ...]) -> FieldSpec:
+    return FieldSpec(tp, **dict(rules))
 
 
 def _type_name(tp: Any) -> str:
@@ -69,39 +99,60 @@ def _type_name(tp: Any) -> str:
         return "mapping"
     if origin is list:
         return "list"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
 
 
-def check_structure(tp: Any, value: Any, path: str) -> list[Diagnostic]:
-    """Every place where ``value`` does not fit the annotated type ``tp``."""
+@functools.cache
+def _shape(tp: Any) -> tuple[str, tuple[Any, ...]]:
+    """What kind of annotation ``tp`` is (``any``, ``optional``, ``union``, ``dataclass``, ``dict``,
+    ``list``, ``scalar``, ``other``) and its arguments; cached, since typing's introspection is slow."""
     if tp is Any:
-        return []
+        return "any", ()
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return []
-        inner = [o for o in options if o is not type(None)]
-        return check_structure(inner[0], value, path) if len(inner) == 1 else []
+        inner = tuple(o for o in typing.get_args(tp) if o is not type(None))
+        return ("optional" if len(inner) == 1 else "union"), inner
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return _check_dataclass(tp, value, path)
+        return "dataclass", ()
     if origin is dict:
+        return "dict", typing.get_args(tp)
+    if origin is list:
+        return "list", typing.get_args(tp)
+    if tp in (int, str, bool, float):
+        return "scalar", ()
+    return "other", ()
+
+
+def check_structure(tp: Any, value: Any, path: str, rules: dict[str, Any] | None = None) -> list[Diagnostic]:
+    """Every place where ``value`` does not fit the annotated type ``tp`` (and, for a scalar, the
+    field's ``rules``: ``minimum``...)."""
+    kind, args = _shape(tp)
+    if kind == "optional":
+        if value is None:
+            return []
+        tp = args[0]
+        kind, args = _shape(tp)
+    if kind in ("any", "union", "other"):
+        return []
+    if kind == "dataclass":
+        return _check_dataclass(tp, value, path)
+    if kind == "dict":
         if not isinstance(value, dict):
             return [_wrong_type(path, tp, value)]
-        _, val_tp = typing.get_args(tp)
-        return [d for k, v in value.items() for d in check_structure(val_tp, v, f"{path}.{k}")]
-    if origin is list:
+        if args[1] is Any:
+            return []
+        return [d for k, v in value.items() for d in check_structure(args[1], v, f"{path}.{k}")]
+    if kind == "list":
         if not isinstance(value, list):
             return [_wrong_type(path, tp, value)]
-        (item_tp,) = typing.get_args(tp)
-        return [d for i, v in enumerate(value) for d in check_structure(item_tp, v, f"{path}[{i}]")]
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
-        return [_wrong_type(path, tp, value)]
-    if tp in (str, bool) and not isinstance(value, tp):
-        return [_wrong_type(path, tp, value)]
-    return []
+        return [d for i, v in enumerate(value) for d in check_structure(args[0], v, f"{path}[{i}]")]
+    if not rules and type(value) is tp:
+        return []
+    return check_value(_scalar_spec(tp, tuple(sorted((rules or {}).items()))), value, path, _label(path))
 
 
 def _check_dataclass(cls: type, value: Any, path: str) -> list[Diagnostic]:
@@ -119,14 +170,23 @@ def _check_dataclass(cls: type, value: Any, path: str) -> list[Diagnostic]:
                     did_you_mean(key, fields),
                 )
             )
-    for name, (tp, required) in fields.items():
+    for name, f in fields.items():
         if name in value:
-            out.extend(check_structure(tp, value[name], f"{path}.{name}"))
-        elif required:
+            item = value[name]
+            if type(item) in f.fast:
+                continue
+            out.extend(check_structure(f.tp, item, f"{path}.{name}", f.rules))
+        elif f.required:
             out.append(error(f"{path}.{name}", "missing-key", f"missing required key {name!r}"))
     return out
 
 
+def _label(path: str) -> str:
+    """How a message names the value at ``path``: its key, or ``ops[3]`` for a list item."""
+    tail = path.rsplit(".", 1)[-1]
+    return tail
+
+
 def _wrong_type(path: str, tp: Any, value: Any) -> Diagnostic:
-    shown = "null" if value is None else type(value).__name__
-    return error(path, "wrong-type", f"expected {_type_name(tp)}, got {shown} ({value!r})")
+    got = "null" if value is None else f"{type(value).__name__} ({show(value)})"
+    return error(path, "wrong-type", f"{_label(path)} must be {_type_name(tp)}, got {got}")

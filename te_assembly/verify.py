@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from te_assembly.engines import build, to_plan
+from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.errors import VerificationError
@@ -243,7 +243,12 @@ def verify(
     """Build both engines with the reference engine's weights, run one forward and backward on the same
     synthetic data and cotangents, and compare every output and gradient. Both models run in eval mode
     (dropout is the identity): random masks are not comparable across implementations."""
-    plan = to_plan(config)
+    if isinstance(config, Plan):
+        plan = config
+    else:
+        from te_assembly.pipeline import load
+
+        plan = load(config).checked_plan()
     dev = torch.device(device)
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
     candidate = build(plan, engine="te", kernels=kernels, device=dev, dtype=dtype, recipe=recipe)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from te_assembly.cli.report import signature
-from te_assembly.config import config_dir, load_model_text
+from te_assembly.config import configs_dir
+from te_assembly.config.resolved import resolve_text
 from te_assembly.engines import build
-from te_assembly.validate import plan_or_raise
+from te_assembly.validate import analyze_resolved
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -36,7 +37,7 @@ ops:
 
 
 def test_signature_follows_te_order_across_fusers() -> None:
-    plan = plan_or_raise(load_model_text(TWO_FUSERS).model)
+    plan = analyze_resolved(resolve_text(TWO_FUSERS)).checked_plan()
     # Inputs: (basic-op index, slot) within fuser 0, then fuser 1; Linear counts as two basic ops.
     assert [(t.name, t.fuser) for t in plan.public_inputs] == [
         ("a_addend", 0),
@@ -58,7 +59,7 @@ def test_explain_prints_plan(run_cli: RunCli, model: str) -> None:
     done = run_cli(["explain", f"model={model}"])
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    plan = plan_or_raise(load_model_text(_model_path(model).read_text()).model)
+    plan = analyze_resolved(resolve_text(_model_path(model).read_text())).checked_plan()
     for step in plan.steps:
         if step.kind == "module":
             assert re.search(rf"│ {step.index} │ {step.name}\s+│ {step.type}\s+│ -\s+│ \(module", out)
@@ -92,4 +93,4 @@ def test_explain_of_an_invalid_model_exits_2_with_diagnostics(run_cli: RunCli) -
 
 
 def _model_path(name: str) -> Path:
-    return config_dir() / "model" / f"{name}.yaml"
+    return configs_dir() / "model" / f"{name}.yaml"

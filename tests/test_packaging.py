@@ -48,7 +48,8 @@ def test_installed_wheel_finds_configs_outside_the_checkout(wheel: Path, tmp_pat
     zipfile.ZipFile(wheel).extractall(site)
     script = (
         "import te_assembly.config as c, te_assembly.recipes as r;"
-        "print(c.config_dir()); print(','.join(c.available_models())); print(','.join(r.available_recipes()))"
+        "print(c.configs_dir()); print(','.join(c.available_models()));"
+        "print(','.join(r.available_recipes()))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -58,7 +59,7 @@ def test_installed_wheel_finds_configs_outside_the_checkout(wheel: Path, tmp_pat
         text=True,
         check=True,
     )
-    config_dir, models, recipes = done.stdout.strip().splitlines()
-    assert config_dir.startswith(str(site))
+    configs_dir, models, recipes = done.stdout.strip().splitlines()
+    assert configs_dir.startswith(str(site))
     assert set(models.split(",")) == {p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")}
     assert set(recipes.split(",")) == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}

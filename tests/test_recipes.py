@@ -320,6 +320,7 @@ def test_required_capability() -> None:
 )
 def test_out_of_range_fields_are_config_errors(name: str, field: str, value: int, minimum: int) -> None:
     diag = _only_error(validate_recipe({**load_recipe(name), field: value}))
-    assert (diag.path, diag.code) == (f"recipe.{field}", "bad-value")
-    assert f"at least {minimum}" in diag.message
+    assert (diag.path, diag.code) == (f"recipe.{field}", "out-of-range")
+    wanted = "positive" if minimum == 1 else f">= {minimum}"
+    assert diag.message == f"{field} must be {wanted}, got {value}"
     assert validate_recipe({**load_recipe(name), field: minimum}) == []

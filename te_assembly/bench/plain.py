@@ -33,7 +33,8 @@ def plain_source(plan: Plan) -> str:
             lines.append(f"    x = {call}(x)  # {s.name}")
             continue
         ins = [
-            public_in.get((s.index, i)) or local[_producer(plan, ch)] for i, ch in enumerate(s.input_channels)
+            public_in.get((s.index, i)) or local[_producer(plan, s.index, i)]
+            for i in range(len(s.input_slots))
         ]
         outs = [local.get((s.index, i), "_") for i in range(len(s.output_slots))]
         target = f"x, ({', '.join(outs)},)" if outs else "x, _"
@@ -43,9 +44,9 @@ def plain_source(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _producer(plan: Plan, channel: str | None) -> tuple[int, int]:
-    assert channel is not None
-    ref = plan.channels[channel].producer
+def _producer(plan: Plan, step: int, slot: int) -> tuple[int, int]:
+    ref = plan.producer_of(step, slot)
+    assert ref is not None, "a bound input slot always has a producer in a plan"
     return ref.step, ref.slot
 
 

@@ -17,7 +17,6 @@ from te_assembly.diagnostics import did_you_mean
 from te_assembly.engines.base import AssembledModel, ModelOutput
 from te_assembly.errors import ConfigError, TeAssemblyError
 from te_assembly.plan import Plan
-from te_assembly.validate import analyze
 
 
 class SplitError(TeAssemblyError):
@@ -112,6 +111,7 @@ def split_plan(plan: Plan, cut: int | None = None) -> SplitPlan:
     model = plan_to_model(plan)
     ops1, ops2 = model["ops"][:k], model["ops"][k:]
     bridges: list[Bridge] = []
+    # The channel graph says who feeds whom: a channel crosses the cut when a consumer is past it.
     for name, channel in plan.channels.items():
         crossing = [c for c in channel.consumers if c.step >= k]
         if channel.producer.step >= k or not crossing:
@@ -131,10 +131,12 @@ def split_plan(plan: Plan, cut: int | None = None) -> SplitPlan:
 
 
 def _validated(model: Mapping[str, Any]) -> Plan:
-    diags, plan = analyze(model)
-    if plan is None:
-        raise ConfigError(diags, f"splitting produced an invalid {model['name']}")
-    return plan
+    from te_assembly.pipeline import load
+
+    analysis = load(model)
+    if analysis.plan is None:
+        raise ConfigError(list(analysis.diagnostics), f"splitting produced an invalid {model['name']}")
+    return analysis.plan
 
 
 class SplitModel(torch.nn.Module):

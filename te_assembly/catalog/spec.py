@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-
-class _Required:
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED: Any = _Required()
+from te_assembly.fields import REQUIRED, FieldSpec
 
 
 @dataclass(frozen=True)
@@ -36,13 +31,15 @@ class Param:
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         return " | ".join(t.__name__ for t in types)
 
-    def accepts(self, value: Any) -> bool:
+    @cached_property
+    def spec(self) -> FieldSpec:
+        """The argument as a field spec, checked like every other config value (``fields.py``); floats
+        must be finite, and ints positive unless ``bounds`` say otherwise."""
+        low, high = self.bounds
         types = self.type if isinstance(self.type, tuple) else (self.type,)
-        if isinstance(value, bool) and bool not in types:
-            return False  # YAML ``true`` must not pass as an int or float
-        if float in types and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        return isinstance(value, types) and (self.choices is None or value in self.choices)
+        if types == (int,) and low is None and high is None:
+            low = 1
+        return FieldSpec(self.type, self.default, self.doc, self.choices, minimum=low, maximum=high)
 
 
 @dataclass(frozen=True)

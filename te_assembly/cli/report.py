@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from te_assembly.diagnostics import Diagnostic
+from te_assembly.cli.commands import Outcome
+from te_assembly.diagnostics import Diagnostic, printable
 from te_assembly.plan import Plan
+
+
+def _t(text: str) -> Text:
+    """A table cell from a config name: control characters escaped, brackets not read as markup."""
+    return Text(printable(text))
 
 
 def print_diagnostics(diags: Sequence[Diagnostic], console: Console) -> None:
@@ -24,11 +32,11 @@ def print_diagnostics(diags: Sequence[Diagnostic], console: Console) -> None:
 def signature(plan: Plan) -> str:
     inputs = ", ".join(["x", *(t.name for t in plan.public_inputs)])
     outputs = ", ".join(["y", *(t.name for t in plan.public_outputs)])
-    return f"model({inputs}) -> ({outputs})"
+    return printable(f"model({inputs}) -> ({outputs})")
 
 
 def plan_tables(plan: Plan) -> list[Table]:
-    steps = Table(title=f"{plan.name}: steps", title_justify="left")
+    steps = Table(title=_t(f"{plan.name}: steps"), title_justify="left")
     for col in ("#", "step", "type", "fuser", "TE basic ops", "width", "params"):
         steps.add_column(col, justify="right" if col in ("#", "params") else "left")
     for s in plan.steps:
@@ -39,7 +47,7 @@ def plan_tables(plan: Plan) -> list[Table]:
             idx = f"{s.first_basic_op}" if n == 1 else f"{s.first_basic_op}-{s.first_basic_op + n - 1}"
             basic, fuser = f"{idx}: {' + '.join(b for b, _ in s.basic_ops)}", str(s.fuser)
         width = f"{s.in_width} -> {s.out_width}"
-        steps.add_row(str(s.index), s.name, s.type, fuser, basic, width, f"{s.num_params:,}")
+        steps.add_row(str(s.index), _t(s.name), s.type, fuser, basic, width, f"{s.num_params:,}")
     steps.add_row("", "total", "", "", "", "", f"{plan.num_params:,}")
 
     channels = Table(title="channels", title_justify="left")
@@ -49,7 +57,11 @@ def plan_tables(plan: Plan) -> list[Table]:
         prod = plan.steps_by_index[c.producer.step]
         cons = ", ".join(f"{plan.steps_by_index[r.step].name}.{r.slot_name}" for r in c.consumers) or "(none)"
         channels.add_row(
-            c.name, c.dtype, f"{prod.name}.{c.producer.slot_name}", cons, "public" if c.public else "internal"
+            _t(c.name),
+            c.dtype,
+            _t(f"{prod.name}.{c.producer.slot_name}"),
+            _t(cons),
+            "public" if c.public else "internal",
         )
 
     fusers = Table(title="fusers", title_justify="left")
@@ -58,15 +70,45 @@ def plan_tables(plan: Plan) -> list[Table]:
     for f in plan.fusers:
         names = ", ".join(plan.steps_by_index[i].name for i in f.steps)
         end = plan.steps_by_index[f.ended_by].name if f.ended_by is not None else "-"
-        fusers.add_row(str(f.index), names, str(f.num_basic_ops), end)
+        fusers.add_row(str(f.index), _t(names), str(f.num_basic_ops), _t(end))
 
-    sig = Table(title=f"call signature: {signature(plan)}", title_justify="left")
+    sig = Table(title=Text(f"call signature: {signature(plan)}"), title_justify="left")
     for col in ("direction", "name", "slot", "dtype"):
         sig.add_column(col)
     for t in plan.public_inputs:
         step = plan.steps_by_index[t.ref.step]
-        sig.add_row("input", t.name, f"{step.name}.{t.ref.slot_name} (fuser {t.fuser})", t.dtype)
+        sig.add_row("input", _t(t.name), _t(f"{step.name}.{t.ref.slot_name} (fuser {t.fuser})"), t.dtype)
     for t in plan.public_outputs:
         step = plan.steps_by_index[t.ref.step]
-        sig.add_row("output", t.name, f"{step.name}.{t.ref.slot_name} (fuser {t.fuser})", t.dtype)
+        sig.add_row("output", _t(t.name), _t(f"{step.name}.{t.ref.slot_name} (fuser {t.fuser})"), t.dtype)
     return [steps, fusers, channels, sig]
+
+
+def sweep_table(command: str, outcomes: list[tuple[list[str], Outcome]]) -> Table:
+    """One row per job of a sweep (``-m``): its overrides, exit code and the numbers its command
+    reported; number columns also as a ratio to the first job."""
+    table = Table(title=f"{command} sweep: {len(outcomes)} job(s)", title_justify="left")
+    table.add_column("job", justify="right")
+    table.add_column("overrides")
+    table.add_column("exit", justify="right")
+    columns: list[str] = []
+    for _, outcome in outcomes:
+        columns.extend(k for k in outcome.summary if k not in columns)
+    for column in columns:
+        table.add_column(column, justify="right")
+    first = outcomes[0][1].summary
+    for number, (overrides, outcome) in enumerate(outcomes):
+        cells = [_cell(outcome.summary.get(c), first.get(c), number > 0) for c in columns]
+        table.add_row(str(number), _t(" ".join(overrides) or "(none)"), str(outcome.code), *cells)
+    return table
+
+
+def _cell(value: Any, base: Any, ratio: bool) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:,.3f}" if value < 1000 else f"{value:,.0f}"
+        if ratio and isinstance(base, float) and base:
+            text += f" ({value / base:.2f}x)"
+        return text
+    return printable(str(value))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,9 +13,10 @@ from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.base import AssembledModel, ModelOutput
 from te_assembly.errors import ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan
+from te_assembly.settings import ENGINES, KERNELS
 
-ENGINES = ("auto", "reference", "te")
-KERNELS = ("te", "reference")
+if TYPE_CHECKING:
+    from te_assembly.validate.analysis import Analysis
 
 
 def te_available() -> bool:
@@ -53,43 +54,31 @@ def resolve_engine(engine: str, kernels: str = "te") -> tuple[str, str]:
     return "reference", f"engine=reference: no {missing} here, using the pure-PyTorch reference engine"
 
 
-def to_plan(config: Plan | Mapping[str, Any] | str | Path) -> Plan:
-    """Accept a plan, a model mapping (the ``model`` node, or a whole config holding one; interpolations
-    resolved or not), a shipped model name, or a YAML file path."""
-    from te_assembly.config import compose, load_model_file, locate
-    from te_assembly.diagnostics import dedupe, has_errors, sort_diagnostics
-    from te_assembly.validate import analyze, plan_or_raise
-
-    if isinstance(config, Plan):
-        return config
-    if isinstance(config, Mapping):
-        model = config["model"] if isinstance(config.get("model"), Mapping) else config
-        return plan_or_raise(model)
-    if isinstance(config, Path) or config.endswith((".yaml", ".yml")):
-        loaded = load_model_file(config)
-    else:
-        loaded = compose([f"model={config}"])
-    diags, plan = analyze(loaded.model)
-    diags = dedupe(sort_diagnostics([*loaded.diagnostics, *locate(diags, loaded.file, loaded.lines)]))
-    if plan is None or has_errors(diags):
-        raise ConfigError(diags)
-    return plan
-
-
 def build(
-    config: Plan | Mapping[str, Any] | str | Path,
+    config: Plan | Analysis | Mapping[str, Any] | str | os.PathLike[str],
     engine: str = "auto",
     *,
+    overrides: Sequence[str] = (),
+    config_dirs: Sequence[str | os.PathLike[str]] = (),
     kernels: str = "te",
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     recipe: Mapping[str, Any] | None = None,
 ) -> AssembledModel:
-    """Build a model. ``engine``: ``reference`` (pure PyTorch, any machine), ``te`` (Transformer
-    Engine fusers, locked at build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our
-    reference math inside TE's real ``OperationFuser``. ``recipe`` (a recipe config, see recipes.py) is
-    the TE engine's quantization recipe; the reference engine computes in ``dtype`` and ignores it."""
-    plan = to_plan(config)
+    """Build a model. ``config``: a plan, an analysis (``te_assembly.load``), a model mapping, a model
+    name (shipped or in ``config_dirs``) or a model file; names, files and mappings go through
+    ``te_assembly.load`` with ``overrides`` (``ConfigError`` with every diagnostic if anything is wrong).
+    ``engine``: ``reference`` (pure PyTorch, any machine), ``te`` (Transformer Engine fusers, locked at
+    build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our reference math inside TE's
+    real ``OperationFuser``. ``recipe``: the TE engine's quantization recipe (a recipe config, see
+    recipes.py; default: the config's own ``recipe``); the reference engine computes in ``dtype``."""
+    if isinstance(config, Plan):
+        plan, config_recipe = config, None
+    else:
+        from te_assembly.pipeline import load
+
+        analysis = load(config, overrides, config_dirs=config_dirs)
+        plan, config_recipe = analysis.checked_plan(), analysis.recipe
     chosen, _ = resolve_engine(engine, kernels)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if chosen == "reference":
@@ -102,8 +91,10 @@ def build(
             "(on a machine without a GPU: scripts/install_te_cpu.sh)"
         )
     from te_assembly.engines.te import build_te
+    from te_assembly.recipes import checked_recipe
 
-    return build_te(plan, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
+    te_recipe = checked_recipe(recipe) if recipe is not None else config_recipe  # validated once, here
+    return build_te(plan, kernels=kernels, device=dev, dtype=dtype, recipe=te_recipe)
 
 
-__all__ = ["AssembledModel", "ModelOutput", "build", "resolve_engine", "te_available", "to_plan"]
+__all__ = ["AssembledModel", "ModelOutput", "build", "resolve_engine", "te_available"]

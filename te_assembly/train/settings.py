@@ -1,4 +1,8 @@
-"""The ``train:`` config block as a checked dataclass. Bad values become diagnostics, not tracebacks."""
+"""The ``train:`` config block as a checked dataclass. Bad values become diagnostics, not tracebacks.
+
+Each field's ``setting(...)`` is its schema (type from the annotation, rules, one line of doc): the
+checker (``sections``), ``train --help`` and the run record all read it.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +12,47 @@ from typing import Any
 
 from te_assembly.diagnostics import error
 from te_assembly.errors import ConfigError
-from te_assembly.sections import read_section
+from te_assembly.sections import read_section, setting
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 NAN_TARGETS = ("loss", "grad")
 
+# The teacher is seeded with seed + offset; seeds are < 2**63 and torch takes seeds below 2**64.
+_MAX_TEACHER_OFFSET = 2**63
+
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 200
-    batch_tokens: int = 256
-    optimizer: str = "adamw"
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    schedule: str = "cosine"
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.1
-    teacher_seed_offset: int = 1
-    out_dir: str = "train_out"
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    resume: bool = False
-    """Continue from the last checkpoint in ``out_dir``; refused if the run's settings differ
-    (``run_record``)."""
-    overwrite: bool = False
-    """Start over when ``out_dir`` holds checkpoints of an earlier run (they are deleted); without it
-    such a directory is refused, so forgetting ``resume`` never loses a run."""
-    plot: bool = True
-    stop_after: int | None = None
-    """Stop (with a checkpoint) after this step, as if interrupted; the schedule still spans ``steps``."""
-    inject_nan_at_step: int | None = None
-    inject_nan_into: str = "loss"
+    steps: int = setting(200, minimum=1, doc="optimizer steps (the schedule spans them)")
+    batch_tokens: int = setting(256, minimum=1, doc="rows of x per step")
+    optimizer: str = setting("adamw", choices=OPTIMIZERS, doc="the optimizer")
+    lr: float = setting(3e-3, minimum=0, doc="peak learning rate")
+    weight_decay: float = setting(0.0, minimum=0, doc="decoupled weight decay (adamw) or L2 (sgd)")
+    momentum: float = setting(0.9, minimum=0, doc="sgd only")
+    schedule: str = setting("cosine", choices=SCHEDULES, doc="both after a linear warm-up")
+    warmup_steps: int = setting(10, minimum=0, doc="linear warm-up steps")
+    min_lr_ratio: float = setting(0.1, minimum=0, doc="cosine decays to lr * min_lr_ratio")
+    teacher_seed_offset: int = setting(
+        1, minimum=0, maximum=_MAX_TEACHER_OFFSET, doc="teacher seed = seed + offset"
+    )
+    out_dir: str = setting("train_out", nonempty=True, doc="checkpoints, losses.json and loss_curve.png")
+    checkpoint_every: int = setting(50, minimum=0, doc="also at the last step; 0 = only at the last step")
+    keep_checkpoints: int = setting(2, minimum=1, doc="checkpoints kept in out_dir")
+    resume: bool = setting(
+        False, doc="continue from the last checkpoint in out_dir (refused if the run's settings differ)"
+    )
+    overwrite: bool = setting(
+        False, doc="delete an earlier run's checkpoints in out_dir; without it train refuses to start"
+    )
+    plot: bool = setting(True, doc="write loss_curve.png")
+    stop_after: int | None = setting(
+        None, minimum=1, doc="stop (with a checkpoint) after this step, as if interrupted"
+    )
+    inject_nan_at_step: int | None = setting(None, minimum=1, doc="testing aid: force a NaN at this step")
+    inject_nan_into: str = setting(
+        "loss", choices=NAN_TARGETS, doc="testing aid: into the loss or a gradient"
+    )
 
     def __post_init__(self) -> None:
         if self.resume and self.overwrite:
@@ -48,7 +60,7 @@ class TrainSettings:
                 [
                     error(
                         "train.overwrite",
-                        "bad-train-value",
+                        "conflicting-settings",
                         "train.resume and train.overwrite are both true: resume continues the run in "
                         "out_dir, overwrite deletes it; set only one",
                     )
@@ -58,7 +70,7 @@ class TrainSettings:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "train") -> TrainSettings:
         """Check every key at once; raise ``ConfigError`` listing all problems."""
-        return read_section(cls, raw, prefix, lambda key, value: _check(key, value, getattr(cls, key, None)))
+        return read_section(cls, raw, prefix)
 
 
 RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plot")
@@ -66,44 +78,3 @@ RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plo
 NOT_RECORDED = ("out_dir", "resume", "overwrite", "inject_nan_at_step", "inject_nan_into")
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""
-
-_CHOICES = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "inject_nan_into": NAN_TARGETS}
-_POSITIVE = ("steps", "batch_tokens", "keep_checkpoints")
-_OPTIONAL_STEP = ("stop_after", "inject_nan_at_step")
-# The teacher is seeded with seed + offset; seeds are < 2**63 and torch takes seeds below 2**64.
-_MAX = {"teacher_seed_offset": 2**63}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check(key: str, value: Any, default: Any) -> str | None:
-    if key in _CHOICES:
-        return (
-            None
-            if value in _CHOICES[key]
-            else f"{key} must be one of {', '.join(_CHOICES[key])}, got {value!r}"
-        )
-    if key in _OPTIONAL_STEP:
-        return (
-            None if value is None or (_is_int(value) and value >= 1) else f"{key} must be null or a step >= 1"
-        )
-    if key in _POSITIVE:
-        return None if _is_int(value) and value >= 1 else f"{key} must be a positive integer, got {value!r}"
-    if isinstance(default, bool):
-        return None if isinstance(value, bool) else f"{key} must be true or false, got {value!r}"
-    if _is_int(default):
-        top = _MAX.get(key)
-        if _is_int(value) and value >= 0 and (top is None or value <= top):
-            return None
-        bound = f" at most {top}" if top is not None else ""
-        return f"{key} must be a non-negative integer{bound}, got {value!r}"
-    if isinstance(default, float):
-        ok = (_is_int(value) or isinstance(value, float)) and value >= 0
-        return None if ok else f"{key} must be a non-negative number, got {value!r}"
-    if isinstance(default, str):
-        return (
-            None if isinstance(value, str) and value else f"{key} must be a non-empty string, got {value!r}"
-        )
-    return None

@@ -1,6 +1,9 @@
-"""The channel-graph rules TE enforces at fuser construction, checked here before any tensor exists.
+"""Pass 3d, the channel graph: which producer feeds each consumer slot, and the rules TE enforces at
+fuser construction, checked before any tensor exists.
 
-Fusers are the runs of consecutive ``op`` steps between ``module`` steps, as in ``te.ops.Sequential``.
+``ChannelGraph`` is the one answer to "which producer feeds this slot": the validator's rules, both
+engines (through the plan), ``graph`` (also for a config with errors), ``explain`` and bench's split all
+read it instead of re-deriving it from the steps.
 """
 
 from __future__ import annotations
@@ -26,13 +29,19 @@ SHAPES = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChannelGraph:
     fusers: list[FuserGroup]
     channels: dict[str, Channel]
     public_inputs: list[PublicTensor]
     public_outputs: list[PublicTensor]
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    feeds: dict[tuple[int, int], SlotRef] = field(default_factory=dict)
+    """(consumer step, input slot) -> the output slot it reads: the producer in its own fuser, else the
+    first one of that name. Also for bindings with an error (drawn in red by ``graph``)."""
+
+    def producer_of(self, step: int, slot: int) -> SlotRef | None:
+        return self.feeds.get((step, slot))
 
 
 def _in_path(step: PlannedStep, slot: int) -> str:
@@ -41,30 +50,6 @@ def _in_path(step: PlannedStep, slot: int) -> str:
 
 def _out_path(step: PlannedStep, slot: int) -> str:
     return f"model.ops[{step.index}].extra_outputs.{step.output_slots[slot].name}.channel"
-
-
-def assign_fusers(steps: Sequence[PlannedStep | None]) -> list[FuserGroup]:
-    """Group op steps into fusers; a module step ends a run. Steps too broken to plan (None) are
-    skipped, so one bad step does not split its neighbours' channels."""
-    fusers: list[FuserGroup] = []
-    run: list[PlannedStep] = []
-
-    def close(ended_by: int | None) -> None:
-        if run:
-            basic = 0
-            for s in run:
-                s.fuser, s.first_basic_op = len(fusers), basic
-                basic += len(s.basic_ops) if s.args_valid else 1
-            fusers.append(FuserGroup(len(fusers), tuple(s.index for s in run), basic, ended_by))
-            run.clear()
-
-    for index, step in enumerate(steps):
-        if step is not None and step.kind == "op":
-            run.append(step)
-        elif step is not None and step.kind == "module":
-            close(index)
-    close(None)
-    return fusers
 
 
 @dataclass(frozen=True)
@@ -98,8 +83,8 @@ class RawChannels:
 def check_channels(
     steps: Sequence[PlannedStep | None], fusers: list[FuserGroup], raw: RawChannels = RawChannels()
 ) -> ChannelGraph:
-    """Check every channel against TE's fuser rules and the slots' dtype, shape and width; needs the
-    widths (``check_widths``) already set on the steps."""
+    """Check every channel against TE's fuser rules and the slots' dtype, shape and width. ``steps`` are
+    the width pass's output (``check_widths``): the width and shape rules read their ``in_width``."""
     planned = [s for s in steps if s is not None and s.kind == "op"]
     diags: list[Diagnostic] = []
     producers: dict[str, SlotRef] = {}
@@ -130,6 +115,7 @@ def check_channels(
             producers[name] = SlotRef(step.index, slot, step.output_slots[slot].name)
 
     consumers: dict[str, list[SlotRef]] = {name: [] for name in producers}
+    feeds: dict[tuple[int, int], SlotRef] = {}
     public_inputs: list[PublicTensor] = []
     for step in planned:
         for slot, name in enumerate(step.input_channels):
@@ -140,6 +126,8 @@ def check_channels(
                 public_inputs.append(PublicTensor(step.public_input_name(slot), ref, dtype, step.fuser or 0))
                 continue
             source = local_producers.get((name, step.fuser)) or producers.get(name)
+            if source is not None:
+                feeds[(step.index, slot)] = source
             if source is None and name in RESERVED_NAMES:
                 diags.append(
                     error(
@@ -237,7 +225,7 @@ def check_channels(
                 )
     diags.extend(_name_clashes(public_inputs, "input"))
     diags.extend(_name_clashes(public_outputs, "output"))
-    return ChannelGraph(fusers, channels, public_inputs, public_outputs, diags)
+    return ChannelGraph(fusers, channels, public_inputs, public_outputs, diags, feeds)
 
 
 def _crossing(

@@ -1,4 +1,6 @@
-"""Per-step checks: op or module known, arguments, slot names, channel-name syntax."""
+"""Pass 3a, per step: op or module known, arguments (through the shared field checker), slot names,
+channel-name syntax. Returns each step sound enough to plan with, its slots and channels bound;
+``fusers.py``, ``widths.py`` and ``channels.py`` add the rest, each returning new steps."""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec, Param
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec
 from te_assembly.diagnostics import Diagnostic, closest, did_you_mean, error, warning
+from te_assembly.fields import check_value
 from te_assembly.plan import PlannedStep
 from te_assembly.schema import StepConfig
 
@@ -51,9 +54,6 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     arg_diags = _check_args(spec, args, f"{path}.args")
     out.extend(arg_diags)
     full_args = spec.with_defaults(args)
-    step = PlannedStep(
-        index=index, name=name, kind=kind, type=spec.name, args=full_args, args_valid=not arg_diags
-    )
     if isinstance(spec, ModuleSpec):
         for key in ("extra_inputs", "extra_outputs"):
             if raw.get(key):
@@ -64,9 +64,15 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
                         f"module {spec.name!r} is not a fusible op and has no extra tensor slots",
                     )
                 )
+        step = PlannedStep(
+            index=index, name=name, kind=kind, type=spec.name, args=full_args, args_valid=not arg_diags
+        )
         return step, out
-    slot_diags = _bind_slots(step, spec, raw, path, args_ok=not arg_diags)
+    slots, slot_diags = _bind_slots(spec, full_args, raw, path, args_ok=not arg_diags)
     out.extend(slot_diags)
+    step = PlannedStep(
+        index=index, name=name, kind=kind, type=spec.name, args=full_args, args_valid=not arg_diags, **slots
+    )
     return step, out
 
 
@@ -125,30 +131,11 @@ def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -
                         f"{spec.name} needs argument {param.name!r} ({param.type_name})",
                     )
                 )
-        elif not param.accepts(args[param.name]):
-            out.append(_bad_arg(param, args[param.name], f"{path}.{param.name}"))
         else:
-            out.extend(_out_of_bounds(param, args[param.name], f"{path}.{param.name}"))
+            out.extend(check_value(param.spec, args[param.name], f"{path}.{param.name}"))
     if not out and isinstance(spec, OpSpec):
         out.extend(_arg_order(spec, spec.with_defaults(args), path))
     return out
-
-
-def _out_of_bounds(param: Param, value: Any, path: str) -> list[Diagnostic]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return []
-    low, high = param.bounds
-    if low is None and high is None:
-        if param.type is int and value <= 0:
-            return [error(path, "bad-arg-value", f"{param.name} must be positive, got {value}")]
-        return []
-    if (low is not None and value < low) or (high is not None and value > high):
-        if low is not None and high is not None:
-            wanted = f"between {low} and {high}"
-        else:
-            wanted = f">= {low}" if low is not None else f"<= {high}"
-        return [error(path, "bad-arg-value", f"{param.name} must be {wanted}, got {value}")]
-    return []
 
 
 def _arg_order(spec: OpSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
@@ -168,25 +155,14 @@ def _arg_order(spec: OpSpec, args: Mapping[str, Any], path: str) -> list[Diagnos
     return out
 
 
-def _bad_arg(param: Param, value: Any, path: str) -> Diagnostic:
-    if param.choices is not None and isinstance(value, str):
-        return error(
-            path,
-            "bad-arg-value",
-            f"{param.name} must be one of {', '.join(map(str, param.choices))}, got {value!r}",
-            did_you_mean(value, [str(c) for c in param.choices]),
-        )
-    shown = "null" if value is None else type(value).__name__
-    return error(path, "wrong-arg-type", f"{param.name} must be {param.type_name}, got {shown} ({value!r})")
-
-
 def _bind_slots(
-    step: PlannedStep, spec: OpSpec, raw: Mapping[str, Any], path: str, args_ok: bool
-) -> list[Diagnostic]:
+    spec: OpSpec, args: Mapping[str, Any], raw: Mapping[str, Any], path: str, args_ok: bool
+) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """The step's slots and the channel bound to each (the ``PlannedStep`` fields), and what is wrong
+    with the bindings as written."""
     out: list[Diagnostic] = []
-    args = step.args
-    step.input_slots = spec.input_slots(args) if args_ok else spec.inputs
-    step.output_slots = spec.output_slots(args) if args_ok else spec.outputs
+    input_slots = spec.input_slots(args) if args_ok else spec.inputs
+    output_slots = spec.output_slots(args) if args_ok else spec.outputs
     inputs = raw.get("extra_inputs") or {}
     outputs = raw.get("extra_outputs") or {}
     if isinstance(inputs, Mapping):
@@ -198,22 +174,18 @@ def _bind_slots(
             out.extend(_slot_name_error(spec, args, key, f"{path}.extra_outputs.{key}", "output"))
             if isinstance(binding, Mapping):
                 out.extend(_output_binding_errors(binding, f"{path}.extra_outputs.{key}"))
-    step.input_channels = tuple(
-        _as_channel(inputs.get(s.name)) if isinstance(inputs, Mapping) else None for s in step.input_slots
+    input_channels = tuple(
+        _as_channel(inputs.get(s.name)) if isinstance(inputs, Mapping) else None for s in input_slots
     )
-    bindings = [outputs.get(s.name) if isinstance(outputs, Mapping) else None for s in step.output_slots]
-    step.output_channels = tuple(
+    bindings = [outputs.get(s.name) if isinstance(outputs, Mapping) else None for s in output_slots]
+    output_channels = tuple(
         _as_channel(b.get("channel")) if isinstance(b, Mapping) else None for b in bindings
     )
-    step.output_public = tuple(
+    output_public = tuple(
         not (isinstance(b, Mapping) and b.get("public") is False and _as_channel(b.get("channel")))
         for b in bindings
     )
-    if (
-        spec.in_place_arg
-        and args.get("in_place") is True
-        and (any(step.input_channels) or any(step.output_channels))
-    ):
+    if spec.in_place_arg and args.get("in_place") is True and (any(input_channels) or any(output_channels)):
         out.append(
             warning(
                 f"{path}.args.in_place",
@@ -223,7 +195,14 @@ def _bind_slots(
                 "use in_place: false unless a fusion needs it",
             )
         )
-    return out
+    slots = {
+        "input_slots": input_slots,
+        "output_slots": output_slots,
+        "input_channels": input_channels,
+        "output_channels": output_channels,
+        "output_public": output_public,
+    }
+    return slots, out
 
 
 def _as_channel(value: Any) -> str | None:

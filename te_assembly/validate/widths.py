@@ -1,4 +1,7 @@
-"""Feature width along the main path, from ``model.in_features`` through each step's width rule."""
+"""Pass 3c, feature width along the main path: from ``model.in_features`` through each step's width rule.
+
+Returns the steps with ``in_width``/``out_width``/``row_depth`` set (new objects) and the diagnostics.
+"""
 
 from __future__ import annotations
 
@@ -14,28 +17,30 @@ def _width(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def check_widths(steps: Sequence[PlannedStep | None], in_features: object) -> list[Diagnostic]:
-    """Check each step against the width arriving at it; set ``in_width``/``out_width`` on the steps."""
+def check_widths(
+    steps: Sequence[PlannedStep | None], in_features: object
+) -> tuple[list[PlannedStep | None], list[Diagnostic]]:
+    """Check each step against the width arriving at it. ``model.in_features`` itself is checked by the
+    schema; a bad one only stops the width checks."""
     out: list[Diagnostic] = []
+    result: list[PlannedStep | None] = []
     width = _width(in_features)
-    if width is None and isinstance(in_features, int) and not isinstance(in_features, bool):
-        out.append(
-            error("model.in_features", "bad-value", f"in_features must be positive, got {in_features}")
-        )
     came_from = "model.in_features"
     depth: int | None = 0
     for step in steps:
         if step is None:
             width = depth = None  # unknown step: stop checking until a step sets the width again
+            result.append(None)
             continue
-        step.row_depth = depth
+        row_depth = depth
         delta = getattr(step.spec, "rows_delta", 0)
         depth = None if depth is None else depth + delta
         rule = step.spec.width
         if not step.args_valid:
             width = _width(step.args.get(rule.out_arg)) if rule.out_arg else None
+            result.append(step.evolve(row_depth=row_depth))
             continue
-        step.in_width = width
+        in_width = width
         if width is not None and rule.in_arg is not None and step.args.get(rule.in_arg) != width:
             out.append(
                 error(
@@ -58,6 +63,6 @@ def check_widths(steps: Sequence[PlannedStep | None], in_features: object) -> li
             width = rule.out_width(0, step.args)
         elif width is not None:
             width = rule.out_width(width, step.args)
-        step.out_width = width
+        result.append(step.evolve(in_width=in_width, out_width=width, row_depth=row_depth))
         came_from = f"step {step.name!r} at model.ops[{step.index}]"
-    return out
+    return result, out

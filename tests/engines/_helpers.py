@@ -6,19 +6,19 @@ import textwrap
 
 import torch
 
-from te_assembly.config import load_model_text
+from te_assembly.config.resolved import resolve_text
 from te_assembly.engines import build
 from te_assembly.engines.reference import ReferenceModel
 from te_assembly.plan import Plan
-from te_assembly.validate import plan_or_raise
+from te_assembly.validate import analyze_resolved
 
 F64 = torch.float64
 
 
 def plan_from_yaml(text: str) -> Plan:
-    loaded = load_model_text(textwrap.dedent(text))
-    assert not loaded.diagnostics, [d.format() for d in loaded.diagnostics]
-    return plan_or_raise(loaded.model)
+    resolved = resolve_text(textwrap.dedent(text))
+    assert not resolved.diagnostics, [d.format() for d in resolved.diagnostics]
+    return analyze_resolved(resolved).checked_plan()
 
 
 def build_yaml(text: str, dtype: torch.dtype = F64, seed: int = 0) -> ReferenceModel:

@@ -28,5 +28,6 @@ def test_auto_names_what_is_missing() -> None:
 def test_cli_engine_typo_exits_2(run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     done = run_cli(["engine=tee", "run.steps=1"])
     assert done.returncode == 2
-    assert "unknown engine 'tee'" in done.stderr and "did you mean 'te'?" in done.stderr
+    assert "engine: engine must be one of auto, reference, te, got 'tee'" in done.stderr
+    assert "did you mean 'te'?" in done.stderr
     assert "Traceback" not in done.stderr

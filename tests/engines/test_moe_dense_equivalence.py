@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from te_assembly.config import compose
 from te_assembly.engines import build
 from te_assembly.engines.reference import ReferenceModel
-from te_assembly.validate import plan_or_raise
+from te_assembly.pipeline import load
 from tests.engines._helpers import F64, randomize
 
 TOKENS = 12
@@ -22,9 +21,9 @@ TOKENS = 12
 
 def _moe_block(hidden: int, ffn: int, experts: int, top_k: int) -> ReferenceModel:
     dims = {"hidden": hidden, "ffn": ffn, "experts": experts, "top_k": top_k}
-    loaded = compose(["model=moe_block", *(f"model.dims.{k}={v}" for k, v in dims.items())])
+    loaded = load("moe_block", [f"model.dims.{k}={v}" for k, v in dims.items()])
     torch.manual_seed(0)
-    model = build(plan_or_raise(loaded.model), engine="reference", dtype=F64)
+    model = build(loaded.checked_plan(), engine="reference", dtype=F64)
     assert isinstance(model, ReferenceModel)
     randomize(model)
     return model

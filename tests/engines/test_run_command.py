@@ -15,11 +15,10 @@ import torch
 from rich.console import Console
 
 from te_assembly.cli.commands import run
-from te_assembly.config import compose
 from te_assembly.engines import build, resolve_engine
 from te_assembly.engines.data import sample_public_inputs, split_sizes
 from te_assembly.engines.reference import ReferenceModel
-from te_assembly.validate import plan_or_raise
+from te_assembly.pipeline import load
 from tests.engines._helpers import plan_from_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +28,7 @@ CPU = torch.device("cpu")
 def _run_in_process(*overrides: str) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=400, no_color=True, highlight=False)
-    assert run.main(list(overrides), console) == 0
+    assert run.main(load(None, list(overrides), sections=run.SECTIONS), console) == 0
     return buffer.getvalue()
 
 
@@ -39,7 +38,7 @@ def test_run_moe_block_end_to_end(run_cli: Callable[..., subprocess.CompletedPro
     out = done.stdout
     assert "engine=reference (asked for)" in out
     table = out[out.index("gradient reaching each channel") :]
-    plan = plan_or_raise(compose(["model=moe_block"]).model)
+    plan = load("moe_block").checked_plan()
     for name in plan.channels:
         assert re.search(rf"│ {name}\s", table), f"channel {name} missing from the gradient table"
     assert "split_sizes" in table and "fc1.split_sizes, fc2.split_sizes" in table  # the fan-out consumers
@@ -95,16 +94,18 @@ def test_same_seed_same_run_other_seed_other_run() -> None:
 def test_bad_run_values_are_config_errors() -> None:
     from te_assembly.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"run\.steps must be a positive integer"):
+    with pytest.raises(ConfigError, match=r"run\.steps: steps must be positive, got 0"):
         _run_in_process("model=channel_demo", "run.steps=0")
-    with pytest.raises(ConfigError, match="unknown dtype 'float8'"):
+    with pytest.raises(
+        ConfigError, match="dtype: dtype must be one of float32, float64, bfloat16, got 'float8'"
+    ):
         _run_in_process("model=channel_demo", "dtype=float8")
 
 
 def test_channel_gradients_are_the_sum_over_consumers_and_caller() -> None:
     # loss = mean(y^2) + aux_loss and y = experts(x) + residual, so d loss / d residual = 2 y / numel
     # and d loss / d aux_loss = 1.
-    plan = plan_or_raise(compose(["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=8"]).model)
+    plan = load("moe_block", ["model.dims.hidden=16", "model.dims.ffn=8"]).checked_plan()
     torch.manual_seed(0)
     model = build(plan, engine="reference", dtype=torch.float64)
     assert isinstance(model, ReferenceModel)
@@ -135,7 +136,7 @@ def test_loss_adds_aux_losses_as_is_and_squares_other_outputs() -> None:
 
 def test_renamed_aux_loss_channel_is_still_added_as_is() -> None:
     overrides = ["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=8"]
-    plan = plan_or_raise(compose([*overrides, "model.ops.2.extra_outputs.aux_loss.channel=balance"]).model)
+    plan = load(None, [*overrides, "model.ops.2.extra_outputs.aux_loss.channel=balance"]).checked_plan()
     torch.manual_seed(0)
     model = build(plan, engine="reference", dtype=torch.float64)
     assert model.loss_output_names == ("balance",)

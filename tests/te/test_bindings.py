@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from te_assembly.engines import to_plan
 from te_assembly.engines.te import SET_INPUT, SET_OUTPUT, BindingCall, binding_calls, gpu_only_steps
+from te_assembly.pipeline import load
 
 
 def _in(step: str, slot: int, channel: str) -> BindingCall:
@@ -19,7 +19,7 @@ def _out(step: str, slot: int, channel: str, to_caller: bool) -> BindingCall:
 def test_moe_block_binding_plan() -> None:
     # configs/model/moe_block.yaml; slot indices in TE/catalog order (router: probs, routing_map,
     # aux_loss; dispatch in: probs, routing_map; dispatch out: split_sizes, row_probs, row_map).
-    assert binding_calls(to_plan("moe_block")) == [
+    assert binding_calls(load("moe_block").checked_plan()) == [
         _out("residual", 0, "residual", False),
         _out("router", 0, "probs", False),
         _out("router", 1, "routing_map", False),
@@ -40,7 +40,7 @@ def test_moe_block_binding_plan() -> None:
 def test_two_stage_binding_plan() -> None:
     # configs/model/two_stage.yaml: bias_in's addend stays unbound (a public input, no call), the
     # Tanh module has no slots, stage2_in is both consumed and returned.
-    assert binding_calls(to_plan("two_stage")) == [
+    assert binding_calls(load("two_stage").checked_plan()) == [
         _out("res1", 0, "res1", False),
         _in("add_res1", 0, "res1"),
         _out("stage2_in", 0, "stage2_in", True),
@@ -52,7 +52,7 @@ def test_binding_calls_cover_every_bound_slot_of_every_shipped_model() -> None:
     from te_assembly.config import available_models
 
     for name in available_models():
-        plan = to_plan(name)
+        plan = load(name).checked_plan()
         bound = {
             (s.name, kind, i, ch)
             for s in plan.steps
@@ -79,7 +79,7 @@ def test_binding_calls_cover_every_bound_slot_of_every_shipped_model() -> None:
     ],
 )
 def test_gpu_only_steps(model: str, kernels: str, expected: list[str]) -> None:
-    assert gpu_only_steps(to_plan(model), kernels) == expected
+    assert gpu_only_steps(load(model).checked_plan(), kernels) == expected
 
 
 class _Recorder:

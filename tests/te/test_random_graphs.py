@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
-from te_assembly.validate import analyze
+from te_assembly.pipeline import load
 from tests.te.graphs import (
     MOE_OPS,
     TE_CPU_OPS,
@@ -66,8 +66,7 @@ def _te_verdict(ops: list[Any]) -> str | None:
 
 
 def _validator_errors(model: dict[str, Any]) -> set[str]:
-    diags, _ = analyze(model)
-    return {d.code for d in diags if d.is_error}
+    return {d.code for d in load(model).diagnostics if d.is_error}
 
 
 def test_validator_agrees_with_operation_fuser_on_random_single_fuser_graphs() -> None:

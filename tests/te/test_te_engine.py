@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from te_assembly.config import available_models
-from te_assembly.engines import build, to_plan
+from te_assembly.engines import build
 from te_assembly.engines.base import CallError
 from te_assembly.errors import EngineUnavailableError
+from te_assembly.pipeline import load
 from te_assembly.plan import Plan
 
 pytestmark = pytest.mark.te
@@ -32,7 +33,7 @@ def _shipped_builds() -> list[tuple[str, str]]:
 def _gpu_steps(name: str) -> list[str]:
     from te_assembly.engines.te import gpu_only_steps
 
-    return gpu_only_steps(to_plan(name), "te")
+    return gpu_only_steps(load(name).checked_plan(), "te")
 
 
 @pytest.mark.parametrize(("model", "kernels"), _shipped_builds())
@@ -40,7 +41,7 @@ def test_fusers_are_built_and_every_op_locked_at_build_time(model: str, kernels:
     from transformer_engine.pytorch.ops import BasicOperation
     from transformer_engine.pytorch.ops.fuser import OperationFuser
 
-    plan = to_plan(model)
+    plan = load(model).checked_plan()
     te_model = build(plan, engine="te", kernels=kernels, dtype=F64)
     assert te_model.engine == "te"
     assert len(te_model.fusers) == len(plan.fusers)
@@ -75,7 +76,7 @@ def test_fusers_are_built_and_every_op_locked_at_build_time(model: str, kernels:
 def test_te_engine_matches_reference_engine_on_shipped_configs(model: str) -> None:
     from te_assembly.verify import verify
 
-    plan = to_plan(model)
+    plan = load(model).checked_plan()
     for dtype in (F64, torch.float32):
         report = verify(plan, kernels="reference", dtype=dtype, tokens=24, seed=5)
         assert report.passed, report.failures
@@ -115,7 +116,7 @@ def test_param_names_equal_te_ops_and_reference_engine() -> None:
     from te_assembly.catalog import OPS, load_object
 
     for name in available_models():
-        plan = to_plan(name)
+        plan = load(name).checked_plan()
         adapted = build(plan, engine="te", kernels="reference", dtype=torch.float32)
         reference = build(plan, engine="reference", dtype=torch.float32)
         assert _tensor_names(adapted) == _tensor_names(reference), name
@@ -183,7 +184,7 @@ H = 6
 
 
 def _te_model(ops: list[dict[str, Any]]) -> Any:
-    plan = to_plan({"name": "scenario", "in_features": H, "ops": ops})
+    plan = load({"name": "scenario", "in_features": H, "ops": ops}).checked_plan()
     return build(plan, engine="te", kernels="te", dtype=F64)
 
 

@@ -25,10 +25,10 @@ from te_assembly.bench.runner import Variant
 from te_assembly.bench.split import SplitPlan
 from te_assembly.cli.main import main as cli_main
 from te_assembly.config import available_models
-from te_assembly.engines import build, to_plan
+from te_assembly.engines import build
 from te_assembly.engines.data import rows_per_step, sample_public_inputs, sample_x
+from te_assembly.pipeline import load
 from te_assembly.plan import Plan
-from te_assembly.validate import analyze
 
 CPU = torch.device("cpu")
 
@@ -41,9 +41,10 @@ def _data(plan: Plan, tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, di
 
 @pytest.mark.parametrize("model", available_models())
 def test_plan_to_model_round_trips(model: str) -> None:
-    plan = to_plan(model)
-    diags, again = analyze(plan_to_model(plan))
-    assert again is not None, diags
+    plan = load(model).checked_plan()
+    analysis = load(plan_to_model(plan))
+    again = analysis.plan
+    assert again is not None, analysis.diagnostics
     assert [
         (s.name, s.type, s.args, s.input_channels, s.output_channels, s.output_public) for s in again.steps
     ] == [(s.name, s.type, s.args, s.input_channels, s.output_channels, s.output_public) for s in plan.steps]
@@ -66,7 +67,7 @@ def _float64_variants(plan: Plan) -> tuple[list[Variant], SplitPlan | None]:
 
 @pytest.mark.parametrize("model", available_models())
 def test_split_and_plain_variants_match_the_channelled_model(model: str) -> None:
-    plan = to_plan(model)
+    plan = load(model).checked_plan()
     torch.manual_seed(0)
     variants, split = _float64_variants(plan)
     assert split is not None and len(variants) == 3
@@ -95,7 +96,7 @@ def test_split_and_plain_variants_match_the_channelled_model(model: str) -> None
 
 
 def test_moe_split_bridges_every_crossing_channel() -> None:
-    plan = to_plan("moe_block")
+    plan = load("moe_block").checked_plan()
     split = split_plan(plan)
     k = split.cut
     assert 0 < k < len(plan.steps)
@@ -118,7 +119,7 @@ def test_moe_split_bridges_every_crossing_channel() -> None:
 
 
 def test_split_model_forward_matches_with_explicit_cut() -> None:
-    plan = to_plan("residual_mlp")
+    plan = load("residual_mlp").checked_plan()
     split = split_plan(plan, cut_at(plan, "fc2"))
     assert plan.steps[split.cut].name == "fc2"
     torch.manual_seed(3)
@@ -134,7 +135,7 @@ def test_split_model_forward_matches_with_explicit_cut() -> None:
 
 
 def test_bad_split_points_are_typed_errors() -> None:
-    plan = to_plan("residual_mlp")
+    plan = load("residual_mlp").checked_plan()
     with pytest.raises(SplitError, match="did you mean 'fc1'"):
         cut_at(plan, "fc11")
     with pytest.raises(SplitError, match="first step"):
@@ -142,7 +143,7 @@ def test_bad_split_points_are_typed_errors() -> None:
 
 
 def test_forward_flops_count_gemms_by_rows() -> None:
-    plan = to_plan("moe_block")
+    plan = load("moe_block").checked_plan()
     tokens = 16
     rows = rows_per_step(plan, tokens)
     expected = 0
@@ -157,7 +158,7 @@ def test_forward_flops_count_gemms_by_rows() -> None:
 
 
 def test_run_benchmark_gives_positive_medians() -> None:
-    plan = to_plan("moe_block")
+    plan = load("moe_block").checked_plan()
     torch.manual_seed(0)
     variants, _ = build_variants(
         plan,
@@ -209,11 +210,8 @@ def test_cli_bench_compare(
 
 
 def test_bench_loss_adds_the_aux_loss_under_any_channel_name() -> None:
-    from te_assembly.config import compose
-
     overrides = ["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=8"]
-    model = compose([*overrides, "model.ops.2.extra_outputs.aux_loss.channel=balance"]).model
-    _, plan = analyze(model)
+    plan = load(None, [*overrides, "model.ops.2.extra_outputs.aux_loss.channel=balance"]).plan
     assert plan is not None
     torch.manual_seed(0)
     variants, _ = _float64_variants(plan)

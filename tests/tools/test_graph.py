@@ -14,17 +14,16 @@ from pathlib import Path
 import pytest
 
 from te_assembly.cli.main import main as cli_main
-from te_assembly.config import compose
-from te_assembly.engines import to_plan
 from te_assembly.graph import (
     GraphView,
     RenderResult,
     render,
     to_dot,
     to_mermaid,
-    view_from_model,
+    view_from_analysis,
     view_from_plan,
 )
+from te_assembly.pipeline import load
 from te_assembly.plan import Plan
 
 RED = "#d62728"
@@ -50,7 +49,7 @@ def _expected_channel_edges(plan: Plan) -> set[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("model", ["moe_block", "two_stage", "fanout_mlp"])
 def test_every_channel_edge_and_cluster_is_drawn(model: str) -> None:
-    plan = to_plan(model)
+    plan = load(model).checked_plan()
     view = view_from_plan(plan)
     dot, mermaid = to_dot(view), to_mermaid(view)
     expected = _expected_channel_edges(plan)
@@ -89,7 +88,7 @@ def test_every_channel_edge_and_cluster_is_drawn(model: str) -> None:
 
 @pytest.mark.parametrize("model", ["moe_block", "two_stage"])
 def test_spine_and_public_tensors(model: str) -> None:
-    plan = to_plan(model)
+    plan = load(model).checked_plan()
     view = view_from_plan(plan)
     dot, mermaid = to_dot(view), to_mermaid(view)
     spine = ["x", *(f"s{s.index}" for s in plan.steps), "y"]
@@ -110,7 +109,7 @@ def test_spine_and_public_tensors(model: str) -> None:
 
 
 def test_splitting_module_is_drawn_between_clusters() -> None:
-    plan = to_plan("two_stage")
+    plan = load("two_stage").checked_plan()
     view = view_from_plan(plan)
     dot = to_dot(view)
     module = next(s for s in plan.steps if s.kind == "module")
@@ -127,14 +126,11 @@ def test_splitting_module_is_drawn_between_clusters() -> None:
 
 
 def test_dangling_and_crossing_channels_are_red() -> None:
-    loaded = compose(
-        [
-            "model=two_stage",
-            "model.ops.3.extra_inputs.addend=stage2_in",
-            "model.ops.8.extra_inputs.addend=stage2_inn",
-        ]
+    loaded = load(
+        "two_stage",
+        ["model.ops.3.extra_inputs.addend=stage2_in", "model.ops.8.extra_inputs.addend=stage2_inn"],
     )
-    view = view_from_model(loaded.model)
+    view = view_from_analysis(loaded)
     assert view.has_errors
     dot, mermaid = to_dot(view), to_mermaid(view)
     [missing] = view.nodes_of("missing")
@@ -184,7 +180,7 @@ def test_svg_png_skipped_with_reason_without_graphviz(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("te_assembly.graph.dot_binary", lambda: None)
-    result: RenderResult = render(view_from_plan(to_plan("moe_block")), tmp_path)
+    result: RenderResult = render(view_from_plan(load("moe_block").checked_plan()), tmp_path)
     assert set(result.written) == {"mermaid", "dot"}
     assert set(result.skipped) == {"svg", "png"}
     assert all("dot" in why and "not on PATH" in why for why in result.skipped.values())
@@ -201,7 +197,7 @@ def test_svg_png_skipped_with_reason_without_graphviz(
     ],
 )
 def test_dot_parses_with_graphviz(overrides: list[str], tmp_path: Path) -> None:
-    view = view_from_model(compose(overrides).model)
+    view = view_from_analysis(load(None, overrides))
     proc = subprocess.run(["dot", "-Tsvg"], input=to_dot(view), capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == "", proc.stderr  # no syntax warnings either
@@ -234,7 +230,7 @@ def test_public_outputs_differing_only_in_space_vs_underscore_get_their_own_node
             },
         ],
     }
-    view = view_from_model(model)
+    view = view_from_analysis(load(model))
     assert not view.has_errors, view.diagnostics
     outs = view.nodes_of("public_output")
     assert [n.label for n in outs] == ["a b", "a_b"]
@@ -261,7 +257,7 @@ def _html_named_channels() -> GraphView:
             }
         )
         ops.append({"name": f"add{i}", "op": "AddExtraInput", "extra_inputs": {"addend": name}})
-    view = view_from_model({"name": "html", "in_features": 4, "ops": ops})
+    view = view_from_analysis(load({"name": "html", "in_features": 4, "ops": ops}))
     assert not view.has_errors, view.diagnostics
     return view
 

@@ -12,22 +12,21 @@ import pytest
 import torch
 
 from te_assembly.cli.main import main as cli_main
-from te_assembly.config import compose
-from te_assembly.engines import build, to_plan
+from te_assembly.engines import build
 from te_assembly.errors import ConfigError, NonFiniteError
+from te_assembly.pipeline import load
 from te_assembly.plan import Plan
 from te_assembly.train import ExistingRunError, StepRecord, TrainSettings, train
 from te_assembly.train import checkpoint as ckpt_module
 from te_assembly.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
 from te_assembly.train.optim import lr_at, make_optimizer
-from te_assembly.validate import analyze
 
 SMALL = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]
 
 
 @pytest.fixture(scope="module")
 def small_plan() -> Plan:
-    _, plan = analyze(compose(SMALL).model)
+    plan = load(None, SMALL).plan
     assert plan is not None
     return plan
 
@@ -203,7 +202,7 @@ def test_schedule_warmup_and_cosine_floor() -> None:
 
 def test_teacher_differs_even_where_init_is_deterministic(tmp_path: Path) -> None:
     # channel_demo has only zero-initialised biases: without perturbing them the task would be solved.
-    result = train(to_plan("channel_demo"), _settings(tmp_path, steps=2), seed=0)
+    result = train(load("channel_demo").checked_plan(), _settings(tmp_path, steps=2), seed=0)
     assert result.losses[0] > 1e-4
 
 
@@ -216,7 +215,7 @@ RENAMED_AUX = [
 
 
 def test_aux_loss_joins_the_objective_whatever_its_channel_is_called(tmp_path: Path) -> None:
-    _, plan = analyze(compose(RENAMED_AUX).model)
+    plan = load(None, RENAMED_AUX).plan
     assert plan is not None and [t.name for t in plan.public_outputs] == ["balance"]
     records: list[StepRecord] = []
     train(plan, _settings(tmp_path, steps=2, batch_tokens=16), seed=0, on_step=records.append)
@@ -305,7 +304,7 @@ def test_resume_refuses_each_optimizer_and_schedule_setting(
 
 def test_resume_refuses_another_model(small_plan: Plan, tmp_path: Path) -> None:
     s = _settings(tmp_path, steps=2)
-    train(to_plan("channel_demo"), s, seed=0)
+    train(load("channel_demo").checked_plan(), s, seed=0)
     with pytest.raises(
         CheckpointError, match=rf"\n  plan: checkpoint 'channel_demo', now '{small_plan.name}'"
     ):

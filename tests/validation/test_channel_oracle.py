@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from te_assembly.validate import analyze
+from te_assembly.pipeline import load
 
 WIDTH, EXPERTS, TOP_K = 8, 4, 2
 POOL = ("a", "b", "c")
@@ -231,7 +231,8 @@ _PATH = re.compile(r"^model\.ops\[(\d+)\]\.extra_(?:inputs|outputs)\.(\w+)")
 
 def _check(model: dict[str, Any], units: Units) -> None:
     expected = oracle(units)
-    diags, plan = analyze(model)
+    analysis = load(model)
+    diags, plan = analysis.diagnostics, analysis.plan
     errors = [d for d in diags if d.is_error]
     got: set[tuple[int, str, str]] = set()
     for d in errors:

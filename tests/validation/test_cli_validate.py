@@ -8,14 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
-from te_assembly.config import available_models, config_dir
+from te_assembly.config import available_models, configs_dir
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def _line_of(model: str, pattern: str) -> int:
     """1-based line of the first line of configs/model/<model>.yaml matching ``pattern``."""
-    lines = (config_dir() / "model" / f"{model}.yaml").read_text().splitlines()
+    lines = (configs_dir() / "model" / f"{model}.yaml").read_text().splitlines()
     return next(i for i, line in enumerate(lines, start=1) if re.search(pattern, line))
 
 
@@ -53,7 +53,7 @@ def test_composition_error_is_one_clean_message(run_cli: RunCli, override: str, 
 def test_config_error_is_located_in_the_model_file(run_cli: RunCli) -> None:
     result = run_cli(["validate", "model=moe_block", "model.ops.4.args.num_groups=3", "+model.descripton=x"])
     _assert_clean_failure(result)
-    path = config_dir() / "model" / "moe_block.yaml"
+    path = configs_dir() / "model" / "moe_block.yaml"
     # Both errors, in file order: the added key is not in the file, so it points at the model's first
     # key; the overridden one at the line of its key in the shipped YAML.
     found = re.findall(r"^(.*?):(\d+): error: (\S+):", result.stderr, flags=re.M)

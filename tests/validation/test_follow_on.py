@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from te_assembly.config import load_model_text
-from te_assembly.validate import analyze
+from te_assembly.config.resolved import resolve_text
+from te_assembly.validate import analyze_resolved
 from tests.validation.test_invalid_corpus import BASE_YAML
 
 
@@ -35,12 +35,15 @@ def test_a_single_mistake_gives_a_single_diagnostic(
     old: str, new: str, path: str, code: str, hint: str
 ) -> None:
     assert old in BASE_YAML
-    diags, plan = analyze(load_model_text(BASE_YAML.replace(old, new, 1)).model)
+    analysis = analyze_resolved(resolve_text(BASE_YAML.replace(old, new, 1)))
+    diags, plan = analysis.diagnostics, analysis.plan
     assert plan is None
     assert [(d.path, d.code) for d in diags] == [(path, code)], [d.format() for d in diags]
     assert diags[0].hint is not None and hint in diags[0].hint
 
 
 def test_a_channel_nobody_declares_is_still_dangling() -> None:
-    diags, _ = analyze(load_model_text(BASE_YAML.replace("{addend: residual}", "{addend: resid}")).model)
+    diags = analyze_resolved(
+        resolve_text(BASE_YAML.replace("{addend: residual}", "{addend: resid}"))
+    ).diagnostics
     assert [(d.code, d.hint) for d in diags if d.is_error] == [("dangling-input", "did you mean 'residual'?")]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from te_assembly.config import compose, config_dir, load_model_file, locate
-from te_assembly.diagnostics import Diagnostic, dedupe, sort_diagnostics
+from te_assembly.config import configs_dir
+from te_assembly.diagnostics import Diagnostic
 from te_assembly.errors import ConfigError
-from te_assembly.validate import analyze, plan_or_raise, validate_model
+from te_assembly.pipeline import load, validate_model
 
 MISSPELT = """\
 name: misspelt
@@ -59,10 +59,9 @@ def _check_only_unresolved(diags: list[Diagnostic]) -> None:
 def test_missing_interpolation_in_a_file_is_reported_once_per_use(tmp_path: Path) -> None:
     path = tmp_path / "misspelt.yaml"
     path.write_text(MISSPELT)
-    loaded = load_model_file(path)
-    diags, plan = analyze(loaded.model)
-    merged = dedupe(sort_diagnostics([*loaded.diagnostics, *locate(diags, loaded.file, loaded.lines)]))
-    assert plan is None
+    analysis = load(path)
+    merged = list(analysis.diagnostics)
+    assert analysis.plan is None
     _check_only_unresolved(merged)
     assert all(d.file == str(path) and d.line is not None for d in merged)
 
@@ -70,34 +69,31 @@ def test_missing_interpolation_in_a_file_is_reported_once_per_use(tmp_path: Path
 def test_missing_interpolation_in_a_raw_mapping() -> None:
     _check_only_unresolved(validate_model(yaml.safe_load(MISSPELT)))
     with pytest.raises(ConfigError) as caught:
-        plan_or_raise(yaml.safe_load(MISSPELT))
+        load(yaml.safe_load(MISSPELT)).checked_plan()
     _check_only_unresolved(caught.value.diagnostics)
 
 
 @pytest.mark.parametrize("name", ["residual_mlp", "moe_block"])
 def test_raw_mapping_resolves_like_a_composed_config(name: str) -> None:
-    raw = yaml.safe_load((config_dir() / "model" / f"{name}.yaml").read_text())
+    raw = yaml.safe_load((configs_dir() / "model" / f"{name}.yaml").read_text())
     assert validate_model(raw) == []
-    plan = plan_or_raise(raw)
-    composed = plan_or_raise(compose([f"model={name}"]).model)
+    plan = load(raw).checked_plan()
+    composed = load(name).checked_plan()
     assert plan.in_features == composed.in_features
     assert [(s.name, s.args) for s in plan.steps] == [(s.name, s.args) for s in composed.steps]
 
 
 def test_raw_mapping_is_not_modified() -> None:
-    raw = yaml.safe_load((config_dir() / "model" / "residual_mlp.yaml").read_text())
+    raw = yaml.safe_load((configs_dir() / "model" / "residual_mlp.yaml").read_text())
     before = copy.deepcopy(raw)
-    plan_or_raise(raw)
+    load(raw).checked_plan()
     assert raw == before
 
 
 def test_a_model_file_loaded_with_omegaconf_builds_a_plan() -> None:
     from omegaconf import OmegaConf
 
-    from te_assembly.config import config_dir
-    from te_assembly.validate import plan_or_raise
-
-    path = config_dir() / "model" / "residual_mlp.yaml"
-    plan = plan_or_raise(OmegaConf.load(path))
+    path = configs_dir() / "model" / "residual_mlp.yaml"
+    plan = load(OmegaConf.load(path)).checked_plan()
     assert plan.in_features == OmegaConf.load(path).dims.hidden
     assert plan.steps[2].args["out_features"] == 2 * OmegaConf.load(path).dims.ffn

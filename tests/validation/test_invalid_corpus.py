@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from te_assembly.config import load_model_file, load_model_text, locate
+from te_assembly.config.resolved import read_source, resolve_text
 from te_assembly.diagnostics import Diagnostic
-from te_assembly.validate import analyze
+from te_assembly.pipeline import load
+from te_assembly.validate import analyze_resolved
 
 # A small MoE block (moe_block.yaml with literal numbers): hidden 8, ffn 16, 4 experts, top 2.
 BASE_YAML = """\
@@ -376,21 +377,21 @@ CASES: list[Case] = [
         "string-for-int",
         {"ops[1].args.normalized_shape": "8"},
         f"{MOE}[1].args.normalized_shape",
-        "wrong-arg-type",
+        "wrong-type",
         "must be int, got str",
     ),
     Case(
         "bool-for-int",
         {"ops[2].args.top_k": True},
         f"{MOE}[2].args.top_k",
-        "wrong-arg-type",
+        "wrong-type",
         "must be int, got bool",
     ),
     Case(
         "bad-choice",
         {"ops[2].args.score_function": "softmx"},
         f"{MOE}[2].args.score_function",
-        "bad-arg-value",
+        "bad-choice",
         "must be one of softmax, sigmoid",
         hint="'softmax'",
     ),
@@ -398,7 +399,7 @@ CASES: list[Case] = [
         "non-positive-int",
         {"ops[3].args.num_experts": 0},
         f"{MOE}[3].args.num_experts",
-        "bad-arg-value",
+        "out-of-range",
         "must be positive",
     ),
     Case(
@@ -443,7 +444,7 @@ CASES: list[Case] = [
     Case("step-not-a-mapping", {"ops[1]": "RMSNorm"}, f"{MOE}[1]", "wrong-type", "got str"),
     # --- op/module that is not a name at all: one diagnostic, no crash ---
     Case("op-is-a-list", {"ops[1].op": ["RMSNorm"]}, f"{MOE}[1].op", "wrong-type", "got list (['RMSNorm'])"),
-    Case("op-is-a-number", {"ops[1].op": 5}, f"{MOE}[1].op", "wrong-type", "expected str, got int (5)"),
+    Case("op-is-a-number", {"ops[1].op": 5}, f"{MOE}[1].op", "wrong-type", "op must be str, got int (5)"),
     Case(
         "module-is-a-mapping",
         {"ops[9]+": {"name": "tail", "module": {"name": "Identity"}}},
@@ -472,18 +473,20 @@ CASES: list[Case] = [
         "dropout-op-p-above-one",
         {"ops[9]+": {"name": "drop", "op": "Dropout", "args": {"p": 1.5}}},
         f"{MOE}[9].args.p",
-        "bad-arg-value",
+        "out-of-range",
         "p must be between 0.0 and 1.0, got 1.5",
     ),
     Case(
         "dropout-module-p-negative",
         {"ops[9]+": {"name": "drop", "module": "Dropout", "args": {"p": -0.1}}},
         f"{MOE}[9].args.p",
-        "bad-arg-value",
+        "out-of-range",
         "p must be between 0.0 and 1.0, got -0.1",
     ),
-    Case("in-features-negative", {"in_features": -4}, "model.in_features", "bad-value", "must be positive"),
-    Case("in-features-zero", {"in_features": 0}, "model.in_features", "bad-value", "got 0"),
+    Case(
+        "in-features-negative", {"in_features": -4}, "model.in_features", "out-of-range", "must be positive"
+    ),
+    Case("in-features-zero", {"in_features": 0}, "model.in_features", "out-of-range", "got 0"),
     # --- what a channel carries: its shape, and for main-path tensors the width ---
     Case(
         "channel-shape-probs-into-scales",
@@ -590,9 +593,8 @@ CASES: list[Case] = [
 
 def _load(patch: Mapping[str, Any], file: str) -> tuple[str, list[Diagnostic], bool]:
     text = yaml.safe_dump(_apply(BASE, patch), sort_keys=False)
-    loaded = load_model_text(text, file)
-    diags, plan = analyze(loaded.model)
-    return text, [*loaded.diagnostics, *locate(diags, loaded.file, loaded.lines)], plan is not None
+    analysis = analyze_resolved(resolve_text(text, file))
+    return text, list(analysis.diagnostics), analysis.plan is not None
 
 
 def test_base_model_is_valid() -> None:
@@ -679,7 +681,7 @@ ops:
   - name: scale
     op: ConstantScale
     args:
-      scale: fast                        # E wrong-arg-type
+      scale: fast                        # E wrong-type
   - name: add
     op: AddExtraInput
     extra_inputs: {addend: residul}      # E dangling-input
@@ -697,12 +699,12 @@ def _marked(text: str) -> list[tuple[int, str]]:
 def test_every_error_at_once_in_file_order(tmp_path: Path) -> None:
     path = tmp_path / "multi.yaml"
     path.write_text(MULTI_YAML)
-    loaded = load_model_file(path)
-    assert loaded.diagnostics == []
-    diags, plan = analyze(loaded.model)
-    assert plan is None
+    assert read_source(str(path), "model").diagnostics == ()
+    analysis = load(path)
+    diags = analysis.diagnostics
+    assert analysis.plan is None
     assert sorted(d.code for d in diags if d.is_error) == sorted(code for _, code in _marked(MULTI_YAML))
-    located = locate(diags, loaded.file, loaded.lines)
+    located = diags
     assert all(d.file == str(path) for d in located)
     assert [(d.line, d.code) for d in located if d.is_error] == _marked(MULTI_YAML)
     dangling = next(d for d in located if d.code == "dangling-input")
@@ -720,16 +722,16 @@ YAML_SYNTAX_CASES = [
     ("text", "line"), [c[1:] for c in YAML_SYNTAX_CASES], ids=[c[0] for c in YAML_SYNTAX_CASES]
 )
 def test_yaml_syntax_error_has_file_and_line(text: str, line: int) -> None:
-    loaded = load_model_text(text, "broken.yaml")
-    assert [(d.code, d.file, d.line) for d in loaded.diagnostics] == [("yaml-syntax", "broken.yaml", line)]
-    assert "YAML syntax error" in loaded.diagnostics[0].message
+    analysis = analyze_resolved(resolve_text(text, "broken.yaml"))
+    assert [(d.code, d.file, d.line) for d in analysis.diagnostics] == [("yaml-syntax", "broken.yaml", line)]
+    assert "YAML syntax error" in analysis.diagnostics[0].message
 
 
 def test_bad_interpolation_is_reported_with_its_path() -> None:
     text = BASE_YAML.replace("args: {normalized_shape: 8}", "args: {normalized_shape: '${model.dims.nope}'}")
     assert text != BASE_YAML
-    loaded = load_model_text(text, "interp.yaml")
-    bad = [d for d in loaded.diagnostics if d.code == "bad-interpolation"]
+    resolved = resolve_text(text, "interp.yaml")
+    bad = [d for d in resolved.diagnostics if d.code == "bad-interpolation"]
     assert [d.path for d in bad] == ["model.ops[1].args.normalized_shape"]
     assert "nope" in bad[0].message
     assert bad[0].file == "interp.yaml"

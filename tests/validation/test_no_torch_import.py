@@ -29,13 +29,14 @@ sys.meta_path.insert(0, Recorder())
 import te_assembly.cli.commands.validate
 import te_assembly.config
 import te_assembly.validate
-from te_assembly.config import available_models, compose, config_dir, load_model_file
-from te_assembly.validate import analyze
+from pathlib import Path
+from te_assembly import load
+from te_assembly.config import available_models, configs_dir
 
 results = {}
 for name in available_models():
-    diags, plan = analyze(load_model_file(config_dir() / "model" / f"{name}.yaml").model)
-    composed, _ = analyze(compose([f"model={name}"]).model)
+    plan = load(Path(configs_dir() / "model" / f"{name}.yaml")).plan
+    composed = load(name).diagnostics
     sys.argv = ["te_assembly", "validate", f"model={name}"]
     try:
         runpy.run_module("te_assembly", run_name="__main__", alter_sys=True)

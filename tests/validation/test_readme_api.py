@@ -1,4 +1,5 @@
-"""The README's "Python API" snippet runs as written, and does what its comments say."""
+"""The README's "Python API" snippet runs as written, from a directory outside the repository, and does
+what its comments say."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 import yaml
 
-from te_assembly.config import config_dir
-from te_assembly.engines import to_plan
+import te_assembly
+from te_assembly.config import configs_dir
+from te_assembly.pipeline import load
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,8 +27,10 @@ def _snippet() -> str:
     return found.group(1)
 
 
-def test_readme_python_api_snippet_runs(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    monkeypatch.chdir(REPO_ROOT)  # the snippet opens configs/... as a user in a checkout would
+def test_readme_python_api_snippet_runs_from_another_directory(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a user's own directory: no configs/ next to it
     namespace: dict[str, Any] = {}
     exec(compile(_snippet(), "README.md", "exec"), namespace)
     x, y, extras = namespace["x"], namespace["y"], namespace["extras"]
@@ -35,13 +39,29 @@ def test_readme_python_api_snippet_runs(monkeypatch: pytest.MonkeyPatch, capsys:
     assert torch.equal(namespace["y_te"], y) and torch.equal(namespace["aux_loss"], extras["aux_loss"])
     grads = [p.grad for p in namespace["model"].parameters()]
     assert grads and all(g is not None for g in grads)
+    plan = namespace["analysis"].plan
+    assert plan.in_features == 32
+    assert namespace["small"].plan is plan
+    assert sum(p.numel() for p in namespace["small"].parameters()) == plan.num_params
     printed = capsys.readouterr().out
+    assert f"32 {plan.num_params}" in printed
     assert "in_features=32 but the main path arrives with width 64" in printed
     assert "set in_features: 64" in printed
 
 
+def test_shipped_config_is_found_from_any_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = te_assembly.shipped_config("model/residual_mlp.yaml")
+    assert path.is_absolute() and path.parent.parent == te_assembly.configs_dir()
+    assert te_assembly.shipped_config("recipe/mxfp8.yaml").name == "mxfp8.yaml"
+    with pytest.raises(FileNotFoundError, match=r"no shipped config 'model/nope\.yaml'"):
+        te_assembly.shipped_config("model/nope.yaml")
+
+
 def test_build_accepts_a_raw_model_mapping() -> None:
-    raw = yaml.safe_load((config_dir() / "model" / "residual_mlp.yaml").read_text())
-    plan = to_plan(raw)
+    raw = yaml.safe_load((configs_dir() / "model" / "residual_mlp.yaml").read_text())
+    plan = load(raw).checked_plan()
     assert plan.in_features == 64 and plan.step("fc1").args["out_features"] == 256
-    assert to_plan({"model": raw}).step("fc1").args == plan.step("fc1").args
+    assert load({"model": raw}).checked_plan().step("fc1").args == plan.step("fc1").args
+    model = te_assembly.build(raw, engine="reference")
+    assert model.plan.step("fc1").args == plan.step("fc1").args

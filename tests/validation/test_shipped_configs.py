@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from te_assembly.config import available_models, config_dir, load_model_file
-from te_assembly.validate import analyze
+from te_assembly.config import available_models, configs_dir
+from te_assembly.config.resolved import read_source
+from te_assembly.pipeline import load
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
-MODEL_DIR = config_dir() / "model"
+MODEL_DIR = configs_dir() / "model"
 SHIPPED = sorted(MODEL_DIR.rglob("*.yaml"))
 
 
@@ -28,14 +29,15 @@ def test_configs_are_discovered() -> None:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=_model_name)
 def test_shipped_config_is_valid(path: Path, run_cli: RunCli) -> None:
-    loaded = load_model_file(path)
-    assert [d.format() for d in loaded.diagnostics] == []
-    diags, plan = analyze(loaded.model)
-    errors = [d.format() for d in diags if d.is_error]
+    source = read_source(str(path), "model")
+    assert [d.format() for d in source.diagnostics] == []
+    analysis = load(path)
+    errors = [d.format() for d in analysis.errors]
     assert errors == []
+    plan = analysis.plan
     assert plan is not None
-    assert plan.name == loaded.model["name"]
-    assert len(plan.steps) == len(loaded.model["ops"])
+    assert plan.name == source.data["name"]
+    assert len(plan.steps) == len(source.data["ops"])
 
     result = run_cli(["validate", f"model={_model_name(path)}"])
     assert result.returncode == 0, result.stderr

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from te_assembly.validate import analyze
+from te_assembly.pipeline import load
 from tests.validation.test_invalid_corpus import BASE
 
 
 def _errors(model: dict[str, Any]) -> list[str]:
-    diags, plan = analyze(model)
+    analysis = load(model)
+    diags, plan = analysis.diagnostics, analysis.plan
     errors = [d.format() for d in diags if d.is_error]
     assert (plan is None) == bool(errors)
     return errors
@@ -24,16 +25,17 @@ def test_any_python_identifier_is_a_step_name(name: str) -> None:
     model = copy.deepcopy(BASE)
     model["ops"][1]["name"] = name
     assert _errors(model) == []
-    assert analyze(model)[1] is not None and analyze(model)[1].steps[1].name == name  # type: ignore[union-attr]
+    plan = load(model).plan
+    assert plan is not None and plan.steps[1].name == name
 
 
 @pytest.mark.parametrize("name", ["pre-norm", "1norm", "norm two", "", "a.b"])
 def test_non_identifier_step_name_is_rejected(name: str) -> None:
     model = copy.deepcopy(BASE)
     model["ops"][1]["name"] = name
-    diags, plan = analyze(model)
-    assert plan is None
-    assert [(d.path, d.code) for d in diags if d.is_error] == [("model.ops[1].name", "bad-name")]
+    analysis = load(model)
+    assert analysis.plan is None
+    assert [(d.path, d.code) for d in analysis.errors] == [("model.ops[1].name", "bad-name")]
 
 
 def test_null_args_and_slot_mappings_mean_empty() -> None:
@@ -43,8 +45,8 @@ def test_null_args_and_slot_mappings_mean_empty() -> None:
     model["ops"][1]["extra_outputs"] = None
     model["ops"][4]["extra_outputs"] = None  # GroupedLinear: no output slots
     assert _errors(model) == []
-    plain = analyze(copy.deepcopy(BASE))[1]
-    nulls = analyze(model)[1]
+    plain = load(copy.deepcopy(BASE)).plan
+    nulls = load(model).plan
     assert plain is not None and nulls is not None
     assert [(s.name, s.args, s.input_channels) for s in nulls.steps] == [
         (s.name, s.args, s.input_channels) for s in plain.steps
@@ -54,8 +56,7 @@ def test_null_args_and_slot_mappings_mean_empty() -> None:
 def test_null_args_still_need_required_arguments() -> None:
     model = copy.deepcopy(BASE)
     model["ops"][1]["args"] = None
-    diags, _ = analyze(model)
-    assert [(d.path, d.code) for d in diags if d.is_error] == [
+    assert [(d.path, d.code) for d in load(model).errors] == [
         ("model.ops[1].args.normalized_shape", "missing-arg")
     ]
 

@@ -29,12 +29,15 @@ from te_assembly.bench import (
 )
 from te_assembly.bench.runner import process_peak_rss_mib
 from te_assembly.bench.split import split_points
-from te_assembly.cli.commands.common import section
+from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.session import start
-from te_assembly.diagnostics import did_you_mean, error
+from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.errors import ConfigError
 from te_assembly.plan import Plan
+from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+
+SECTIONS = {**DEFAULT_SECTIONS, "bench": BenchSettings}
 
 # Backward does two GEMMs per forward GEMM (data and weight gradients).
 FLOP_FACTOR = {"forward": 1, "backward": 2, "step": 3}
@@ -90,7 +93,9 @@ def compare_table(results: Sequence[VariantResult], tokens: int) -> Table:
 def split_summary(split: SplitPlan) -> str:
     cut = split.original.steps[split.cut].name
     bridged = "; ".join(f"{b.channel} -> {', '.join(b.inputs)}" for b in split.bridges) or "none"
-    return f"(b) cuts before step {cut!r} (model.ops[{split.cut}]); channels passed by the caller: {bridged}"
+    return printable(
+        f"(b) cuts before step {cut!r} (model.ops[{split.cut}]); channels passed by the caller: {bridged}"
+    )
 
 
 def check_split_at(plan: Plan, split_at: str | None) -> None:
@@ -105,10 +110,10 @@ def check_split_at(plan: Plan, split_at: str | None) -> None:
     raise ConfigError([error("bench.split_at", "bad-split-point", message, hint)])
 
 
-def main(overrides: Sequence[str], console: Console) -> int:
-    session = start(overrides, console)
+def main(analysis: Analysis, console: Console) -> Outcome:
+    session = start(analysis, console)
     plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
-    settings = BenchSettings.from_mapping(section(session.cfg, "bench"))
+    settings: BenchSettings = session.section("bench")
     check_split_at(plan, settings.split_at)
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
@@ -131,7 +136,8 @@ def main(overrides: Sequence[str], console: Console) -> int:
     inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     console.print(
-        f"{plan.name}: {dev_name}, dtype {str(dtype).removeprefix('torch.')}, {settings.tokens} tokens, "
+        f"{printable(plan.name)}: {dev_name}, dtype {str(dtype).removeprefix('torch.')}, "
+        f"{settings.tokens} tokens, "
         f"{settings.warmup} warm-up + {settings.repeats} timed repeats per phase, "
         f"optimizer {settings.optimizer}, "
         f"{torch.get_num_threads()} CPU thread(s)",
@@ -169,4 +175,12 @@ def main(overrides: Sequence[str], console: Console) -> int:
         )
     where = f"peak: {PEAK_SOURCE}" if peak is not None else "TFLOP/s: n/a (CPU or a GPU without a peak entry)"
     console.print(f"forward GEMM FLOPs per call: {flops:,} (backward 2x, step 3x); {where}", markup=False)
-    return 0
+    return Outcome(0, sweep_summary(results, settings.tokens))
+
+
+def sweep_summary(results: Sequence[VariantResult], tokens: int) -> dict[str, float | str]:
+    """This job's numbers for the table that ends a sweep (``bench -m ...``): (a)'s median per phase."""
+    first = results[0]
+    out: dict[str, float | str] = {f"{phase} ms": first.stats[phase].median * 1e3 for phase in PHASES}
+    out["step tokens/s"] = tokens / first.stats["step"].median
+    return out

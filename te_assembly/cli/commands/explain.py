@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rich.console import Console
 
-from te_assembly.cli.commands.common import require_plan
+from te_assembly.cli.commands.common import checked_plan
 from te_assembly.cli.report import plan_tables
+from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+
+SECTIONS = DEFAULT_SECTIONS
 
 
-def main(overrides: Sequence[str], console: Console) -> int:
-    _, plan = require_plan(overrides, console)
+def main(analysis: Analysis, console: Console) -> int:
+    plan = checked_plan(analysis, console)
     for table in plan_tables(plan):
         console.print(table)
     return 0

@@ -27,14 +27,20 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from te_assembly.cli.commands.session import positive_int, start
+from te_assembly.cli.commands.session import start
 from te_assembly.cli.report import plan_tables
+from te_assembly.diagnostics import printable
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.errors import NonFiniteError
 from te_assembly.plan import Plan
+from te_assembly.settings import RunSettings
+from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+
+SECTIONS = DEFAULT_SECTIONS
 
 
 @dataclass
@@ -132,7 +138,7 @@ def output_table(result: StepResult) -> Table:
         mean = _fmt(v.mean().item()) if v.numel() else "-"
         absmax = _fmt(v.abs().max().item()) if v.numel() else "-"
         dtype = str(value.dtype).removeprefix("torch.")
-        table.add_row(name, str(tuple(value.shape)), dtype, mean, std, absmax)
+        table.add_row(Text(printable(name)), str(tuple(value.shape)), dtype, mean, std, absmax)
     return table
 
 
@@ -143,8 +149,8 @@ def channel_grad_table(plan: Plan, channels: Mapping[str, torch.Tensor]) -> Tabl
         table.add_column(col, justify="right" if col == "grad norm" else "left")
     steps = plan.steps_by_index
     for name, channel in plan.channels.items():
-        producer = f"{steps[channel.producer.step].name}.{channel.producer.slot_name}"
-        sources = [f"{steps[r.step].name}.{r.slot_name}" for r in channel.consumers]
+        producer = printable(f"{steps[channel.producer.step].name}.{channel.producer.slot_name}")
+        sources = [printable(f"{steps[r.step].name}.{r.slot_name}") for r in channel.consumers]
         if channel.public:
             sources.append("caller")
         tensor = channels.get(name)
@@ -154,7 +160,7 @@ def channel_grad_table(plan: Plan, channels: Mapping[str, torch.Tensor]) -> Tabl
             norm = "none reached it"
         else:
             norm = _fmt(tensor.grad.double().norm().item())
-        table.add_row(name, producer, ", ".join(sources) or "(nothing)", norm)
+        table.add_row(Text(printable(name)), Text(producer), Text(", ".join(sources) or "(nothing)"), norm)
     return table
 
 
@@ -170,16 +176,19 @@ def _progress(console: Console) -> Iterator[Progress]:
         yield progress
 
 
-def main(overrides: Sequence[str], console: Console) -> int:
-    session = start(overrides, console)
+def main(analysis: Analysis, console: Console) -> int:
+    session = start(analysis, console)
     plan, engine, kernels = session.plan, session.engine, session.kernels
     device, dtype, seed, recipe = session.device, session.dtype, session.seed, session.recipe
-    steps, tokens = positive_int(session.cfg, "run.steps"), positive_int(session.cfg, "run.tokens")
-    header = f"{plan.name}: device {device}, dtype {str(dtype).removeprefix('torch.')}, seed {seed}"
+    run: RunSettings = session.section("run")
+    steps, tokens = run.steps, run.tokens
+    header = (
+        f"{printable(plan.name)}: device {device}, dtype {str(dtype).removeprefix('torch.')}, seed {seed}"
+    )
     if engine == "te":
-        header += f", kernels {kernels}, recipe {recipe.get('name')}"
-    elif recipe.get("kind") != "none":
-        header += f"; recipe {recipe.get('name')} ignored by the reference engine"
+        header += f", kernels {kernels}, recipe {printable(recipe.name)}"
+    elif recipe.kind != "none":
+        header += f"; recipe {printable(recipe.name)} ignored by the reference engine"
     console.print(header, markup=False)
     # Build before printing the plan, so an engine that cannot run here says so first.
     torch.manual_seed(seed)

@@ -8,26 +8,27 @@ tensor's name (exit 1). Checkpoints of an earlier run in ``train.out_dir`` stop 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from te_assembly.cli.commands.common import section
 from te_assembly.cli.commands.session import start
+from te_assembly.diagnostics import printable
 from te_assembly.outputs import prepare_out_dir
 from te_assembly.train import StepRecord, TrainSettings, train
 from te_assembly.train.run_record import check_fresh_start
+from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+
+SECTIONS = {**DEFAULT_SECTIONS, "train": TrainSettings}
 
 
-def main(overrides: Sequence[str], console: Console) -> int:
-    session = start(overrides, console)
+def main(analysis: Analysis, console: Console) -> int:
+    session = start(analysis, console)
     plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
-    settings = TrainSettings.from_mapping(section(session.cfg, "train"))
+    settings: TrainSettings = session.section("train")
     # Before the progress bar: a bad path, or an earlier run in the way, fails first and alone.
     check_fresh_start(prepare_out_dir(settings.out_dir), settings)
     console.print(
-        f"{plan.name}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
+        f"{printable(plan.name)}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "
         f"of {settings.batch_tokens} tokens; {settings.optimizer} lr {settings.lr:g} ({settings.schedule}, "
         f"warm-up {settings.warmup_steps}), device {device}, dtype {str(dtype).removeprefix('torch.')}",

@@ -1,27 +1,33 @@
-"""``validate``: exit 0 with a summary, or 2 with every diagnostic."""
+"""``validate``: exit 0 with a summary, or 2 with every diagnostic (model, recipe and run settings)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rich.console import Console
 
-from te_assembly.cli.commands.common import load_and_validate
-from te_assembly.errors import ConfigError
+from te_assembly.cli.commands import Outcome
+from te_assembly.cli.commands.common import checked_plan
+from te_assembly.diagnostics import printable
+from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+
+SECTIONS = DEFAULT_SECTIONS
 
 
-def main(overrides: Sequence[str], console: Console) -> int:
-    loaded, diags, plan = load_and_validate(overrides)
-    if plan is None:
-        raise ConfigError(diags)
-    from te_assembly.cli.report import print_diagnostics
-
-    print_diagnostics(diags, console)
-    where = f" ({loaded.file})" if loaded.file else ""
+def main(analysis: Analysis, console: Console) -> Outcome:
+    plan = checked_plan(analysis, console)
+    file = analysis.resolved.file_of("model")
+    where = f" ({printable(file)})" if file else ""
+    summary = {
+        "steps": len(plan.steps),
+        "fusers": len(plan.fusers),
+        "channels": len(plan.channels),
+        "public inputs": len(plan.public_inputs),
+        "public outputs": len(plan.public_outputs),
+        "warnings": len(analysis.warnings),
+    }
     console.print(
-        f"{plan.name}{where}: valid — {len(plan.steps)} steps, {len(plan.fusers)} fuser(s), "
+        f"{printable(plan.name)}{where}: valid — {len(plan.steps)} steps, {len(plan.fusers)} fuser(s), "
         f"{len(plan.channels)} channel(s), {len(plan.public_inputs)} public input(s), "
-        f"{len(plan.public_outputs)} public output(s), {len(diags)} warning(s)",
+        f"{len(plan.public_outputs)} public output(s), {len(analysis.warnings)} warning(s)",
         markup=False,
     )
-    return 0
+    return Outcome(0, summary)

@@ -14,18 +14,18 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from te_assembly.cli.commands.common import require_plan, section, setting
-from te_assembly.cli.commands.session import (
-    Checks,
-    positive_int,
-    resolve_device,
-    resolve_dtype,
-    resolve_seed,
-)
+from te_assembly.cli.commands.common import checked_plan
+from te_assembly.cli.commands.session import DTYPES, resolve_device
+from te_assembly.diagnostics import printable
 from te_assembly.engines import te_available
 from te_assembly.errors import EngineUnavailableError
+from te_assembly.settings import CommonSettings, RunSettings
+from te_assembly.validate.analysis import COMMON, DEFAULT_SECTIONS, Analysis
 from te_assembly.verify import VerifyReport, verify
+
+SECTIONS = DEFAULT_SECTIONS
 
 INSTALL_HINT = (
     "verify needs Transformer Engine: pip install 'te_assembly[te]' "
@@ -34,6 +34,7 @@ INSTALL_HINT = (
 
 
 def _kernels(overrides: Sequence[str], configured: str, on_gpu: bool) -> str:
+    """``kernels`` when the command line sets it; otherwise TE's on a GPU, the reference math without."""
     if any(o.lstrip("+").startswith("kernels=") for o in overrides):
         return configured
     return "te" if on_gpu else "reference"
@@ -46,7 +47,8 @@ def _fmt(value: float) -> str:
 def report_table(report: VerifyReport) -> Table:
     tol = report.tolerance
     table = Table(
-        title=f"{report.model}: engine=te kernels={report.kernels} vs reference, both in eval mode "
+        title=f"{printable(report.model)}: engine=te kernels={report.kernels} vs reference, "
+        "both in eval mode "
         f"({report.device}, {report.dtype}, recipe {report.recipe or 'none'}; "
         f"pass: max abs <= {tol.atol:g} + {tol.rtol:g} * max|ref|, int tensors exact)",
         title_justify="left",
@@ -59,36 +61,32 @@ def report_table(report: VerifyReport) -> Table:
             result += f" ({c.note})"
         if c.exact:
             result += " (exact)"
-        table.add_row(c.name, c.kind, str(c.shape), _fmt(c.max_abs), _fmt(c.max_rel), result)
+        table.add_row(Text(printable(c.name)), c.kind, str(c.shape), _fmt(c.max_abs), _fmt(c.max_rel), result)
     return table
 
 
-def main(overrides: Sequence[str], console: Console) -> int:
-    loaded, plan = require_plan(overrides, console)
-    cfg = loaded.cfg
-    check = Checks()
-    dtype = check(lambda: resolve_dtype(str(setting(cfg, "dtype"))))
-    tokens = check(lambda: positive_int(cfg, "run.tokens"))
-    seed = check(lambda: resolve_seed(setting(cfg, "seed")))
-    check.raise_errors()
-    assert dtype is not None and tokens is not None and seed is not None
+def main(analysis: Analysis, console: Console) -> int:
+    plan = checked_plan(analysis, console)
+    common: CommonSettings = analysis.section(COMMON)
+    run: RunSettings = analysis.section("run")
     if not te_available():
         raise EngineUnavailableError(INSTALL_HINT)
-    device = resolve_device(str(setting(cfg, "device")))
-    kernels = _kernels(overrides, str(setting(cfg, "kernels")), device.type == "cuda")
+    device = resolve_device(common.device)
+    kernels = _kernels(analysis.resolved.overrides, common.kernels, device.type == "cuda")
+    dtype, tokens, seed = DTYPES[common.dtype], run.tokens, common.seed
     report = verify(
         plan,
         kernels=kernels,
         device=device,
         dtype=dtype,
-        recipe=section(cfg, "recipe") or None,
+        recipe=analysis.recipe,
         tokens=tokens,
         seed=seed,
     )
     console.print(report_table(report))
     failures = report.failures
     if failures:
-        names = ", ".join(c.name for c in failures)
+        names = printable(", ".join(c.name for c in failures))
         console.print(
             f"verify FAILED: {len(failures)} of {len(report.comparisons)} tensors differ: {names}",
             style="bold red",

@@ -1,0 +1,355 @@
+"""The command line as a Hydra application, driven per command.
+
+``python -m te_assembly [COMMAND] [HYDRA FLAGS] [OVERRIDES]``: after the command word, the arguments are
+exactly a Hydra app's (``hydra._internal.utils.get_args_parser``): ``--config-dir/-cd``, ``--cfg``,
+``--info``, ``--multirun/-m``, ``--shell-completion/-sc``, ``--hydra-help``, ``--config-name/-cn``,
+``--config-path/-cp``, ``hydra.verbose=...``. This module does what Hydra's ``_run_hydra`` does (build
+the search path, create the ``Hydra`` object, dispatch on the flags) with three differences: the config
+loader is te_assembly's (``config/composition.py``), ``--cfg`` and ``--help`` show the model and the
+recipe as te_assembly reads them, and errors become exit codes instead of Hydra's report-and-exit(1):
+
+- 0: ok; 1: runtime failure; 2: config or composition error, always one clean message, never a
+  traceback. With ``-m``, the worst job's code, after a table of every job's outcome.
+
+Each job (one with ``run``, several with ``-m``) is Hydra's ``run_job`` calling ``_job``, which reads
+this job's overrides from ``HydraConfig``, runs the pipeline (``resolve_composed`` ->
+``analyze_resolved``) and hands the analysis to the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from te_assembly.cli.commands import Outcome
+from te_assembly.diagnostics import printable
+from te_assembly.errors import CompositionError, ConfigError, TeAssemblyError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("te_assembly.cli.commands.run", "build the model and run a few forward+backward steps (default)"),
+    "validate": ("te_assembly.cli.commands.validate", "check the config; exit 2 with every error"),
+    "explain": ("te_assembly.cli.commands.explain", "print the resolved plan, channels and call signature"),
+    "graph": ("te_assembly.cli.commands.graph", "draw the channel graph (Mermaid, DOT, SVG/PNG)"),
+    "verify": ("te_assembly.cli.commands.verify", "compare the TE engine against the reference engine"),
+    "train": ("te_assembly.cli.commands.train", "train the block on a synthetic teacher task"),
+    "bench": ("te_assembly.cli.commands.bench", "time forward, backward and step"),
+}
+DEFAULT_COMMAND = "run"
+PROG = "python -m te_assembly"
+
+# Hydra flags that take a value, and --info's optional one.
+_VALUE_FLAGS = {"--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c"}
+_VALUE_FLAGS |= {"--package", "-p", "--experimental-rerun"}
+_INFO_FLAGS = {"--info", "-i"}
+_INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+@dataclass
+class Split:
+    """The command line taken apart: the command word and the rest, Hydra's arguments."""
+
+    command: str | None
+    hydra_args: list[str]
+    unknown: str | None = None
+    """A word in the command's place that is no command."""
+    wants_help: bool = False
+
+
+def split_command(args: Sequence[str]) -> Split:
+    """Find the command word: the first argument that is neither a flag, a flag's value, nor an
+    override (``key=value``); flags may come before it (``-cd DIR validate``)."""
+    rest: list[str] = []
+    command = unknown = None
+    wants_help = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            wants_help = True
+        elif arg in _VALUE_FLAGS and i + 1 < len(args):
+            rest.extend(args[i : i + 2])
+            i += 2
+            continue
+        elif arg in _INFO_FLAGS and i + 1 < len(args) and args[i + 1] in _INFO_CHOICES:
+            rest.extend(args[i : i + 2])
+            i += 2
+            continue
+        elif command is None and unknown is None and not arg.startswith("-") and "=" not in arg:
+            if arg in COMMANDS or arg == "help":
+                command = arg
+            else:
+                unknown = arg
+            i += 1
+            continue
+        rest.append(arg)
+        i += 1
+    if command == "help":
+        command, wants_help = None, True
+    return Split(command, rest, unknown, wants_help)
+
+
+@dataclass
+class Consoles:
+    out: Console
+    err: Console
+
+
+def consoles() -> Consoles:
+    # Piped output (CI logs, tests) gets a wide fixed width so tables are not folded at 80 columns.
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
+    return Consoles(out, err)
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def composition_message(exc: BaseException, overrides: Sequence[str]) -> str:
+    from te_assembly.config.errors import describe
+
+    return describe(exc, overrides)
+
+
+def _report(exc: BaseException, io: Consoles, overrides: Sequence[str]) -> int:
+    """The exit code for an error a command or Hydra raised on purpose, after printing it cleanly."""
+    from te_assembly.cli.report import print_diagnostics
+    from te_assembly.config.errors import from_composition, syntax_error_in
+
+    if isinstance(exc, ConfigError):
+        print_diagnostics(exc.diagnostics, io.err)
+        return 2
+    if isinstance(exc, CompositionError):
+        io.err.print(f"error: {printable(str(exc), keep_newlines=True)}", markup=False)
+        return 2
+    if from_composition(exc):
+        syntax = syntax_error_in(exc)
+        if syntax is not None:
+            print_diagnostics([syntax], io.err)
+            return 2
+        message = composition_message(exc, overrides)
+        io.err.print(f"error: {printable(message, keep_newlines=True)}", markup=False)
+        return 2
+    if isinstance(exc, TeAssemblyError):
+        io.err.print(f"error: {printable(str(exc), keep_newlines=True)}", markup=False)
+        return 1
+    raise exc
+
+
+# ------------------------------------------------------------------------------------------- jobs
+
+
+@dataclass
+class AppState:
+    """What the task function needs that Hydra does not pass it."""
+
+    command: str
+    io: Consoles
+    config_dirs: tuple[str, ...] = ()
+    multirun: bool = False
+    outcomes: list[tuple[list[str], Outcome]] = field(default_factory=list)
+
+
+def _command_module(command: str) -> Any:
+    return importlib.import_module(COMMANDS[command][0])
+
+
+def _job(state: AppState, cfg: Any) -> Outcome:
+    """One job: this job's overrides from Hydra, the pipeline, the command."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from te_assembly.config.resolved import resolve_composed
+    from te_assembly.validate.analysis import analyze_resolved
+
+    hydra_cfg = HydraConfig.get()
+    task = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)  # resolving would evaluate values
+    overrides = [str(o) for o in task]  # type: ignore[union-attr]
+    if state.multirun:
+        shown = " ".join(overrides) or "(no overrides)"
+        state.io.out.print(f"[job {hydra_cfg.job.num}] {printable(shown)}", style="bold", markup=False)
+    try:
+        module = _command_module(state.command)
+        resolved = resolve_composed(cfg, overrides, state.config_dirs)
+        analysis = analyze_resolved(resolved, module.SECTIONS)
+        result = module.main(analysis, state.io.out)
+        outcome = result if isinstance(result, Outcome) else Outcome(int(result))
+    except KeyboardInterrupt:
+        state.io.err.print("interrupted", markup=False)
+        outcome = Outcome(130)
+    except Exception as exc:  # only te_assembly's, Hydra's and OmegaConf's own errors; others re-raise
+        outcome = Outcome(_report(exc, state.io, overrides))
+    state.outcomes.append((overrides, outcome))
+    return outcome
+
+
+# ------------------------------------------------------------------------------------------- flags
+
+
+def _parser() -> argparse.ArgumentParser:
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = f"{PROG} [COMMAND]"
+    parser.exit_on_error = False
+    return parser
+
+
+def _parse(hydra_args: list[str], io: Consoles) -> argparse.Namespace | int:
+    parser = _parser()
+    try:
+        return parser.parse_args(hydra_args)
+    except argparse.ArgumentError as exc:
+        io.err.print(f"error: {exc}", markup=False)
+        io.err.print(
+            f"usage: {PROG} [COMMAND] [HYDRA FLAGS] [KEY=VALUE ...]   (--help for more)", markup=False
+        )
+        return 2
+    except SystemExit as exc:  # --version, or an error argparse still exits for (it printed why)
+        return exc.code if isinstance(exc.code, int) else 2
+
+
+def run_command(command: str, hydra_args: list[str], io: Consoles) -> int:
+    """Run ``command`` as a Hydra app with ``hydra_args`` (flags and overrides)."""
+    parsed = _parse(hydra_args, io)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    overrides = list(args.overrides)
+    config_dirs = (args.config_dir,) if args.config_dir else ()
+    modes = (
+        args.run + args.multirun + (args.cfg is not None) + args.shell_completion + (args.info is not None)
+    )
+    if modes > 1:
+        io.err.print(
+            "error: only one of --run, --multirun, --cfg, --info and --shell-completion", markup=False
+        )
+        return 2
+    if args.resolve and args.cfg is None:
+        io.err.print("error: --resolve only goes with --cfg", markup=False)
+        return 2
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        from te_assembly.config.composition import CONFIG_NAME, create_hydra
+
+        hydra = create_hydra(command, config_dirs, args.config_path)
+        config_name = args.config_name or CONFIG_NAME
+        if args.hydra_help:
+            hydra.hydra_help(config_name=config_name, args_parser=_parser(), args=args)
+            return 0
+        if args.cfg is not None:
+            return _show_cfg(hydra, config_name, overrides, args, config_dirs, io)
+        if args.info is not None:
+            hydra.show_info(args.info, config_name=config_name, overrides=overrides)
+            return 0
+        if args.shell_completion:
+            return _shell_completion(hydra, config_name, overrides)
+        state = AppState(command, io, config_dirs, multirun=bool(args.multirun))
+        return _run(hydra, state, config_name, overrides)
+    except Exception as exc:
+        return _report(exc, io, overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _run(hydra: Any, state: AppState, config_name: str, overrides: list[str]) -> int:
+    def task(cfg: Any) -> Outcome:
+        return _job(state, cfg)
+
+    if not state.multirun:
+        hydra.run(config_name=config_name, task_function=task, overrides=overrides)
+        return state.outcomes[-1][1].code if state.outcomes else 2
+    hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
+    from te_assembly.cli.report import sweep_table
+
+    if state.outcomes:
+        state.io.out.print(sweep_table(state.command, state.outcomes))
+    return max((o.code for _, o in state.outcomes), default=0)
+
+
+def _show_cfg(
+    hydra: Any,
+    config_name: str,
+    overrides: list[str],
+    args: argparse.Namespace,
+    config_dirs: Sequence[str],
+    io: Consoles,
+) -> int:
+    """Hydra's ``--cfg job|hydra|all`` (with ``--package`` and ``--resolve``), showing the model and the
+    recipe as te_assembly reads them (file, merged configs, overrides, interpolations) instead of stubs."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from te_assembly.cli.report import print_diagnostics
+    from te_assembly.config.locations import FILE_GROUPS
+    from te_assembly.config.resolved import resolve_composed
+    from te_assembly.pipeline import task_overrides
+
+    cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False)
+    HydraConfig.instance().set_config(cfg)
+    resolved = resolve_composed(cfg, task_overrides(cfg), config_dirs)
+    load_errors = [
+        d for d in resolved.diagnostics if d.is_error and d.path.split(".")[0].split("[")[0] in FILE_GROUPS
+    ]
+    if load_errors:
+        print_diagnostics(load_errors, io.err)
+        return 2
+    full = OmegaConf.to_container(cfg, resolve=bool(args.resolve))
+    assert isinstance(full, dict)
+    for group in FILE_GROUPS:
+        if group in full:
+            full[group] = getattr(resolved, group)
+    if args.cfg == "job":
+        full.pop("hydra", None)
+    elif args.cfg == "hydra":
+        hydra_part = full.get("hydra", {})
+        for key in ("help", "hydra_help"):
+            hydra_part.pop(key, None)
+        full = {"hydra": hydra_part}
+    shown: Any = full
+    if args.package and args.package != "_global_":
+        shown = full
+        for key in args.package.split("."):
+            if not isinstance(shown, dict) or key not in shown:
+                io.err.print(f"error: package {args.package!r} not found in config", markup=False)
+                return 2
+            shown = shown[key]
+        print(f"# @package {args.package}")
+    if isinstance(shown, (dict, list)):
+        sys.stdout.write(yaml.safe_dump(shown, sort_keys=False, allow_unicode=True, default_flow_style=False))
+    else:
+        print(shown)
+    return 0
+
+
+def _shell_completion(hydra: Any, config_name: str, overrides: list[str]) -> int:
+    """Hydra's shell completion for the installed ``te-assembly`` command (Hydra's scripts complete an
+    executable or a ``python script.py``, not ``python -m``); a command word on the line is skipped."""
+    from hydra.plugins.completion_plugin import CompletionPlugin
+
+    line = os.environ.get("COMP_LINE")
+    if line is not None:
+        stripped = CompletionPlugin.strip_python_or_app_name(line)
+        words = stripped.split(" ")
+        if words and words[0] in COMMANDS:
+            stripped = " ".join(words[1:])
+        os.environ["COMP_LINE"] = f"te-assembly {stripped}"
+    saved = sys.argv[0]
+    sys.argv[0] = "te-assembly"  # the script Hydra prints completes this executable
+    try:
+        hydra.shell_completion(config_name=config_name, overrides=overrides)
+    finally:
+        sys.argv[0] = saved
+    return 0
+
+
+__all__ = ["COMMANDS", "DEFAULT_COMMAND", "PROG", "Consoles", "consoles", "run_command", "split_command"]

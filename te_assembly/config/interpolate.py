@@ -1,0 +1,342 @@
+"""Pass 2, interpolations: every ``${...}`` in the model and recipe resolved once, leaf by leaf, so each
+bad one is reported at its own key path and the rest still resolve.
+
+The forms configs use are resolved here directly: a whole-value reference ``${model.dims.hidden}`` (its
+target keeps its type; a target that is itself an interpolation is resolved first, cycles reported) and
+``${mul:2,${model.dims.ffn}}`` (numbers only: ``${mul:abc,100000000}`` is an error, not a 300 MB string).
+Any other interpolation (``${oc.env:H}``, a relative ``${..x}``, text around a reference) is handed, one
+leaf at a time, to OmegaConf with a small root built from the rest of the config, so the model's steps
+never become OmegaConf nodes unless such a leaf sits among them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from te_assembly.config.source import Key
+from te_assembly.diagnostics import Diagnostic, closest, error
+
+_REF = re.compile(r"\$\{\s*([A-Za-z_][\w]*(?:\.[A-Za-z_\w][\w]*|\[\d+\])*)\s*\}")
+_MUL = re.compile(r"\$\{\s*mul\s*:(.*)\}", re.S)
+_NUMBER = re.compile(r"[-+]?(?:\d[\d_]*)?(?:\.\d[\d_]*)?(?:[eE][-+]?\d+)?")
+_MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
+
+
+class InterpolationError(Exception):
+    """One leaf could not be resolved; the message is the diagnostic's."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def check_mul(*factors: Any) -> Any:
+    """``${mul:a,b,...}``: the product of numbers (bools and strings are refused)."""
+    result: Any = 1
+    for f in factors:
+        if isinstance(f, bool) or not isinstance(f, (int, float)):
+            raise TypeError(f"mul takes numbers, got {f!r}")
+        result *= f
+    if isinstance(result, float) and not math.isfinite(result):
+        raise ValueError(f"mul of {', '.join(map(str, factors))} is not a finite number")
+    return result
+
+
+def register_resolvers() -> None:
+    """``mul`` for OmegaConf too (the fallback, and Hydra's own composition of the settings)."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("mul", check_mul, replace=True)
+
+
+def _get(data: Any, keys: Sequence[Key]) -> Any:
+    node = data
+    for key in keys:
+        if isinstance(node, Mapping):
+            node = node[str(key)]
+        elif isinstance(node, list):
+            index = key if isinstance(key, int) else int(key)
+            if index < 0:
+                raise IndexError(index)
+            node = node[index]
+        else:
+            raise KeyError(key)
+    return node
+
+
+def _parse_ref(text: str) -> list[Key]:
+    return [int(i) if i else k for k, i in re.findall(r"([A-Za-z_\w]+)|\[(\d+)\]", text)]
+
+
+class Interpolator:
+    """Resolves the interpolation sites of the sections in ``roots`` (``{"model": {...}}``) in place of
+    copies; ``context()`` gives the rest of the config for the OmegaConf fallback."""
+
+    def __init__(self, roots: dict[str, Any], context: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.roots = roots
+        self.context = context or dict
+        self.done: dict[tuple[Key, ...], Any] = {}
+        self.failed: dict[tuple[Key, ...], InterpolationError] = {}
+        self.active: list[tuple[Key, ...]] = []
+        self._omegaconf_root: Any = None
+
+    def value(self, path: tuple[Key, ...]) -> Any:
+        """The resolved value at ``path`` (first key: a root's name)."""
+        if path in self.done:
+            return self.done[path]
+        if path in self.failed:
+            raise self.failed[path]
+        raw = _get(self.roots, path)
+        if not (isinstance(raw, str) and "${" in raw):
+            return raw
+        if path in self.active:
+            cycle = " -> ".join(_dotted(p) for p in [*self.active[self.active.index(path) :], path])
+            raise InterpolationError(f"cannot resolve value: interpolation cycle {cycle}")
+        self.active.append(path)
+        try:
+            result = self._resolve(raw, path)
+        except InterpolationError as exc:
+            self.failed[path] = exc
+            raise
+        finally:
+            self.active.pop()
+        self.done[path] = result
+        return result
+
+    def _resolve(self, text: str, path: tuple[Key, ...]) -> Any:
+        whole = _REF.fullmatch(text.strip())
+        if whole is not None:
+            keys = _parse_ref(whole.group(1))
+            if keys and keys[0] in self.roots:
+                return self._lookup(tuple(keys), whole.group(1))
+        mul = _MUL.fullmatch(text.strip())
+        if mul is not None:
+            args = _split_args(mul.group(1))
+            if args is not None:
+                return self._mul(args, path)
+        return self._fallback(text, path)
+
+    def _lookup(self, keys: tuple[Key, ...], shown: str) -> Any:
+        try:
+            value = self.value(keys)
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise InterpolationError(
+                f"cannot resolve value: Interpolation key '{shown}' not found",
+                suggest_key(self.roots, shown),
+            ) from None
+        if isinstance(value, (Mapping, list)):  # a whole subtree: resolve what it holds too
+            inner = find_sites(value)
+            if inner:
+                value = _rebuild(value, [(site, self.value((*keys, *site))) for site in inner])
+        return value
+
+    def _mul(self, args: list[str], path: tuple[Key, ...]) -> Any:
+        factors: list[Any] = []
+        for arg in args:
+            if _NUMBER.fullmatch(arg) and any(c.isdigit() for c in arg):
+                factors.append(_number(arg))
+            elif arg.startswith("${"):
+                factors.append(self._resolve(arg, path))
+            else:
+                factors.append(arg.strip("'\""))
+        try:
+            return check_mul(*factors)
+        except (TypeError, ValueError) as exc:
+            raise InterpolationError(f"cannot resolve value: {exc}") from None
+
+    def _fallback(self, text: str, path: tuple[Key, ...]) -> Any:
+        from omegaconf import OmegaConf
+
+        register_resolvers()
+        node, key = self._omegaconf_parent(text, path)
+        try:
+            node[key] = text
+            value = node[key]
+            return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        except Exception as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            missing = _MISSING_KEY.search(message)
+            hint = suggest_key(self.roots, missing.group(1)) if missing else None
+            raise InterpolationError(f"cannot resolve value: {message}", hint) from None
+
+    def _omegaconf_parent(self, text: str, path: tuple[Key, ...]) -> tuple[Any, Key]:
+        """The OmegaConf node that would hold ``path``, in a root with the rest of the config. The
+        model's steps are left out unless this leaf is among them or looks at them."""
+        from omegaconf import OmegaConf
+
+        needs_ops = "ops" in text or text.count("${.") > 0 or (len(path) > 1 and path[1] == "ops")
+        if self._omegaconf_root is None or (needs_ops and not self._with_ops):
+            plain = {**self.context(), **{name: self._shallow(name, needs_ops) for name in self.roots}}
+            self._omegaconf_root = OmegaConf.create(plain)
+            self._with_ops = needs_ops
+        node = self._omegaconf_root
+        for key in path[:-1]:
+            node = node[key]
+        return node, path[-1]
+
+    _with_ops = False
+
+    def _shallow(self, name: str, with_ops: bool) -> Any:
+        data = self.roots[name]
+        if isinstance(data, Mapping) and not with_ops:
+            return {k: v for k, v in data.items() if k != "ops"}
+        return data
+
+
+def _dotted(path: Sequence[Key]) -> str:
+    out = ""
+    for key in path:
+        out = f"{out}[{key}]" if isinstance(key, int) else (f"{out}.{key}" if out else str(key))
+    return out
+
+
+def _number(text: str) -> int | float:
+    cleaned = text.replace("_", "")
+    try:
+        return int(cleaned)
+    except ValueError:
+        return float(cleaned)
+
+
+def _split_args(body: str) -> list[str] | None:
+    """Resolver arguments split at top-level commas; None when nesting is unbalanced."""
+    args: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for c in body:
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth < 0:
+                return None
+        if c == "," and depth == 0:
+            args.append("".join(current).strip())
+            current = []
+        else:
+            current.append(c)
+    if depth != 0:
+        return None
+    args.append("".join(current).strip())
+    return args
+
+
+def resolve_sites(
+    interpolator: Interpolator, root: str, sites: Sequence[tuple[Key, ...]], prefix: str
+) -> tuple[Any, list[Diagnostic]]:
+    """Section ``root`` of the interpolator with every site resolved, as new data (the input is not
+    modified); a site that fails is left out (a list item becomes null) with one diagnostic."""
+    data = interpolator.roots[root]
+    diags: list[Diagnostic] = []
+    if not sites:
+        return data, diags
+    resolved: list[tuple[tuple[Key, ...], Any]] = []
+    for keys in sites:
+        try:
+            resolved.append((keys, interpolator.value((root, *keys))))
+        except InterpolationError as exc:
+            diags.append(error(_dotted([prefix, *keys]), "bad-interpolation", str(exc), exc.hint))
+            resolved.append((keys, _DROP))
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue  # the site was replaced by an override: nothing to resolve there
+    return _rebuild(data, resolved), diags
+
+
+_DROP = object()
+
+
+def _rebuild(data: Any, values: list[tuple[tuple[Key, ...], Any]]) -> Any:
+    """A copy of ``data`` with each path set to its value, copying only the containers on those paths."""
+    out = _copy(data)
+    copied: set[tuple[Key, ...]] = {()}
+    for keys, value in values:
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            prefix = keys[: depth + 1]
+            child = node[key if isinstance(node, list) else str(key)]
+            if prefix not in copied:
+                child = _copy(child)
+                node[key if isinstance(node, list) else str(key)] = child
+                copied.add(prefix)
+            node = child
+        last = keys[-1]
+        if value is _DROP:
+            if isinstance(node, list):
+                node[int(last)] = None
+            else:
+                node.pop(str(last), None)
+        else:
+            node[last if isinstance(node, list) else str(last)] = value
+    return out
+
+
+def _copy(node: Any) -> Any:
+    if isinstance(node, Mapping):
+        return dict(node)
+    if isinstance(node, list):
+        return list(node)
+    return node
+
+
+def find_sites(data: Any) -> list[tuple[Key, ...]]:
+    """Key paths of every string holding ``${`` (for data that did not come from a parsed file)."""
+    sites: list[tuple[Key, ...]] = []
+    stack: list[tuple[tuple[Key, ...], Any]] = [((), data)]
+    while stack:
+        keys, node = stack.pop()
+        if isinstance(node, str):
+            if "${" in node:
+                sites.append(keys)
+        elif isinstance(node, Mapping):
+            stack.extend(((*keys, str(k)), v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend(((*keys, i), v) for i, v in enumerate(node))
+    return sorted(sites, key=lambda k: [(0, x) if isinstance(x, int) else (1, x) for x in k])
+
+
+def suggest_key(root: Any, dotted: str) -> str | None:
+    """For a key path that does not exist in ``root``: the path with its first wrong component replaced
+    by the closest existing key, and the keys that do exist there. None when there is nothing to say."""
+    parts = dotted.split(".")
+    node = root
+    for i, part in enumerate(parts):
+        keys = _child_keys(node)
+        if keys is None:
+            return None
+        if part in keys:
+            try:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            except Exception:  # an OmegaConf value that does not resolve: nothing to suggest below it
+                return None
+            continue
+        match = closest(part, keys)
+        parent = ".".join(parts[:i]) or "the config root"
+        listed = f"{parent} has: {', '.join(sorted(keys))}" if keys else f"{parent} is empty"
+        if match is None:
+            return listed
+        return f"did you mean {'.'.join([*parts[:i], match, *parts[i + 1 :]])!r}? {listed}"
+    return None
+
+
+def _child_keys(node: Any) -> list[str] | None:
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(node, (Mapping, DictConfig)):
+        return [str(k) for k in node.keys()]
+    if isinstance(node, (list, ListConfig)):
+        return [str(i) for i in range(len(node))]
+    return None
+
+
+__all__ = [
+    "InterpolationError",
+    "Interpolator",
+    "check_mul",
+    "find_sites",
+    "register_resolvers",
+    "resolve_sites",
+    "suggest_key",
+]

@@ -1,0 +1,107 @@
+"""Where configs live: the shipped folders, a user's folders, and how a choice (``model=NAME`` or
+``model=path/to/file.yaml``) becomes a file.
+
+A *file group* is a config group whose options te_assembly reads itself (``model``, ``recipe``; blocks
+next): each option is one YAML file, ``<folder>/<group>/<name>.yaml`` in any config folder on the search
+path, or the shipped recipes folder for ``recipe``. Shipped configs sit in the repository's ``configs/``
+and ``recipes/`` (inside the package, ``_configs``/``_recipes``, once installed from a wheel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+FILE_GROUPS = ("model", "recipe")
+"""Config groups whose options are read by ``source.py``, never by Hydra (``composition.py``)."""
+
+SUFFIXES = (".yaml", ".yml")
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def configs_dir() -> Path:
+    """The shipped configs (``config.yaml``, ``model/``): in the package when installed, else the
+    checkout's ``configs/``."""
+    packaged = _PACKAGE_DIR / "_configs"
+    return packaged if packaged.is_dir() else _PACKAGE_DIR.parent / "configs"
+
+
+def recipes_dir() -> Path:
+    """The shipped quantization recipes: ``_recipes`` in an installed wheel, else the repo's ``recipes/``."""
+    packaged = _PACKAGE_DIR / "_recipes"
+    return packaged if packaged.is_dir() else _PACKAGE_DIR.parent / "recipes"
+
+
+def shipped_config(relative: str) -> Path:
+    """A shipped config file by its path as a group option: ``model/residual_mlp.yaml``,
+    ``recipe/mxfp8.yaml`` or ``config.yaml``. Works from any directory; raises ``FileNotFoundError``."""
+    group, _, rest = relative.partition("/")
+    path = recipes_dir() / rest if group == "recipe" and rest else configs_dir() / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"no shipped config {relative!r} (looked for {path})")
+    return path
+
+
+def group_dir(root: Path, group: str) -> Path:
+    """The folder of ``group``'s options in config folder ``root``."""
+    if group == "recipe" and root.resolve() == configs_dir().resolve():
+        return recipes_dir()
+    return root / group
+
+
+def is_path_choice(choice: str) -> bool:
+    """``model=path/to/x.yaml`` names a file; ``model=moe_block`` names an option of the group."""
+    return choice.endswith(SUFFIXES) or "/" in choice or "\\" in choice
+
+
+def find_option(group: str, choice: str, roots: Iterable[Path]) -> Path | None:
+    """The file option ``choice`` of ``group`` stands for: the first config folder that has it, in
+    search-path order; or, for a path choice, that file (relative to the working directory)."""
+    if is_path_choice(choice):
+        path = Path(choice).expanduser()
+        return path.resolve() if path.is_file() else None
+    for root in roots:
+        folder = group_dir(root, group)
+        for suffix in SUFFIXES:
+            candidate = folder / f"{choice}{suffix}"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def list_options(group: str, roots: Iterable[Path]) -> list[str]:
+    """Every option name of ``group`` in these config folders."""
+    names: set[str] = set()
+    for root in roots:
+        folder = group_dir(root, group)
+        if folder.is_dir():
+            names.update(p.stem for p in folder.iterdir() if p.suffix in SUFFIXES and p.is_file())
+    return sorted(names)
+
+
+def shipped_roots() -> list[Path]:
+    return [configs_dir()]
+
+
+def available_models(config_dirs: Sequence[str | Path] = ()) -> list[str]:
+    """Model names: shipped, then in ``config_dirs`` (folders holding ``model/*.yaml``)."""
+    return list_options("model", [*shipped_roots(), *map(Path, config_dirs)])
+
+
+def available_recipes(config_dirs: Sequence[str | Path] = ()) -> list[str]:
+    return list_options("recipe", [*shipped_roots(), *map(Path, config_dirs)])
+
+
+__all__ = [
+    "FILE_GROUPS",
+    "available_models",
+    "available_recipes",
+    "configs_dir",
+    "find_option",
+    "group_dir",
+    "is_path_choice",
+    "list_options",
+    "recipes_dir",
+    "shipped_config",
+]

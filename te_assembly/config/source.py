@@ -1,0 +1,463 @@
+"""Pass 1 of the config pipeline: a YAML file read and parsed exactly once, into plain data and a map
+from key paths to lines.
+
+One libyaml ``compose`` gives the node tree; one walk over it builds the plain data (dicts, lists,
+str/int/float/bool/None), notes every string holding an interpolation (so pass 2 need not walk again)
+and reports what the data cannot hold: duplicate keys, tags that would build objects, non-scalar keys.
+The node tree is kept for ``LineMap``, which finds a key path's line only when a diagnostic asks.
+
+Hostile files are refused before they cost much, each with file and line:
+
+- larger than ``MAX_BYTES``;
+- not UTF-8;
+- nested deeper than ``MAX_DEPTH`` (libyaml itself stops at 1000);
+- aliases that expand to more than ``MAX_VALUES`` values ("billion laughs").
+
+Scalars resolve as Hydra/OmegaConf resolve them (YAML 1.1; ``1e3`` is a float; dates stay strings), so
+a value means the same in a model file as on the command line. Pure Python: no torch, no OmegaConf.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from te_assembly.diagnostics import Diagnostic, error
+
+MAX_BYTES = 32 * 2**20
+"""Largest config file read (a 10,000-step model is about 1 MB)."""
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists (a model needs about 6)."""
+MAX_VALUES = 2_000_000
+"""Most values a document may expand to once aliases are followed."""
+
+_TAG = "tag:yaml.org,2002:"
+_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+_MAP, _SEQ, _MERGE = _TAG + "map", _TAG + "seq", _TAG + "merge"
+
+Key = str | int
+"""A step of a key path: a mapping key or a list index."""
+
+
+_PLAIN = "te_assembly:plain"
+"""Tag of a plain (unquoted) scalar until the walk resolves it."""
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's parser with Hydra's scalar rules: ``1e3`` and ``1_000.5`` are floats (YAML 1.1 wants a
+    dot), and timestamps are plain strings (OmegaConf has no date type). Plain scalars are tagged
+    ``_PLAIN`` and resolved by the walk, which visits each once anyway: most are names, and a name that
+    cannot be a number, bool or null needs no regular expression."""
+
+    def resolve(self, kind: type, value: str, implicit: tuple[bool, bool]) -> str:
+        if kind is ScalarNode and implicit[0]:
+            return _PLAIN
+        return super().resolve(kind, value, implicit)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in rules if tag != _TAG + "timestamp"]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+        |\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+_CONSTRUCT = yaml.constructor.SafeConstructor()
+_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_MAYBE_NOT_STR = frozenset("-+0123456789.~nNyYtTfFoO<=")
+"""First characters of plain scalars that may resolve to something other than a string."""
+
+
+def _implicit_tag(value: str) -> str:
+    """The tag YAML 1.1 (with Hydra's floats, without timestamps) gives a plain scalar."""
+    if value and value[0] not in _MAYBE_NOT_STR:
+        return _STR
+    for tag, regexp in _Loader.yaml_implicit_resolvers.get(value[:1] if value else "", []):
+        if regexp.match(value):
+            return _STR if tag in _STRING_LIKE else str(tag)
+    return _STR
+
+
+_STRING_LIKE = (_TAG + "value", _TAG + "yaml")
+"""YAML 1.1 tags for ``=`` and friends, which SafeLoader cannot build: plain strings here, as in Hydra."""
+
+
+# --------------------------------------------------------------------------------------------- lines
+
+
+_PATH_TOKEN = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def split_path(path: str) -> list[Key]:
+    """``ops[3].args.in_features`` (or ``ops.3.args``) -> ``["ops", 3, "args", "in_features"]``."""
+    return [int(index) if index else key for index, key in _PATH_TOKEN.findall(path)]
+
+
+@dataclass(frozen=True)
+class LineMap:
+    """Lines of the key paths of one file, found on demand from the parsed node tree."""
+
+    root: Node | None = None
+    prefix: str = ""
+    """The key path the file's root stands for (``model``), or "" for a top-level config."""
+
+    def line(self, path: str) -> int | None:
+        """The 1-based line of ``path``, or of the nearest enclosing key the file names; None when
+        ``path`` lies outside this file."""
+        if self.root is None:
+            return None
+        if self.prefix:
+            if path != self.prefix and not path.startswith((self.prefix + ".", self.prefix + "[")):
+                return None
+            path = path[len(self.prefix) :]
+        node, line = self.root, self.root.start_mark.line + 1
+        matched = 0
+        for key in split_path(path):
+            found = _child(node, key)
+            if found is None:
+                break
+            key_node, node = found
+            line = (key_node or node).start_mark.line + 1
+            matched += 1
+        if not self.prefix and matched == 0:
+            return None  # a top-level config file that does not mention this key at all
+        return line
+
+    def __contains__(self, path: str) -> bool:
+        return self.line(path) is not None
+
+
+def _child(node: Node, key: Key) -> tuple[Node | None, Node] | None:
+    if isinstance(node, MappingNode):
+        name = str(key)
+        for key_node, value in reversed(node.value):  # the last of duplicate keys is the one kept
+            if isinstance(key_node, ScalarNode) and key_node.value == name:
+                return key_node, value
+        return None
+    if isinstance(node, SequenceNode):
+        index = key if isinstance(key, int) else int(key) if str(key).isdigit() else -1
+        if 0 <= index < len(node.value):
+            return None, node.value[index]
+    return None
+
+
+# --------------------------------------------------------------------------------------------- source
+
+
+@dataclass(frozen=True)
+class Source:
+    """One config file after pass 1. ``data`` is None when the file could not be read or parsed; the
+    reason is in ``diagnostics`` (with file and line)."""
+
+    kind: str
+    """``model``, ``recipe``, ``config``..."""
+    file: str | None
+    """As shown in diagnostics."""
+    data: Any
+    lines: LineMap = field(default_factory=LineMap)
+    diagnostics: tuple[Diagnostic, ...] = ()
+    interpolations: tuple[tuple[Key, ...], ...] = ()
+    """Key paths (below the root) of the strings that hold ``${...}``."""
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.is_error for d in self.diagnostics)
+
+    def locate(self, diag: Diagnostic) -> Diagnostic:
+        """``diag`` with this file and the line of its key path, when the path lies in this file."""
+        if diag.file is not None or self.file is None:
+            return diag
+        line = self.lines.line(diag.path)
+        return diag if line is None else diag.located(self.file, line)
+
+
+class _Walk:
+    """Builds plain data from the node tree, collecting problems instead of stopping at the first."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.problems: list[tuple[str, str, str, int]] = []  # (path, code, message, line)
+        self.interpolations: list[tuple[Key, ...]] = []
+
+    def problem(self, keys: tuple[Key, ...], code: str, message: str, node: Node) -> None:
+        self.problems.append((_join(self.prefix, keys), code, message, node.start_mark.line + 1))
+
+    def build(self, node: Node, keys: tuple[Key, ...]) -> Any:
+        if node.__class__ is ScalarNode:
+            return self.scalar(node, keys)
+        if len(keys) >= MAX_DEPTH:
+            self.problem(keys[:8], "too-deep", f"nested deeper than {MAX_DEPTH} levels", node)
+            return None
+        if node.__class__ is MappingNode:
+            if node.tag != _MAP:
+                self.problem(keys, "yaml-tag", _tag_message(node.tag), node)
+                return None
+            return self.mapping(node, keys)
+        if node.tag != _SEQ:
+            self.problem(keys, "yaml-tag", _tag_message(node.tag), node)
+            return None
+        return [self.child(item, keys, i) for i, item in enumerate(node.value)]
+
+    def child(self, node: Node, keys: tuple[Key, ...], key: Key) -> Any:
+        # The common leaf (a plain string or small int) without building its key path.
+        if node.__class__ is ScalarNode and node.tag == _PLAIN:
+            value = node.value
+            if value and value[0] not in _MAYBE_NOT_STR and "${" not in value:
+                return value
+            if 0 < len(value) < 19 and _PLAIN_INT.fullmatch(value):
+                return int(value)
+        return self.build(node, (*keys, key))
+
+    def mapping(self, node: MappingNode, keys: tuple[Key, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        first_line: dict[str, int] = {}
+        merged: list[dict[str, Any]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE or (key_node.tag == _PLAIN and key_node.value == "<<"):
+                merged.extend(self.merge_sources(value_node, keys))
+                continue
+            if key_node.__class__ is not ScalarNode:
+                self.problem(
+                    keys, "bad-key", "a mapping key must be a plain name, not a list or mapping", key_node
+                )
+                continue
+            name = key_node.value
+            line = key_node.start_mark.line + 1
+            if name in first_line:
+                self.problem(
+                    (*keys, name),
+                    "duplicate-key",
+                    f"duplicate key {name!r} (first at line {first_line[name]})",
+                    key_node,
+                )
+            else:
+                first_line[name] = line
+            out[name] = self.child(value_node, keys, name)
+        for source in merged:  # YAML merge keys (``<<: *base``): explicit keys win
+            for name, value in source.items():
+                out.setdefault(name, value)
+        return out
+
+    def merge_sources(self, node: Node, keys: tuple[Key, ...]) -> Iterator[dict[str, Any]]:
+        items = node.value if isinstance(node, SequenceNode) else [node]
+        for item in items:
+            value = self.build(item, keys)
+            if isinstance(value, dict):
+                yield value
+            else:
+                self.problem(
+                    keys, "yaml-merge", "a merge key (<<) takes a mapping or a list of mappings", item
+                )
+
+    def scalar(self, node: ScalarNode, keys: tuple[Key, ...]) -> Any:
+        tag, value = node.tag, node.value
+        if tag == _PLAIN:
+            tag = _implicit_tag(value)
+        if tag == _STR:
+            if "${" in value:
+                self.interpolations.append(keys)
+            return value
+        if tag == _INT:
+            if _PLAIN_INT.fullmatch(value) and len(value) < 4000:
+                return int(value)
+            return self.constructed(node, keys, _CONSTRUCT.construct_yaml_int)
+        if tag == _FLOAT:
+            return self.constructed(node, keys, _CONSTRUCT.construct_yaml_float)
+        if tag == _BOOL:
+            return value.lower() in ("yes", "true", "on", "y")
+        if tag == _NULL:
+            return None
+        self.problem(keys, "yaml-tag", _tag_message(tag), node)
+        return None
+
+    def constructed(self, node: ScalarNode, keys: tuple[Key, ...], construct: Any) -> Any:
+        try:
+            return construct(node)
+        except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+            self.problem(keys, "bad-number", f"cannot read number: {str(exc).splitlines()[0]}", node)
+            return None
+
+
+def _tag_message(tag: str) -> str:
+    short = tag.replace(_TAG, "!!")
+    return f"unsupported YAML tag {short!r}: configs hold plain values, never Python objects"
+
+
+def _join(prefix: str, keys: tuple[Key, ...]) -> str:
+    out = prefix
+    for key in keys:
+        out = f"{out}[{key}]" if isinstance(key, int) else (f"{out}.{key}" if out else str(key))
+    return out
+
+
+def _expanded_size(root: Node, limit: int) -> int:
+    """Values the document holds once every alias is followed, stopping early past ``limit``."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        total = 1
+        if isinstance(node, MappingNode):
+            for k, v in node.value:
+                total += size(k) + size(v)
+                if total > limit:
+                    break
+        elif isinstance(node, SequenceNode):
+            for v in node.value:
+                total += size(v)
+                if total > limit:
+                    break
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
+def parse_text(text: str, file: str | None, kind: str, prefix: str) -> Source:
+    """Parse one YAML document whose root stands for key path ``prefix``; see the module docstring."""
+    where = file or "<string>"
+
+    def fail(code: str, message: str, line: int | None) -> Source:
+        diag = error(prefix or kind, code, message).located(where, line)
+        return Source(kind, where, None, LineMap(), (diag,))
+
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # parsing makes ~30 objects per key; the cyclic collector would rescan them all
+    try:
+        try:
+            root = yaml.compose(text, Loader=_Loader)
+        except yaml.YAMLError as exc:
+            return fail("yaml-syntax", *_syntax_problem(exc, text))
+        except RecursionError:
+            return fail("too-deep", f"nested deeper than {MAX_DEPTH} levels", None)
+        if root is None:
+            return Source(kind, where, None, LineMap(None, prefix))
+        if "&" in text and (size := _expanded_size(root, MAX_VALUES)) > MAX_VALUES:
+            message = (
+                f"aliases expand this document to more than {MAX_VALUES:,} values (a 'billion laughs' "
+                "document?); write the values out, or use fewer nested aliases"
+            )
+            del size
+            return fail("yaml-aliases", message, 1)
+        walk = _Walk(prefix)
+        try:
+            data = walk.build(root, ())
+        except RecursionError:
+            return fail("too-deep", f"nested deeper than {MAX_DEPTH} levels", None)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    diags = tuple(
+        error(path or prefix or kind, code, msg).located(where, line)
+        for path, code, msg, line in walk.problems
+    )
+    return Source(kind, where, data, LineMap(root, prefix), diags, tuple(walk.interpolations))
+
+
+def _syntax_problem(exc: yaml.YAMLError, text: str) -> tuple[str, int | None]:
+    """libyaml's error, in the pure-Python parser's clearer words when that one agrees it is an error."""
+    try:
+        yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as slow:
+        exc = slow
+    except RecursionError:
+        pass
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    if "maximum nesting depth" in problem:
+        problem = f"nested too deeply (configs allow {MAX_DEPTH} levels)"
+    return f"YAML syntax error: {problem}", (mark.line + 1 if mark is not None else None)
+
+
+def read_bytes(raw: bytes, file: str | None, kind: str, prefix: str) -> Source:
+    """``parse_text`` of file contents, after the size and encoding checks."""
+    where = file or "<string>"
+    if len(raw) > MAX_BYTES:
+        return _too_large(len(raw), where, kind, prefix)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        message = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} cannot be decoded (save the file as UTF-8)"
+        return Source(
+            kind,
+            where,
+            None,
+            LineMap(),
+            (error(prefix or kind, "bad-encoding", message).located(where, line),),
+        )
+    return parse_text(text, where, kind, prefix)
+
+
+def _too_large(size: int, where: str, kind: str, prefix: str) -> Source:
+    message = f"the file is {size / 2**20:.1f} MiB; config files are limited to {MAX_BYTES // 2**20} MiB"
+    return Source(
+        kind, where, None, LineMap(), (error(prefix or kind, "file-too-large", message).located(where, None),)
+    )
+
+
+def read_file(path: str | Path, kind: str, prefix: str) -> Source:
+    """Read and parse ``path`` once (see the module docstring); never raises for a bad file."""
+    p = Path(path)
+    where = str(path)
+    try:
+        if not p.is_file():
+            what = (
+                "is a directory"
+                if p.is_dir()
+                else "does not exist"
+                if not p.exists()
+                else "is not a regular file"
+            )
+            return Source(
+                kind,
+                where,
+                None,
+                LineMap(),
+                (error(prefix or kind, "no-such-file", f"{where} {what}").located(where, None),),
+            )
+        if p.stat().st_size > MAX_BYTES:
+            return _too_large(p.stat().st_size, where, kind, prefix)
+        raw = p.read_bytes()
+    except OSError as exc:
+        message = f"cannot read {where}: {exc.strerror or exc}"
+        return Source(
+            kind,
+            where,
+            None,
+            LineMap(),
+            (error(prefix or kind, "unreadable-file", message).located(where, None),),
+        )
+    return read_bytes(raw, where, kind, prefix)
+
+
+__all__ = [
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "MAX_VALUES",
+    "LineMap",
+    "Source",
+    "parse_text",
+    "read_bytes",
+    "read_file",
+    "split_path",
+]

@@ -1,0 +1,209 @@
+"""Pass 3 of the config pipeline: everything the config means, checked at once, and the plan.
+
+``analyze_resolved`` takes the resolved config (``config/resolved.py``) and runs, in this order and each
+on the previous one's output, the model passes (``steps`` -> ``fusers`` -> ``widths`` -> ``channels``),
+the recipe's fields, the settings sections (one field checker for all) and the recipe-aware shape rules.
+Every diagnostic, from loading onwards, is located (file:line), sorted and deduplicated here, once; the
+``Analysis`` is frozen and is what every command, ``build()``, ``graph`` and ``explain`` read.
+
+Pure Python: no torch, no TE.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from te_assembly.config.resolved import ResolvedConfig
+from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_diagnostics
+from te_assembly.errors import ConfigError
+from te_assembly.plan import FuserGroup, Plan, PlannedStep
+from te_assembly.recipes import Recipe, validate_recipe
+from te_assembly.schema import ModelConfig, check_structure
+from te_assembly.sections import read_section, section_diagnostics
+from te_assembly.settings import COMMON_KEYS, CommonSettings, RunSettings
+from te_assembly.validate.channels import ChannelGraph, RawChannels, check_channels
+from te_assembly.validate.fusers import assign_fusers
+from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
+from te_assembly.validate.steps import check_step
+from te_assembly.validate.widths import check_widths
+
+COMMON = ""
+"""Section name of the top-level settings (engine, kernels, device, dtype, seed)."""
+
+DEFAULT_SECTIONS: dict[str, type] = {COMMON: CommonSettings, "run": RunSettings}
+"""What every command checks; a command adds its own section (``train``, ``bench``, ``graph``)."""
+
+
+@dataclass(frozen=True)
+class ModelAnalysis:
+    """The model passes' output, also for a model with errors (``graph`` draws what it can)."""
+
+    steps: tuple[PlannedStep | None, ...] = ()
+    """One entry per ``model.ops`` item; None where the step is too broken to plan."""
+    fusers: tuple[FuserGroup, ...] = ()
+    graph: ChannelGraph | None = None
+    diagnostics: tuple[Diagnostic, ...] = ()
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything known about one config. ``plan`` is None when any diagnostic is an error."""
+
+    resolved: ResolvedConfig
+    model: ModelAnalysis
+    recipe: Recipe | None
+    """The validated recipe; None for none chosen (no quantization) or an invalid one."""
+    sections: Mapping[str, Any]
+    """Section name -> its settings dataclass, for each checked section that is valid."""
+    diagnostics: tuple[Diagnostic, ...]
+    plan: Plan | None = None
+    warnings: tuple[Diagnostic, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "warnings", tuple(d for d in self.diagnostics if not d.is_error))
+
+    @property
+    def steps(self) -> tuple[PlannedStep | None, ...]:
+        return self.model.steps
+
+    @property
+    def fusers(self) -> tuple[FuserGroup, ...]:
+        return self.model.fusers
+
+    @property
+    def graph(self) -> ChannelGraph | None:
+        return self.model.graph
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.is_error]
+
+    def checked_plan(self) -> Plan:
+        """The plan, or ``ConfigError`` carrying every diagnostic."""
+        if self.plan is None:
+            raise ConfigError(list(self.diagnostics))
+        return self.plan
+
+    def section(self, name: str) -> Any:
+        """The settings dataclass of a checked section (``run``, ``train``...; ``""`` for the top-level
+        keys); ``ConfigError`` when the section has errors or was not checked."""
+        if name not in self.sections:
+            raise ConfigError([d for d in self.diagnostics if d.path.startswith(name)] or self.errors)
+        return self.sections[name]
+
+
+def analyze_model(model: Mapping[str, Any]) -> ModelAnalysis:
+    """The model passes on a resolved model mapping (the ``model`` node)."""
+    # Validation allocates many small acyclic objects; the cyclic collector's full passes over them
+    # made 100k-op configs grow faster than linearly, and freed nothing.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _model_passes(model)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
+    diags = check_structure(ModelConfig, dict(model), "model")
+    raw_ops = model.get("ops")
+    ops = raw_ops if isinstance(raw_ops, list) else []
+    seen: dict[str, int] = {}
+    drafts: list[PlannedStep | None] = []
+    for index, raw in enumerate(ops):
+        step, step_diags = check_step(index, raw, seen)
+        drafts.append(step)
+        diags.extend(step_diags)
+    if isinstance(raw_ops, list) and not raw_ops:
+        diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
+    fused, fusers = assign_fusers(drafts)
+    steps, width_diags = check_widths(fused, model.get("in_features"))
+    diags.extend(width_diags)
+    graph = check_channels(steps, fusers, RawChannels.of(ops))
+    diags.extend(graph.diagnostics)
+    return ModelAnalysis(tuple(steps), tuple(fusers), graph, tuple(diags))
+
+
+def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagnostic]) -> Plan:
+    planned = [s for s in result.steps if s is not None]
+    assert result.graph is not None
+    last_width = planned[-1].out_width if planned else None
+    return Plan(
+        name=str(model["name"]),
+        in_features=int(model["in_features"]),
+        out_features=int(last_width if last_width is not None else model["in_features"]),
+        steps=planned,
+        fusers=result.graph.fusers,
+        channels=result.graph.channels,
+        public_inputs=result.graph.public_inputs,
+        public_outputs=result.graph.public_outputs,
+        dims=dict(model.get("dims") or {}),
+        warnings=warnings,
+    )
+
+
+def _settings(
+    resolved: ResolvedConfig, sections: Mapping[str, type]
+) -> tuple[dict[str, Any], list[Diagnostic]]:
+    parsed: dict[str, Any] = {}
+    diags: list[Diagnostic] = []
+    for name, cls in sections.items():
+        if name == COMMON:
+            raw: Any = {k: resolved.settings[k] for k in COMMON_KEYS if k in resolved.settings}
+        else:
+            raw = resolved.settings.get(name)
+        found = section_diagnostics(cls, raw, name)
+        diags.extend(found)
+        if not found:
+            parsed[name] = read_section(cls, raw or {}, name)
+    return parsed, diags
+
+
+def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | None = None) -> Analysis:
+    """Pass 3 (see the module docstring). ``sections``: settings sections to check and parse, by name
+    (default: the top-level keys and ``run``)."""
+    diags: list[Diagnostic] = list(resolved.diagnostics)
+    model = resolved.model
+    result = ModelAnalysis()
+    if model is not None:
+        result = analyze_model(model)
+        diags.extend(result.diagnostics)
+    elif not any(d.path == "model" or d.path.startswith("model.") for d in diags):
+        message = "no model is chosen: pick one with model=NAME or model=path/to/model.yaml"
+        diags.append(error("model", "no-model", message))
+    recipe = None
+    if resolved.recipe is not None:
+        recipe_diags = validate_recipe(resolved.recipe, prefix="recipe")
+        diags.extend(recipe_diags)
+        if not has_errors(recipe_diags):
+            recipe = Recipe(resolved.recipe)
+    parsed, settings_diags = _settings(resolved, DEFAULT_SECTIONS if sections is None else sections)
+    diags.extend(settings_diags)
+    if recipe is not None and result.steps:
+        diags.extend(recipe_shape_diagnostics(result.steps, recipe))
+    final = _finish(diags, resolved)
+    plan = None
+    if model is not None and result.graph is not None and not has_errors(final):
+        plan = _plan(model, result, [d for d in final if not d.is_error])
+    return Analysis(resolved, result, recipe, parsed, tuple(final), plan)
+
+
+def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:
+    """Every diagnostic located in its file (model, recipe, then the settings' config file), sorted
+    file by file in source order, and deduplicated."""
+    order = [resolved.sources[k] for k in ("model", "recipe", "config") if k in resolved.sources]
+    located = []
+    for d in diags:
+        for source in order:
+            d = source.locate(d)
+            if d.file is not None:
+                break
+        located.append(d)
+    return dedupe(sort_diagnostics(located, [s.file for s in order]))
+
+
+__all__ = ["COMMON", "DEFAULT_SECTIONS", "Analysis", "ModelAnalysis", "analyze_model", "analyze_resolved"]
