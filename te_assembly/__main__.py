@@ -1,3 +1,3 @@
-from te_assembly.cli.main import main
+from te_assembly.cli.main import run
 
-raise SystemExit(main())
+run()

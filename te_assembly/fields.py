@@ -153,6 +153,8 @@ def _has_type(value: Any, types: tuple[type, ...]) -> bool:
 def check_value(spec: FieldSpec, value: Any, path: str, name: str | None = None) -> list[Diagnostic]:
     """Every way ``value`` (at key path ``path``) breaks ``spec``; ``name`` is how messages call it
     (the last key of the path by default)."""
+    if _plainly_valid(spec, value):
+        return []
     label = name or _last_key(path)
     if value is None:
         if spec.nullable:
@@ -174,6 +176,21 @@ def check_value(spec: FieldSpec, value: Any, path: str, name: str | None = None)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and _out_of_range(spec, value):
         return [error(path, "out-of-range", f"{label} must be {_range_for(spec, value)}, got {show(value)}")]
     return []
+
+
+def _plainly_valid(spec: FieldSpec, value: Any) -> bool:
+    """The common case without building a message: an int, str or bool of the field's own type, in
+    range, with no choices or pattern to look at (most of a 10,000-step model's values)."""
+    kind = type(value)
+    if kind is not spec.type or spec.choices is not None or spec.items is not None:
+        return False
+    if kind is int:
+        low = INT64_MIN if spec.minimum is None else spec.minimum
+        high = INT64_MAX if spec.maximum is None else spec.maximum
+        return low < value <= high if spec.exclusive_minimum else low <= value <= high
+    if kind is str:
+        return not (spec.nonempty and value == "")
+    return kind is bool
 
 
 def _is_choice(spec: FieldSpec, value: Any) -> bool:

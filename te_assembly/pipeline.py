@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from te_assembly.collector import paused
 from te_assembly.errors import CompositionError
 from te_assembly.validate.analysis import Analysis, analyze_resolved
 
@@ -54,15 +55,16 @@ def load(
         if overrides or config_dirs:
             raise TypeError("load(analysis) takes no overrides or config_dirs: load the config again")
         return config
-    if isinstance(config, Mapping):
-        return analyze_resolved(resolve_mapping(config, overrides), sections)
-    composed = list(overrides)
-    if config is not None:
-        value = str(Path(config).resolve()) if isinstance(config, os.PathLike) else str(config)
-        composed = [f"model={_choice(value)}", *composed]
-    cfg = _compose(composed, config_dirs)
-    dirs = tuple(str(d) for d in config_dirs)
-    return analyze_resolved(resolve_composed(cfg, task_overrides(cfg), dirs), sections)
+    with paused():  # see collector.py
+        if isinstance(config, Mapping):
+            return analyze_resolved(resolve_mapping(config, overrides), sections)
+        composed = list(overrides)
+        if config is not None:
+            value = str(Path(config).resolve()) if isinstance(config, os.PathLike) else str(config)
+            composed = [f"model={_choice(value)}", *composed]
+        cfg = _compose(composed, config_dirs)
+        dirs = tuple(str(d) for d in config_dirs)
+        return analyze_resolved(resolve_composed(cfg, task_overrides(cfg), dirs), sections)
 
 
 def task_overrides(cfg: Any) -> list[str]:

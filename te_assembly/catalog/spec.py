@@ -118,21 +118,32 @@ class OpSpec:
     def changes_rows(self) -> bool:
         return self.rows_delta != 0
 
+    @cached_property
+    def params_by_name(self) -> dict[str, Param]:
+        return {p.name: p for p in self.params}
+
+    @cached_property
+    def defaults(self) -> dict[str, Any]:
+        """The arguments that have a default, with it."""
+        return {p.name: p.default for p in self.params if not p.required}
+
     def param(self, name: str) -> Param | None:
-        return next((p for p in self.params if p.name == name), None)
+        return self.params_by_name.get(name)
 
     def input_slots(self, args: Mapping[str, Any]) -> tuple[Slot, ...]:
+        if not any(s.enabled_if for s in self.inputs):
+            return self.inputs  # the common case: no slot depends on an argument
         full = self.with_defaults(args)
         return tuple(s for s in self.inputs if s.enabled(full))
 
     def output_slots(self, args: Mapping[str, Any]) -> tuple[Slot, ...]:
+        if not any(s.enabled_if for s in self.outputs):
+            return self.outputs
         full = self.with_defaults(args)
         return tuple(s for s in self.outputs if s.enabled(full))
 
     def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        full = {p.name: p.default for p in self.params if not p.required}
-        full.update(args)
-        return full
+        return {**self.defaults, **args}
 
     def basic_ops(self, args: Mapping[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
         if self.expands_to is None:
@@ -151,10 +162,16 @@ class ModuleSpec:
     width: Width = field(default_factory=Width)
     param_shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] = lambda args: {}
 
+    @cached_property
+    def params_by_name(self) -> dict[str, Param]:
+        return {p.name: p for p in self.params}
+
+    @cached_property
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params if not p.required}
+
     def param(self, name: str) -> Param | None:
-        return next((p for p in self.params if p.name == name), None)
+        return self.params_by_name.get(name)
 
     def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        full = {p.name: p.default for p in self.params if not p.required}
-        full.update(args)
-        return full
+        return {**self.defaults, **args}

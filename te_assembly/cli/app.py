@@ -30,6 +30,7 @@ import yaml
 from rich.console import Console
 
 from te_assembly.cli.commands import Outcome
+from te_assembly.collector import paused
 from te_assembly.diagnostics import printable
 from te_assembly.errors import CompositionError, ConfigError, TeAssemblyError
 
@@ -177,8 +178,9 @@ def _job(state: AppState, cfg: Any) -> Outcome:
         state.io.out.print(f"[job {hydra_cfg.job.num}] {printable(shown)}", style="bold", markup=False)
     try:
         module = _command_module(state.command)
-        resolved = resolve_composed(cfg, overrides, state.config_dirs)
-        analysis = analyze_resolved(resolved, module.SECTIONS)
+        with paused():  # see collector.py
+            resolved = resolve_composed(cfg, overrides, state.config_dirs)
+            analysis = analyze_resolved(resolved, module.SECTIONS)
         result = module.main(analysis, state.io.out)
         outcome = result if isinstance(result, Outcome) else Outcome(int(result))
     except KeyboardInterrupt:
@@ -223,7 +225,9 @@ def run_command(command: str, hydra_args: list[str], io: Consoles) -> int:
         return parsed
     args = parsed
     overrides = list(args.overrides)
-    config_dirs = (args.config_dir,) if args.config_dir else ()
+    config_dirs: tuple[str, ...] = (str(args.config_dir),) if args.config_dir else ()
+    if args.shell_completion and os.environ.get("COMP_LINE"):
+        config_dirs = _completion_config_dirs(os.environ["COMP_LINE"]) or config_dirs
     modes = (
         args.run + args.multirun + (args.cfg is not None) + args.shell_completion + (args.info is not None)
     )
@@ -329,6 +333,15 @@ def _show_cfg(
     else:
         print(shown)
     return 0
+
+
+def _completion_config_dirs(line: str) -> tuple[str, ...]:
+    """A ``-cd DIR`` on the line being completed, so its models and recipes complete too."""
+    words = line.split()
+    for flag in ("-cd", "--config-dir"):
+        if flag in words[:-1]:
+            return (words[words.index(flag) + 1],)
+    return ()
 
 
 def _shell_completion(hydra: Any, config_name: str, overrides: list[str]) -> int:

@@ -8,6 +8,7 @@ config, so ``train --help train.lr=0.1 -cd DIR`` shows what that command line wo
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,11 @@ def _composed(
     from te_assembly.pipeline import task_overrides
 
     parser = get_args_parser()
-    flags = Hydra.format_args_help(parser)
+    saved, sys.argv[0] = sys.argv[0], "te-assembly"  # Hydra's completion help names the executable
+    try:
+        flags = Hydra.format_args_help(parser)
+    finally:
+        sys.argv[0] = saved
     try:
         args, _ = parser.parse_known_args(list(hydra_args))
         dirs = (args.config_dir,) if args.config_dir else ()
@@ -65,7 +70,7 @@ def print_help(command: str | None, hydra_args: Sequence[str], io: Consoles, gen
     values, groups, flags = _composed(command, hydra_args)
     out.print(f"usage: {PROG} {command} [HYDRA FLAGS] [KEY=VALUE ...]\n", markup=False)
     out.print(f"{command}: {COMMANDS[command][1]}", markup=False)
-    doc = (module.__doc__ or "").strip()
+    doc = (module.__doc__ or "").strip().replace("``", "`")
     if doc:
         out.print(Text(doc))
     table = Table(title="settings (KEY=VALUE on the command line)", title_justify="left", box=None)

@@ -48,7 +48,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         io.err.print("interrupted", markup=False)
         return 130
+    except BrokenPipeError:  # the reader went away (``... | head``): stop quietly, as Unix tools do
+        _silence_stdout()
+        return 141
+
+
+def _silence_stdout() -> None:
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def run() -> None:
+    """The ``te-assembly`` executable and ``python -m te_assembly``: ``main``, then exit with its code.
+
+    The objects still alive at exit (a parsed 10,000-step model, Hydra's config) are frozen first: the
+    interpreter's final collector passes over them otherwise cost more than validating the model."""
+    code = main()
+    import gc
+
+    gc.freeze()
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

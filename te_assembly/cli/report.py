@@ -87,7 +87,9 @@ def plan_tables(plan: Plan) -> list[Table]:
 def sweep_table(command: str, outcomes: list[tuple[list[str], Outcome]]) -> Table:
     """One row per job of a sweep (``-m``): its overrides, exit code and the numbers its command
     reported; number columns also as a ratio to the first job."""
-    table = Table(title=f"{command} sweep: {len(outcomes)} job(s)", title_justify="left")
+    shared = [o for o in outcomes[0][0] if all(o in overrides for overrides, _ in outcomes)]
+    title = f"{command} sweep: {len(outcomes)} job(s)" + (f", all with {' '.join(shared)}" if shared else "")
+    table = Table(title=_t(title), title_justify="left")
     table.add_column("job", justify="right")
     table.add_column("overrides")
     table.add_column("exit", justify="right")
@@ -99,7 +101,8 @@ def sweep_table(command: str, outcomes: list[tuple[list[str], Outcome]]) -> Tabl
     first = outcomes[0][1].summary
     for number, (overrides, outcome) in enumerate(outcomes):
         cells = [_cell(outcome.summary.get(c), first.get(c), number > 0) for c in columns]
-        table.add_row(str(number), _t(" ".join(overrides) or "(none)"), str(outcome.code), *cells)
+        own = [o for o in overrides if o not in shared]
+        table.add_row(str(number), _t(" ".join(own) or "(none)"), str(outcome.code), *cells)
     return table
 
 

@@ -56,7 +56,8 @@ class ResolvedConfig:
 # ------------------------------------------------------------------------------------------- reading
 
 _CACHE: OrderedDict[tuple[Any, ...], Source] = OrderedDict()
-_CACHE_SIZE = 8
+_CACHE_SIZE = 4
+"""Parsed files kept (a 10,000-step model's source is about 50 MiB with its line map)."""
 
 
 def read_source(location: str, kind: str) -> Source:
@@ -271,6 +272,16 @@ def _plain(node: Any, key: Any, path: str, diags: list[Diagnostic]) -> Any:
     return value
 
 
+def _plain_data(value: Any) -> Any:
+    """Mappings of any kind as dicts, all the way down (the analysis reads plain dicts); the caller's
+    data is not modified. Other values, tuples included, stay as they are."""
+    if isinstance(value, Mapping):
+        return {k: _plain_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_data(v) for v in value]
+    return value
+
+
 def resolve_mapping(
     mapping: Mapping[str, Any], task_overrides: Sequence[str] = (), file: str | None = None
 ) -> ResolvedConfig:
@@ -280,6 +291,7 @@ def resolve_mapping(
 
     if OmegaConf.is_config(mapping):
         mapping = OmegaConf.to_container(mapping, resolve=False)  # type: ignore[assignment]
+    mapping = _plain_data(mapping)
     whole = isinstance(mapping.get("model"), Mapping)
     model = dict(mapping["model"]) if whole else dict(mapping)
     recipe = mapping.get("recipe") if whole else None

@@ -19,7 +19,6 @@ a value means the same in a model file as on the command line. Pure Python: no t
 
 from __future__ import annotations
 
-import gc
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from te_assembly.collector import paused
 from te_assembly.diagnostics import Diagnostic, error
 
 MAX_BYTES = 32 * 2**20
@@ -334,38 +334,34 @@ def _expanded_size(root: Node, limit: int) -> int:
 
 def parse_text(text: str, file: str | None, kind: str, prefix: str) -> Source:
     """Parse one YAML document whose root stands for key path ``prefix``; see the module docstring."""
-    where = file or "<string>"
+    with paused():  # parsing makes ~30 objects per key; see collector.py
+        return _parse(text, file or "<string>", kind, prefix)
 
+
+def _parse(text: str, where: str, kind: str, prefix: str) -> Source:
     def fail(code: str, message: str, line: int | None) -> Source:
         diag = error(prefix or kind, code, message).located(where, line)
         return Source(kind, where, None, LineMap(), (diag,))
 
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # parsing makes ~30 objects per key; the cyclic collector would rescan them all
     try:
-        try:
-            root = yaml.compose(text, Loader=_Loader)
-        except yaml.YAMLError as exc:
-            return fail("yaml-syntax", *_syntax_problem(exc, text))
-        except RecursionError:
-            return fail("too-deep", f"nested deeper than {MAX_DEPTH} levels", None)
-        if root is None:
-            return Source(kind, where, None, LineMap(None, prefix))
-        if "&" in text and (size := _expanded_size(root, MAX_VALUES)) > MAX_VALUES:
-            message = (
-                f"aliases expand this document to more than {MAX_VALUES:,} values (a 'billion laughs' "
-                "document?); write the values out, or use fewer nested aliases"
-            )
-            del size
-            return fail("yaml-aliases", message, 1)
-        walk = _Walk(prefix)
-        try:
-            data = walk.build(root, ())
-        except RecursionError:
-            return fail("too-deep", f"nested deeper than {MAX_DEPTH} levels", None)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+        root = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        return fail("yaml-syntax", *_syntax_problem(exc, text))
+    except RecursionError:
+        return fail("too-deep", f"nested deeper than {MAX_DEPTH} levels", None)
+    if root is None:
+        return Source(kind, where, None, LineMap(None, prefix))
+    if "&" in text and _expanded_size(root, MAX_VALUES) > MAX_VALUES:
+        message = (
+            f"aliases expand this document to more than {MAX_VALUES:,} values (a 'billion laughs' "
+            "document?); write the values out, or use fewer nested aliases"
+        )
+        return fail("yaml-aliases", message, 1)
+    walk = _Walk(prefix)
+    try:
+        data = walk.build(root, ())
+    except RecursionError:
+        return fail("too-deep", f"nested deeper than {MAX_DEPTH} levels", None)
     diags = tuple(
         error(path or prefix or kind, code, msg).located(where, line)
         for path, code, msg, line in walk.problems

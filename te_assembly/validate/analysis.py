@@ -11,11 +11,11 @@ Pure Python: no torch, no TE.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from te_assembly.collector import paused
 from te_assembly.config.resolved import ResolvedConfig
 from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_diagnostics
 from te_assembly.errors import ConfigError
@@ -33,8 +33,11 @@ from te_assembly.validate.widths import check_widths
 COMMON = ""
 """Section name of the top-level settings (engine, kernels, device, dtype, seed)."""
 
-DEFAULT_SECTIONS: dict[str, type] = {COMMON: CommonSettings, "run": RunSettings}
-"""What every command checks; a command adds its own section (``train``, ``bench``, ``graph``)."""
+COMMON_SECTIONS: dict[str, type] = {COMMON: CommonSettings}
+"""What every command checks: the top-level keys."""
+DEFAULT_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "run": RunSettings}
+"""What ``validate``, ``run`` and ``build()`` check; other commands check the top-level keys and their
+own section (``train``, ``bench``, ``graph``)."""
 
 
 @dataclass(frozen=True)
@@ -97,15 +100,8 @@ class Analysis:
 
 def analyze_model(model: Mapping[str, Any]) -> ModelAnalysis:
     """The model passes on a resolved model mapping (the ``model`` node)."""
-    # Validation allocates many small acyclic objects; the cyclic collector's full passes over them
-    # made 100k-op configs grow faster than linearly, and freed nothing.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused():  # see collector.py
         return _model_passes(model)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
@@ -206,4 +202,12 @@ def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagn
     return dedupe(sort_diagnostics(located, [s.file for s in order]))
 
 
-__all__ = ["COMMON", "DEFAULT_SECTIONS", "Analysis", "ModelAnalysis", "analyze_model", "analyze_resolved"]
+__all__ = [
+    "COMMON",
+    "COMMON_SECTIONS",
+    "DEFAULT_SECTIONS",
+    "Analysis",
+    "ModelAnalysis",
+    "analyze_model",
+    "analyze_resolved",
+]

@@ -8,7 +8,7 @@ read it instead of re-deriving it from the steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,16 +66,16 @@ class RawChannels:
         declared: set[str] = set()
         requested: set[str] = set()
         for raw in raw_ops:
-            if not isinstance(raw, Mapping):
+            if not isinstance(raw, dict):
                 continue
             outputs, inputs = raw.get("extra_outputs"), raw.get("extra_inputs")
-            if isinstance(outputs, Mapping):
+            if isinstance(outputs, dict):
                 declared.update(
                     b["channel"]
                     for b in outputs.values()
-                    if isinstance(b, Mapping) and isinstance(b.get("channel"), str)
+                    if isinstance(b, dict) and isinstance(b.get("channel"), str)
                 )
-            if isinstance(inputs, Mapping):
+            if isinstance(inputs, dict):
                 requested.update(v for v in inputs.values() if isinstance(v, str))
         return cls(frozenset(declared), frozenset(requested))
 

@@ -1,6 +1,7 @@
 """Pass 3a, per step: op or module known, arguments (through the shared field checker), slot names,
 channel-name syntax. Returns each step sound enough to plan with, its slots and channels bound;
-``fusers.py``, ``widths.py`` and ``channels.py`` add the rest, each returning new steps."""
+``fusers.py``, ``widths.py`` and ``channels.py`` add the rest, each returning new steps. Reads plain
+data: mappings are dicts (``config/resolved.py`` makes sure)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from te_assembly.schema import StepConfig
 def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep | None, list[Diagnostic]]:
     """Check one entry of ``model.ops``. Returns the step when it is sound enough to plan with."""
     path = f"model.ops[{index}]"
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         return None, []  # reported by the structural check
     out: list[Diagnostic] = []
     name = raw.get("name")
@@ -49,7 +50,7 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     if spec is None or not isinstance(name, str):
         return None, out
     args = raw.get("args") or {}
-    if not isinstance(args, Mapping):
+    if not isinstance(args, dict):
         return None, out
     arg_diags = _check_args(spec, args, f"{path}.args")
     out.extend(arg_diags)
@@ -107,11 +108,12 @@ def _resolve_spec(
 
 def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
     out: list[Diagnostic] = []
-    names = [p.name for p in spec.params]
+    by_name = spec.params_by_name
+    names = list(by_name)
     # A misspelled argument is reported once, with its suggestion, not also as the missing one it meant.
-    meant = {closest(key, names) for key in args if spec.param(key) is None}
+    meant = {closest(key, names) for key in args if key not in by_name}
     for key in args:
-        if spec.param(key) is None:
+        if key not in by_name:
             known = ", ".join(names) or "none"
             out.append(
                 error(
@@ -165,24 +167,22 @@ def _bind_slots(
     output_slots = spec.output_slots(args) if args_ok else spec.outputs
     inputs = raw.get("extra_inputs") or {}
     outputs = raw.get("extra_outputs") or {}
-    if isinstance(inputs, Mapping):
+    if isinstance(inputs, dict):
         for key, channel in inputs.items():
             out.extend(_slot_name_error(spec, args, key, f"{path}.extra_inputs.{key}", "input"))
             out.extend(_channel_name_error(channel, f"{path}.extra_inputs.{key}"))
-    if isinstance(outputs, Mapping):
+    if isinstance(outputs, dict):
         for key, binding in outputs.items():
             out.extend(_slot_name_error(spec, args, key, f"{path}.extra_outputs.{key}", "output"))
-            if isinstance(binding, Mapping):
+            if isinstance(binding, dict):
                 out.extend(_output_binding_errors(binding, f"{path}.extra_outputs.{key}"))
     input_channels = tuple(
-        _as_channel(inputs.get(s.name)) if isinstance(inputs, Mapping) else None for s in input_slots
+        _as_channel(inputs.get(s.name)) if isinstance(inputs, dict) else None for s in input_slots
     )
-    bindings = [outputs.get(s.name) if isinstance(outputs, Mapping) else None for s in output_slots]
-    output_channels = tuple(
-        _as_channel(b.get("channel")) if isinstance(b, Mapping) else None for b in bindings
-    )
+    bindings = [outputs.get(s.name) if isinstance(outputs, dict) else None for s in output_slots]
+    output_channels = tuple(_as_channel(b.get("channel")) if isinstance(b, dict) else None for b in bindings)
     output_public = tuple(
-        not (isinstance(b, Mapping) and b.get("public") is False and _as_channel(b.get("channel")))
+        not (isinstance(b, dict) and b.get("public") is False and _as_channel(b.get("channel")))
         for b in bindings
     )
     if spec.in_place_arg and args.get("in_place") is True and (any(input_channels) or any(output_channels)):

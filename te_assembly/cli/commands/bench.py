@@ -35,9 +35,9 @@ from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.errors import ConfigError
 from te_assembly.plan import Plan
-from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
-SECTIONS = {**DEFAULT_SECTIONS, "bench": BenchSettings}
+SECTIONS = {**COMMON_SECTIONS, "bench": BenchSettings}
 
 # Backward does two GEMMs per forward GEMM (data and weight gradients).
 FLOP_FACTOR = {"forward": 1, "backward": 2, "step": 3}

@@ -6,9 +6,9 @@ from rich.console import Console
 
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.cli.report import plan_tables
-from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
-SECTIONS = DEFAULT_SECTIONS
+SECTIONS = COMMON_SECTIONS
 
 
 def main(analysis: Analysis, console: Console) -> int:

@@ -8,9 +8,9 @@ from rich.console import Console
 from te_assembly.cli.report import print_diagnostics
 from te_assembly.errors import ConfigError
 from te_assembly.graph import GraphSettings, render, view_from_analysis
-from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
-SECTIONS = {**DEFAULT_SECTIONS, "graph": GraphSettings}
+SECTIONS = {**COMMON_SECTIONS, "graph": GraphSettings}
 
 
 def main(analysis: Analysis, console: Console) -> int:

@@ -16,9 +16,9 @@ from te_assembly.diagnostics import printable
 from te_assembly.outputs import prepare_out_dir
 from te_assembly.train import StepRecord, TrainSettings, train
 from te_assembly.train.run_record import check_fresh_start
-from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
-SECTIONS = {**DEFAULT_SECTIONS, "train": TrainSettings}
+SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings}
 
 
 def main(analysis: Analysis, console: Console) -> int:
