@@ -2,7 +2,7 @@
 # Install Transformer Engine (PyTorch) into the active Python environment on a machine without a GPU.
 # TE's PyTorch extension ships only as an sdist that compiles against the installed CUDA build of torch
 # (~13 min on 2 cores), so the built wheel is cached outside the checkout, keyed by TE, torch and Python
-# versions, and reused on later runs (seconds). See shared/docs/te-on-cpu.md for why each variable is set.
+# versions, and reused on later runs (seconds). docs/te-on-cpu.md says why each variable is set.
 set -euo pipefail
 
 TE_VERSION="${TE_VERSION:-2.20.2}"

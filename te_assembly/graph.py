@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error, printable
 from te_assembly.errors import ConfigError
 from te_assembly.fields import FieldSpec
 from te_assembly.outputs import prepare_out_dir, write_error
@@ -248,7 +248,8 @@ _MERMAID_ENTITIES = {"#": "#35;", '"': "#quot;", "&": "#amp;", "<": "#lt;", ">":
 
 
 def _mermaid_text(text: str) -> str:
-    escaped = "".join(_MERMAID_ENTITIES.get(c, c) for c in text)
+    # Control characters from a config's names become visible escapes (``\x1b``), never raw bytes.
+    escaped = "".join(_MERMAID_ENTITIES.get(c, c) for c in printable(text, keep_newlines=True))
     return '"' + escaped.replace("\n", "<br/>") + '"'
 
 
@@ -260,7 +261,7 @@ def _edge_text(edge: Edge) -> str:
 
 
 def to_mermaid(view: GraphView) -> str:
-    comment = " ".join(view.name.splitlines())  # a line break would end the comment
+    comment = printable(" ".join(view.name.splitlines()))  # a line break would end the comment
     lines = ["flowchart LR", f"  %% {comment}: te_assembly channel graph"]
     clustered = {nid for ids in view.clusters.values() for nid in ids}
 
@@ -328,7 +329,7 @@ _DOT_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
 def _dot_str(text: str) -> str:
-    escaped = "".join(_DOT_ENTITIES.get(c, c) for c in text)
+    escaped = "".join(_DOT_ENTITIES.get(c, c) for c in printable(text, keep_newlines=True))
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 

@@ -51,6 +51,13 @@ def load(
     exist or an override Hydra refuses."""
     from te_assembly.config.resolved import resolve_composed, resolve_mapping
 
+    if not isinstance(config, (str, os.PathLike, Mapping, Analysis, type(None))):
+        raise TypeError(
+            "load() takes a model name, a path to a model file, a model mapping or None (the default "
+            f"model), got {type(config).__name__}"
+        )
+    if isinstance(overrides, str):
+        raise TypeError("overrides is a list of Hydra overrides (['model.dims.hidden=8']), not one string")
     if isinstance(config, Analysis):
         if overrides or config_dirs:
             raise TypeError("load(analysis) takes no overrides or config_dirs: load the config again")

@@ -179,7 +179,7 @@ def _job(state: AppState, cfg: Any) -> Outcome:
     try:
         module = _command_module(state.command)
         with paused():  # see collector.py
-            resolved = resolve_composed(cfg, overrides, state.config_dirs)
+            resolved = resolve_composed(cfg, overrides, state.config_dirs, hydra=hydra_cfg)
             analysis = analyze_resolved(resolved, module.SECTIONS)
         result = module.main(analysis, state.io.out)
         outcome = result if isinstance(result, Outcome) else Outcome(int(result))
@@ -271,11 +271,13 @@ def _run(hydra: Any, state: AppState, config_name: str, overrides: list[str]) ->
     if not state.multirun:
         hydra.run(config_name=config_name, task_function=task, overrides=overrides)
         return state.outcomes[-1][1].code if state.outcomes else 2
-    hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
     from te_assembly.cli.report import sweep_table
 
-    if state.outcomes:
-        state.io.out.print(sweep_table(state.command, state.outcomes))
+    try:
+        hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
+    finally:  # also when a later job's config does not compose: the jobs that ran are still reported
+        if state.outcomes:
+            state.io.out.print(sweep_table(state.command, state.outcomes))
     return max((o.code for _, o in state.outcomes), default=0)
 
 

@@ -227,18 +227,21 @@ def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | os.PathLi
         GlobalHydra.instance().clear()
 
 
-def primary_config_file(cfg: DictConfig) -> Path | None:
-    """The file Hydra read the primary config from (the first folder of the search path that has it)."""
-    name = OmegaConf.select(cfg, "hydra.job.config_name") or CONFIG_NAME
-    for source in OmegaConf.select(cfg, "hydra.runtime.config_sources") or []:
+def config_files(hydra: Any) -> list[Path]:
+    """The file Hydra read the primary config from (the first folder of the search path that has it;
+    ``hydra``: Hydra's node of the composed config), then the shipped ``config.yaml`` if that is another."""
+    name = OmegaConf.select(hydra, "job.config_name") if hydra is not None else None
+    files: list[Path] = []
+    for source in (OmegaConf.select(hydra, "runtime.config_sources") if hydra is not None else None) or []:
         if source.get("schema") == "file":
-            candidate = Path(source.path) / f"{name}.yaml"
+            candidate = Path(source.path) / f"{name or CONFIG_NAME}.yaml"
             if candidate.is_file():
-                return candidate
-    try:
-        return shipped_config(f"{name}.yaml")
-    except FileNotFoundError:
-        return None
+                files.append(candidate)
+                break
+    shipped = shipped_config(f"{CONFIG_NAME}.yaml")
+    if shipped not in files:
+        files.append(shipped)
+    return files
 
 
 __all__ = [
@@ -247,7 +250,7 @@ __all__ = [
     "GroupConfigLoader",
     "GroupRepository",
     "compose",
+    "config_files",
     "create_hydra",
-    "primary_config_file",
     "search_path",
 ]

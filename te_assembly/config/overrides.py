@@ -90,7 +90,7 @@ def _apply_one(data: Any, keys: list[str], override: Any, prefix: str) -> tuple[
         raise _Refused(f"cannot sweep {line!r} in a single run (add --multirun)", _path(prefix, keys))
     if not keys:
         raise _Refused(f"override {line!r} names no key below {prefix}", prefix)
-    value = None if override.is_delete() else override.value()
+    value = override.value()  # for ``~key=value``, the value the key must have
     root = {prefix: data}
     # Walk to the parent, copying each container on the way (the input is shared with the source).
     out = _copy(data)
@@ -100,8 +100,10 @@ def _apply_one(data: Any, keys: list[str], override: Any, prefix: str) -> tuple[
     for key in keys[:-1]:
         step = _index(node, key)
         child = _get(node, step)
+        if child is _MISSING and isinstance(node, list):
+            raise _out_of_range(line, key, node, prefix, walked)
         if child is _MISSING:
-            if not creating or isinstance(node, list):
+            if not creating:
                 raise _missing(root, prefix, walked, key, line, override)
             child = {}
         elif not isinstance(child, (Mapping, list)):
@@ -130,10 +132,7 @@ def _apply_one(data: Any, keys: list[str], override: Any, prefix: str) -> tuple[
         del node[last]
         return out, None
     if current is _MISSING and isinstance(node, list):
-        raise _Refused(
-            f"Could not override {line!r}: list index {keys[-1]} is out of range ({len(node)} items)",
-            _path(prefix, walked),
-        )
+        raise _out_of_range(line, keys[-1], node, prefix, walked)
     if override.is_add() and current is not _MISSING and not isinstance(value, (Mapping, list)):
         raise _Refused(
             f"Could not append to config: an item is already at {_dotted(prefix, keys)!r} "
@@ -191,6 +190,13 @@ def merge(base: Any, patch: Any) -> Any:
 
 def _dotted(prefix: str, keys: Sequence[str]) -> str:
     return ".".join([prefix, *keys])
+
+
+def _out_of_range(line: str, key: str, node: list[Any], prefix: str, walked: list[Key]) -> _Refused:
+    return _Refused(
+        f"Could not override {line!r}: list index {key} is out of range ({len(node)} items)",
+        _path(prefix, walked),
+    )
 
 
 def _missing(root: Any, prefix: str, walked: list[Key], key: str, line: str, override: Any) -> _Refused:

@@ -216,21 +216,23 @@ def _parse(overrides_: Sequence[str]) -> list[Any]:
 
 
 def resolve_composed(
-    cfg: Any, task_overrides: Sequence[str], config_dirs: Sequence[str] = ()
+    cfg: Any, task_overrides: Sequence[str], config_dirs: Sequence[str] = (), hydra: Any = None
 ) -> ResolvedConfig:
     """Pass 2 for a Hydra composition (``cfg``, file groups as stubs) and the overrides of this job
-    (``hydra.overrides.task``), whose file-group value overrides Hydra held back."""
+    (``hydra.overrides.task``), whose file-group value overrides Hydra held back. ``hydra``: Hydra's
+    own node when ``cfg`` has none (a job's config: ``HydraConfig.get()``)."""
     from omegaconf import OmegaConf
 
-    from te_assembly.config.composition import primary_config_file
+    from te_assembly.config.composition import config_files
 
     parsed = _parse(task_overrides)
+    hydra_node = hydra if hydra is not None else cfg.get("hydra")
     groups = {
         name: _from_stub(name, cfg.get(name)) if cfg.get(name) is not None else _Group(None, None, [], [])
         for name in FILE_GROUPS
     }
     choices = {
-        name: OmegaConf.select(cfg, f"hydra.runtime.choices.{name}", default=None) for name in FILE_GROUPS
+        name: OmegaConf.select(hydra_node, f"runtime.choices.{name}", default=None) for name in FILE_GROUPS
     }
     keys = [str(k) for k in cfg.keys() if k not in FILE_GROUPS and k != "hydra"]
     unresolved = OmegaConf.to_container(cfg, resolve=False)  # reading cfg[k] would resolve interpolations
@@ -240,9 +242,10 @@ def resolve_composed(
     settings = {k: _plain(cfg, k, k, settings_diags) for k in keys}
     settings = {k: v for k, v in settings.items() if v is not _UNRESOLVED}
     extra: dict[str, Source] = {}
-    primary = primary_config_file(cfg)
-    if primary is not None:
-        extra["config"] = read_source(str(primary), "config")
+    # Settings are located in the primary config first (a user's ``-cn experiment``), then in the
+    # shipped config.yaml it builds on.
+    for name, path in zip(("config", "shipped config"), config_files(hydra_node), strict=False):
+        extra[name] = read_source(str(path), "config")
     return _finish(groups, settings_raw, settings, settings_diags, extra, parsed, choices, config_dirs)
 
 

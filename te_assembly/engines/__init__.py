@@ -74,6 +74,8 @@ def build(
     recipes.py; default: the config's own ``recipe``); the reference engine computes in ``dtype``."""
     if isinstance(config, Plan):
         plan, config_recipe = config, None
+    elif config is None:
+        raise TypeError("build() needs a config: a model name, a path, a mapping, an analysis or a plan")
     else:
         from te_assembly.pipeline import load
 

@@ -191,7 +191,9 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
 def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:
     """Every diagnostic located in its file (model, recipe, then the settings' config file), sorted
     file by file in source order, and deduplicated."""
-    order = [resolved.sources[k] for k in ("model", "recipe", "config") if k in resolved.sources]
+    order = [
+        resolved.sources[k] for k in ("model", "recipe", "config", "shipped config") if k in resolved.sources
+    ]
     located = []
     for d in diags:
         for source in order:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from te_assembly.catalog import Slot
-from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
+from te_assembly.diagnostics import Diagnostic, closest, did_you_mean, error, warning
 from te_assembly.plan import Channel, FuserGroup, PlannedStep, PublicTensor, SlotRef
 
 RESERVED_NAMES = {"x": "the main input tensor", "y": "the main output tensor"}
@@ -116,6 +116,7 @@ def check_channels(
 
     consumers: dict[str, list[SlotRef]] = {name: [] for name in producers}
     feeds: dict[tuple[int, int], SlotRef] = {}
+    misspelt: set[str] = set()
     public_inputs: list[PublicTensor] = []
     for step in planned:
         for slot, name in enumerate(step.input_channels):
@@ -142,6 +143,9 @@ def check_channels(
             if source is None:
                 if name in raw.declared:
                     continue  # its producer's step or slot is broken and already reported
+                meant = closest(name, producers)
+                if meant is not None:
+                    misspelt.add(meant)
                 diags.append(
                     error(
                         path,
@@ -188,7 +192,8 @@ def check_channels(
 
     channels: dict[str, Channel] = {}
     public_outputs: list[PublicTensor] = []
-    wanted = {n for s in planned for n in s.input_channels if n is not None} | raw.requested
+    # A channel a misspelt consumer meant is not "unused": the dangling input's hint already names it.
+    wanted = {n for s in planned for n in s.input_channels if n is not None} | raw.requested | misspelt
     for step in planned:
         for slot, public in enumerate(step.output_public):
             ref = SlotRef(step.index, slot, step.output_slots[slot].name)

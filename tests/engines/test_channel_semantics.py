@@ -1,7 +1,7 @@
 """TE's observable channel behaviours, on the reference engine, against closed-form expectations.
 
 Each model is an inline YAML config; expected outputs and gradients are written out by hand
-(te-channels.md, "Calling convention"), never obtained by running the engine a second time.
+(docs/te-channels.md, "Calling convention"), never obtained by running the engine a second time.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from te_assembly.cli.report import print_diagnostics
+from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
 from te_assembly.graph import GraphSettings, render, view_from_analysis
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
@@ -19,10 +20,11 @@ def main(analysis: Analysis, console: Console) -> int:
     settings: GraphSettings = analysis.section("graph")
     result = render(view_from_analysis(analysis), settings.directory, settings.chosen_formats)
     text = result.written.get("mermaid")
-    console.print(text.read_text() if text is not None else "", markup=False, end="", soft_wrap=True)
+    shown = printable(text.read_text(), keep_newlines=True) if text is not None else ""
+    console.print(shown, markup=False, end="", soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     for fmt, path in result.written.items():
-        err.print(f"wrote {fmt}: {path}", markup=False)
+        err.print(f"wrote {fmt}: {printable(str(path))}", markup=False)
     for fmt, why in result.skipped.items():
         err.print(f"skipped {fmt}: {why}", style="yellow", markup=False)
     if analysis.diagnostics:

@@ -1,0 +1,78 @@
+"""Interpolations resolved once, leaf by leaf: the fast path for ``${model.X}`` and ``${mul:...}``,
+OmegaConf for anything else, one diagnostic per leaf that does not resolve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from te_assembly.config.interpolate import Interpolator, find_sites, resolve_sites
+
+
+def _resolve(model: dict[str, Any], context: dict[str, Any] | None = None) -> tuple[Any, dict[str, str]]:
+    interpolator = Interpolator({"model": model}, context=lambda: dict(context or {}))
+    data, diags = resolve_sites(interpolator, "model", find_sites(model), "model")
+    return data, {d.path: d.message for d in diags}
+
+
+def test_whole_value_references_keep_their_type_and_chain() -> None:
+    model = {"dims": {"h": 8, "two_h": "${model.dims.h}"}, "in_features": "${model.dims.two_h}"}
+    data, problems = _resolve(model)
+    assert problems == {} and data["in_features"] == 8 and isinstance(data["in_features"], int)
+    assert model["in_features"] == "${model.dims.two_h}"  # the input is not modified
+
+
+def test_mul_multiplies_numbers_and_nested_references() -> None:
+    data, problems = _resolve({"dims": {"f": 3}, "a": "${mul:2,${model.dims.f}}", "b": "${mul:0.5,4}"})
+    assert problems == {} and data["a"] == 6 and data["b"] == 2.0
+
+
+@pytest.mark.parametrize("expression", ["${mul:abc,100000000}", "${mul:true,3}", "${mul:'7',2}"])
+def test_mul_takes_numbers_only(expression: str) -> None:
+    data, problems = _resolve({"a": expression})
+    assert "a" not in data
+    assert "mul takes numbers" in problems["model.a"]
+
+
+def test_a_missing_key_suggests_the_close_one() -> None:
+    _, problems = _resolve({"dims": {"hidden": 8}, "a": "${model.dims.hiden}"})
+    assert problems == {"model.a": "cannot resolve value: Interpolation key 'model.dims.hiden' not found"}
+
+
+def test_a_cycle_is_reported_not_recursed_forever() -> None:
+    _, problems = _resolve({"a": "${model.b}", "b": "${model.a}"})
+    assert set(problems) == {"model.a", "model.b"}
+    assert all("cycle" in m for m in problems.values())
+
+
+def test_a_whole_subtree_reference_resolves_inside_it() -> None:
+    data, problems = _resolve(
+        {"dims": {"h": 4, "args": {"size": "${model.dims.h}"}}, "x": "${model.dims.args}"}
+    )
+    assert problems == {} and data["x"] == {"size": 4}
+
+
+def test_other_interpolations_go_to_omegaconf(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TE_ASSEMBLY_TEST_WIDTH", "12")
+    model = {
+        "dims": {"h": 8},
+        "env": "${oc.decode:${oc.env:TE_ASSEMBLY_TEST_WIDTH}}",
+        "text": "width_${model.dims.h}",
+        "seed_copy": "${seed}",
+    }
+    data, problems = _resolve(model, context={"seed": 5})
+    assert problems == {}
+    assert data["env"] == 12 and data["text"] == "width_8" and data["seed_copy"] == 5
+
+
+def test_a_failing_fallback_is_one_diagnostic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TE_ASSEMBLY_TEST_UNSET", raising=False)
+    data, problems = _resolve({"a": "${oc.env:TE_ASSEMBLY_TEST_UNSET}", "b": 1})
+    assert data == {"b": 1}
+    assert "TE_ASSEMBLY_TEST_UNSET" in problems["model.a"]
+
+
+def test_a_failed_list_item_keeps_the_list_length() -> None:
+    data, problems = _resolve({"ops": ["${model.nope}", {"name": "a"}]})
+    assert data["ops"] == [None, {"name": "a"}] and list(problems) == ["model.ops[0]"]
