@@ -303,14 +303,21 @@ def _show_cfg(
     cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False)
     HydraConfig.instance().set_config(cfg)
     resolved = resolve_composed(cfg, task_overrides(cfg), config_dirs)
+    # The model and recipe are shown as read; with --resolve, every value as the commands see it.
     load_errors = [
-        d for d in resolved.diagnostics if d.is_error and d.path.split(".")[0].split("[")[0] in FILE_GROUPS
+        d
+        for d in resolved.diagnostics
+        if d.is_error and (args.resolve or d.path.split(".")[0].split("[")[0] in FILE_GROUPS)
     ]
     if load_errors:
         print_diagnostics(load_errors, io.err)
         return 2
-    full = OmegaConf.to_container(cfg, resolve=bool(args.resolve))
+    full = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(full, dict)
+    if args.resolve:
+        full.update(resolved.settings)
+        if args.cfg != "job":
+            full["hydra"] = _resolved_hydra(cfg)
     for group in FILE_GROUPS:
         if group in full:
             full[group] = getattr(resolved, group)
@@ -344,6 +351,18 @@ def _completion_config_dirs(line: str) -> tuple[str, ...]:
         if flag in words[:-1]:
             return (words[words.index(flag) + 1],)
     return ()
+
+
+def _resolved_hydra(cfg: Any) -> Any:
+    """Hydra's node resolved where it can be: the overrides it records (and names made from them) hold
+    the command line's text, which may itself look like an interpolation."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(cfg.hydra, resolve=True)
+    except OmegaConfBaseException:
+        return OmegaConf.to_container(cfg.hydra, resolve=False)
 
 
 def _shell_completion(hydra: Any, config_name: str, overrides: list[str]) -> int:

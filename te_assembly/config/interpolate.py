@@ -76,6 +76,8 @@ class Interpolator:
     copies; ``context()`` gives the rest of the config for the OmegaConf fallback."""
 
     def __init__(self, roots: dict[str, Any], context: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``roots``: each top-level section by name (``model``, ``recipe``, ``seed``, ``train``...);
+        ``context``: anything else an OmegaConf fallback may refer to."""
         self.roots = roots
         self.context = context or dict
         self.done: dict[tuple[Key, ...], Any] = {}
@@ -233,6 +235,11 @@ def resolve_sites(
     diags: list[Diagnostic] = []
     if not sites:
         return data, diags
+    if sites == [()]:  # the section is a single value (``seed: ${oc.env:SEED}``)
+        try:
+            return interpolator.value((root,)), diags
+        except InterpolationError as exc:
+            return DROPPED, [error(prefix, "bad-interpolation", str(exc), exc.hint)]
     resolved: list[tuple[tuple[Key, ...], Any]] = []
     for keys in sites:
         try:
@@ -246,6 +253,8 @@ def resolve_sites(
 
 
 _DROP = object()
+DROPPED = object()
+"""What ``resolve_sites`` returns for a whole section that did not resolve."""
 
 
 def _rebuild(data: Any, values: list[tuple[tuple[Key, ...], Any]]) -> Any:
@@ -332,6 +341,7 @@ def _child_keys(node: Any) -> list[str] | None:
 
 
 __all__ = [
+    "DROPPED",
     "InterpolationError",
     "Interpolator",
     "check_mul",

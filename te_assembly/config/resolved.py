@@ -160,20 +160,22 @@ def _still_there(data: Any, keys: tuple[Key, ...]) -> bool:
 def _finish(
     groups: dict[str, _Group],
     settings_raw: dict[str, Any],
-    settings: dict[str, Any],
-    settings_diags: list[Diagnostic],
+    early: list[Diagnostic],
     extra_sources: dict[str, Source],
     parsed_overrides: Sequence[Any],
     choices: dict[str, str | None],
     config_dirs: Sequence[str],
 ) -> ResolvedConfig:
+    """Overrides, then every interpolation of the model, the recipe and the settings, in one pass: each
+    section is a root of the same ``Interpolator``, so ``bench.tokens: ${mul:4,${model.dims.hidden}}``
+    and ``${seed}`` in a model resolve alike."""
     for name, g in groups.items():
         _shape_check(name, g)
         _apply_overrides(name, g, parsed_overrides)
-    roots = {name: g.data for name, g in groups.items() if g.data is not None}
-    resolver = interpolate.Interpolator(roots, context=lambda: dict(settings_raw))
+    roots = {**settings_raw, **{name: g.data for name, g in groups.items() if g.data is not None}}
+    resolver = interpolate.Interpolator(roots)
     data: dict[str, Any] = {}
-    diags: list[Diagnostic] = []
+    diags: list[Diagnostic] = list(early)
     for name, g in groups.items():
         diags.extend(g.diagnostics)
         if g.data is None:
@@ -182,9 +184,15 @@ def _finish(
         value, found = interpolate.resolve_sites(resolver, name, sorted(set(g.sites), key=_site_key), name)
         data[name] = value
         diags.extend(found)
+    settings: dict[str, Any] = {}
+    for key, raw in settings_raw.items():
+        value, found = interpolate.resolve_sites(resolver, key, interpolate.find_sites(raw), key)
+        diags.extend(found)
+        if value is not interpolate.DROPPED:
+            settings[key] = value
     sources = {name: g.source for name, g in groups.items() if g.source is not None}
     sources.update(extra_sources)
-    located = [_locate(d, sources) for d in [*diags, *settings_diags]]
+    located = [_locate(d, sources) for d in diags]
     return ResolvedConfig(
         model=data.get("model"),
         recipe=data.get("recipe"),
@@ -234,45 +242,15 @@ def resolve_composed(
     choices = {
         name: OmegaConf.select(hydra_node, f"runtime.choices.{name}", default=None) for name in FILE_GROUPS
     }
-    keys = [str(k) for k in cfg.keys() if k not in FILE_GROUPS and k != "hydra"]
     unresolved = OmegaConf.to_container(cfg, resolve=False)  # reading cfg[k] would resolve interpolations
     assert isinstance(unresolved, dict)
-    settings_raw = {k: unresolved[k] for k in keys}
-    settings_diags: list[Diagnostic] = []
-    settings = {k: _plain(cfg, k, k, settings_diags) for k in keys}
-    settings = {k: v for k, v in settings.items() if v is not _UNRESOLVED}
+    settings_raw = {str(k): v for k, v in unresolved.items() if k not in FILE_GROUPS and k != "hydra"}
     extra: dict[str, Source] = {}
     # Settings are located in the primary config first (a user's ``-cn experiment``), then in the
     # shipped config.yaml it builds on.
     for name, path in zip(("config", "shipped config"), config_files(hydra_node), strict=False):
         extra[name] = read_source(str(path), "config")
-    return _finish(groups, settings_raw, settings, settings_diags, extra, parsed, choices, config_dirs)
-
-
-_UNRESOLVED = object()
-
-
-def _plain(node: Any, key: Any, path: str, diags: list[Diagnostic]) -> Any:
-    """``node[key]`` as plain data with interpolations resolved leaf by leaf; a leaf that does not
-    resolve is one diagnostic and is left out."""
-    from omegaconf import DictConfig, ListConfig
-
-    try:
-        value = node[key]
-    except Exception as exc:
-        text = str(exc).strip()
-        first = text.splitlines()[0] if text else type(exc).__name__
-        missing = interpolate._MISSING_KEY.search(first)
-        hint = interpolate.suggest_key(node._get_root(), missing.group(1)) if missing else None
-        diags.append(error(path, "bad-interpolation", f"cannot resolve value: {first}", hint))
-        return _UNRESOLVED
-    if isinstance(value, DictConfig):
-        out = {str(k): _plain(value, k, f"{path}.{k!s}", diags) for k in value.keys()}
-        return {k: v for k, v in out.items() if v is not _UNRESOLVED}
-    if isinstance(value, ListConfig):
-        items = [_plain(value, i, f"{path}[{i}]", diags) for i in range(len(value))]
-        return [v for v in items if v is not _UNRESOLVED]
-    return value
+    return _finish(groups, settings_raw, [], extra, parsed, choices, config_dirs)
 
 
 def _plain_data(value: Any) -> Any:
@@ -312,7 +290,7 @@ def resolve_mapping(
         ),
     }
     choices: dict[str, str | None] = {"model": file or "<mapping>", "recipe": None}
-    return _finish(groups, settings_raw, dict(settings_raw), diags, {}, parsed, choices, ())
+    return _finish(groups, settings_raw, diags, {}, parsed, choices, ())
 
 
 def resolve_source(source: Source, task_overrides: Sequence[str] = ()) -> ResolvedConfig:
@@ -328,7 +306,7 @@ def resolve_source(source: Source, task_overrides: Sequence[str] = ()) -> Resolv
             diags.append(error(o.key_or_group, "bad-override", message))
     model = _Group(source.data, source, list(source.interpolations), list(source.diagnostics))
     groups = {"model": model, "recipe": _Group(None, None, [], [])}
-    return _finish(groups, {}, {}, diags, {}, parsed, {"model": source.file, "recipe": None}, ())
+    return _finish(groups, {}, diags, {}, parsed, {"model": source.file, "recipe": None}, ())
 
 
 def resolve_file(path: str | Path, task_overrides: Sequence[str] = ()) -> ResolvedConfig:

@@ -76,3 +76,13 @@ def test_a_failing_fallback_is_one_diagnostic(monkeypatch: pytest.MonkeyPatch) -
 def test_a_failed_list_item_keeps_the_list_length() -> None:
     data, problems = _resolve({"ops": ["${model.nope}", {"name": "a"}]})
     assert data["ops"] == [None, {"name": "a"}] and list(problems) == ["model.ops[0]"]
+
+
+def test_settings_may_refer_to_the_model_and_to_each_other() -> None:
+    from te_assembly.pipeline import load
+
+    overrides = ["run.tokens='${mul:2,${model.dims.hidden}}'", "run.steps='${seed}'", "seed=4"]
+    analysis = load("residual_mlp", [*overrides, "model.dims.hidden=16"])
+    assert analysis.errors == []
+    run = analysis.section("run")
+    assert (run.tokens, run.steps) == (32, 4)

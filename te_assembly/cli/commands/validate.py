@@ -29,5 +29,6 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         f"{len(plan.channels)} channel(s), {len(plan.public_inputs)} public input(s), "
         f"{len(plan.public_outputs)} public output(s), {len(analysis.warnings)} warning(s)",
         markup=False,
+        soft_wrap=True,
     )
     return Outcome(0, summary)
