@@ -11,6 +11,7 @@ Pure Python: no torch, no TE.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,13 +180,24 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
             recipe = Recipe(resolved.recipe)
     parsed, settings_diags = _settings(resolved, DEFAULT_SECTIONS if sections is None else sections)
     diags.extend(settings_diags)
-    if recipe is not None and result.steps:
-        diags.extend(recipe_shape_diagnostics(result.steps, recipe))
+    # The model as a plan as soon as the model itself is sound: checks across sections read it.
+    sound = model is not None and result.graph is not None and not has_errors(result.diagnostics)
+    candidate = _plan(model, result, []) if sound and model is not None else None
+    diags.extend(_cross_checks(resolved, candidate, recipe))
     final = _finish(diags, resolved)
     plan = None
-    if model is not None and result.graph is not None and not has_errors(final):
-        plan = _plan(model, result, [d for d in final if not d.is_error])
+    if candidate is not None and not has_errors(final):
+        plan = dataclasses.replace(candidate, warnings=[d for d in final if not d.is_error])
     return Analysis(resolved, result, recipe, parsed, tuple(final), plan)
+
+
+def _cross_checks(resolved: ResolvedConfig, plan: Plan | None, recipe: Recipe | None) -> list[Diagnostic]:
+    """Checks of the model against another section, run once the model plans: the recipe's shape rules
+    (``recipe_shapes.py``). A section that constrains the model (a parallel layout) adds its check here."""
+    out: list[Diagnostic] = []
+    if plan is not None and recipe is not None:
+        out.extend(recipe_shape_diagnostics(plan.steps, recipe))
+    return out
 
 
 def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:

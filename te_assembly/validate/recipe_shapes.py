@@ -16,10 +16,10 @@ from te_assembly.plan import PlannedStep
 
 
 def recipe_shape_diagnostics(
-    steps: Sequence[PlannedStep | None], recipe: Mapping[str, Any]
+    steps: Sequence[PlannedStep], recipe: Mapping[str, Any] | None
 ) -> list[Diagnostic]:
-    """Every step whose shapes the recipe's kernels cannot run (``steps``: the analysis's planned steps,
-    None where a step was too broken to plan; ``recipe``: the validated recipe, ``kind`` and fields)."""
+    """Every step whose shapes the recipe's kernels cannot run (``steps``: the plan's steps, widths
+    known; ``recipe``: the validated recipe config, ``kind`` and fields)."""
     return []
 
 
