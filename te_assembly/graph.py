@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from te_assembly.diagnostics import Diagnostic, did_you_mean, error, printable
+from te_assembly.diagnostics import Diagnostic, printable
 from te_assembly.errors import ConfigError
-from te_assembly.fields import FieldSpec
+from te_assembly.fields import FieldSpec, check_value
 from te_assembly.outputs import prepare_out_dir, write_error
 from te_assembly.plan import FuserGroup, Plan, PlannedStep, SlotRef
-from te_assembly.sections import setting
+from te_assembly.sections import section_specs, setting
 from te_assembly.validate.analysis import Analysis
 
 NodeKind = Literal["x", "y", "op", "module", "invalid", "public_input", "public_output", "missing"]
@@ -394,19 +394,9 @@ def render(view: GraphView, out_dir: str | Path, formats: Sequence[str] = FORMAT
     ``ConfigError`` for an unknown format and ``OutputPathError`` when ``out_dir`` cannot be written."""
     if isinstance(formats, str):
         formats = [formats]  # one format, not one per character
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown:
-        raise ConfigError(
-            [
-                error(
-                    "formats",
-                    "bad-graph-format",
-                    f"unknown graph format {f!r}; choose from {', '.join(FORMATS)}",
-                    did_you_mean(f, FORMATS),
-                )
-                for f in unknown
-            ]
-        )
+    problems = check_value(section_specs(GraphSettings)["formats"], list(formats), "formats")
+    if problems:
+        raise ConfigError(problems)
     out = prepare_out_dir(out_dir)
     result = RenderResult()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", view.name) or "model"
