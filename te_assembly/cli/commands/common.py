@@ -21,7 +21,7 @@ def load_and_validate(overrides: Sequence[str]) -> tuple[LoadedConfig, list[Diag
     diags, plan = analyze(loaded.model)
     extra = list(loaded.diagnostics)
     diags = locate([*extra, *diags], loaded.file, loaded.lines)
-    diags = dedupe(sort_diagnostics([*diags, *_recipe_diagnostics(loaded)]))
+    diags = dedupe(sort_diagnostics([*diags, *_recipe_diagnostics(loaded, plan)]))
     return loaded, diags, (None if has_errors(diags) else plan)
 
 
@@ -47,16 +47,20 @@ def setting(cfg: DictConfig, key: str) -> Any:
         raise ConfigError([error(key, "bad-interpolation", f"cannot resolve value: {first}")]) from None
 
 
-def _recipe_diagnostics(loaded: LoadedConfig) -> list[Diagnostic]:
+def _recipe_diagnostics(loaded: LoadedConfig, plan: Plan | None = None) -> list[Diagnostic]:
     if "recipe" not in loaded.cfg:
         return []
     from te_assembly.recipes import recipe_dir, validate_recipe
+    from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
 
     recipe = section(loaded.cfg, "recipe")
     diags = validate_recipe(recipe, prefix="recipe")
     source = recipe_dir() / f"{recipe.get('name', '')}.yaml"
     if diags and source.is_file():
         diags = locate(diags, str(source), yaml_lines(source.read_text(), "recipe"))
+    if plan is not None and not has_errors(diags):
+        # Model dimensions the recipe's GEMMs cannot run, located in the model file.
+        diags += locate(recipe_shape_diagnostics(plan.steps, recipe), loaded.file, loaded.lines)
     return diags
 
 

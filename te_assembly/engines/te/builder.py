@@ -20,7 +20,7 @@ from te_assembly.engines.reference import add_step
 from te_assembly.engines.te.adapter import reference_op
 from te_assembly.engines.te.bindings import binding_calls, gpu_only_steps
 from te_assembly.engines.te.model import TEModel
-from te_assembly.errors import EngineUnavailableError
+from te_assembly.errors import ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan, PlannedStep
 
 KERNELS = ("te", "reference")
@@ -38,7 +38,7 @@ def build_te(
     recipe config (``recipes.py``), checked against this machine before anything is built."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     _check_machine(plan, kernels, dev)
-    te_recipe = _prepare_recipe(recipe)
+    te_recipe = _prepare_recipe(plan, recipe)
     model = TEModel(plan, kernels, recipe, te_recipe)
     for step in plan.steps:
         add_step(model.steps, step.name, _construct(step, kernels, dev, dtype))
@@ -62,13 +62,18 @@ def _check_machine(plan: Plan, kernels: str, device: torch.device) -> None:
             )
 
 
-def _prepare_recipe(recipe: Mapping[str, Any] | None) -> object | None:
+def _prepare_recipe(plan: Plan, recipe: Mapping[str, Any] | None) -> object | None:
     if recipe is None:
         return None
     from te_assembly.recipes import check_recipe_on_current_device, to_te_recipe
+    from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
 
     te_recipe = to_te_recipe(recipe)
     if te_recipe is not None:
+        # Before the GPU check: a model the recipe cannot run is a config error on any machine.
+        shape_errors = [d for d in recipe_shape_diagnostics(plan.steps, recipe) if d.is_error]
+        if shape_errors:
+            raise ConfigError(shape_errors, summary=f"{plan.name} does not fit the quantization recipe")
         check_recipe_on_current_device(recipe)
     return te_recipe
 
