@@ -42,8 +42,33 @@ def test_tolerance_class_follows_recipe_then_dtype() -> None:
     assert precision_class(torch.bfloat16, {"kind": "MXFP8BlockScaling"}) == "fp8"
     assert precision_class(torch.bfloat16, {"kind": "NVFP4BlockScaling"}) == "fp4"
     assert precision_class(torch.float64) == "float64"
-    ordered = [TOLERANCES[k].rtol for k in ("float64", "float32", "bfloat16", "fp8", "fp4")]
-    assert ordered == sorted(ordered)
+    # float32 through TE's GEMMs on a GPU is TF32; on the reference kernels it stays float32.
+    assert precision_class(torch.float32, {"kind": "none"}, te_gemms=True) == "tf32"
+    assert precision_class(torch.float32, te_gemms=False) == "float32"
+    assert precision_class(torch.bfloat16, te_gemms=True) == "bfloat16"
+    assert precision_class(torch.float32, {"kind": "DelayedScaling"}, te_gemms=True) == "fp8"
+    ordered = [TOLERANCES[k].rtol for k in ("float64", "float32", "tf32", "bfloat16", "fp8", "fp4")]
+    assert ordered == sorted(ordered) and len(set(ordered)) == len(ordered)
+
+
+def test_tf32_tolerance_admits_tf32_rounding_and_rejects_bfloat16() -> None:
+    """A float32 GEMM run as TF32 (inputs rounded to 10 mantissa bits) passes the tf32 class and fails
+    the float32 one; the same GEMM in bfloat16 fails the tf32 class."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(256, 512, generator=gen)
+    b = torch.randn(512, 128, generator=gen)
+
+    def rounded(t: torch.Tensor, bits: int) -> torch.Tensor:  # keep `bits` explicit mantissa bits
+        drop = 23 - bits
+        as_int = t.view(torch.int32)
+        return ((as_int + (1 << (drop - 1))) & ~((1 << drop) - 1)).view(torch.float32)
+
+    exact = a.double() @ b.double()
+    tf32 = (rounded(a, 10).double() @ rounded(b, 10).double()).float()
+    bf16 = (rounded(a, 7).double() @ rounded(b, 7).double()).float()
+    assert compare("y", "output", tf32, exact, TOLERANCES["tf32"]).passed
+    assert not compare("y", "output", tf32, exact, TOLERANCES["float32"]).passed
+    assert not compare("y", "output", bf16, exact, TOLERANCES["tf32"]).passed
 
 
 def test_verify_without_te_exits_1_with_install_hint(

@@ -130,8 +130,13 @@ def main(overrides: Sequence[str], console: Console) -> int:
     x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
     inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    # TE runs float32 GEMMs as TF32 on a GPU: say so, since float32 is the default dtype.
+    te_gemms = session.engine == "te" and session.kernels == "te" and device.type == "cuda"
+    dtype_name = str(dtype).removeprefix("torch.") + (
+        " (TF32 GEMMs in TE)" if dtype == torch.float32 and te_gemms else ""
+    )
     console.print(
-        f"{plan.name}: {dev_name}, dtype {str(dtype).removeprefix('torch.')}, {settings.tokens} tokens, "
+        f"{plan.name}: {dev_name}, dtype {dtype_name}, {settings.tokens} tokens, "
         f"{settings.warmup} warm-up + {settings.repeats} timed repeats per phase, "
         f"optimizer {settings.optimizer}, "
         f"{torch.get_num_threads()} CPU thread(s)",
@@ -155,7 +160,7 @@ def main(overrides: Sequence[str], console: Console) -> int:
         )
 
     flops = forward_flops(plan, settings.tokens)
-    peak = peak_tflops(device, dtype)
+    peak = peak_tflops(device, dtype, tf32=te_gemms)
     console.print(single_table(results[0], settings.tokens, flops, peak))
     if settings.compare:
         console.print(compare_table(results, settings.tokens))
