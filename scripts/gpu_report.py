@@ -32,6 +32,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+DEVICE = "cuda"
+KERNELS = "te"
+"""Where verify and bench run (a CPU smoke test points these at ``cpu`` and ``reference``)."""
+
 TOKENS = 256
 """Tokens per verify call: a multiple of 128, so every recipe's token-row rule holds."""
 WIDE = ("model.dims.hidden=128", "model.dims.ffn=256")
@@ -150,8 +154,8 @@ def verify_cell(cell: Cell) -> dict[str, Any]:
     quantizes = recipe.get("kind") != "none"
     report = verify(
         plan,
-        kernels="te",
-        device="cuda",
+        kernels=KERNELS,
+        device=DEVICE,
         dtype=_dtype(cell.dtype),
         recipe=recipe if quantizes else None,
         tokens=TOKENS,
@@ -175,7 +179,7 @@ def verify_cell(cell: Cell) -> dict[str, Any]:
         "worst_max_rel": worst.max_rel,
     }
     if quantizes:
-        effect = recipe_effect(plan, recipe, tokens=TOKENS)
+        effect = recipe_effect(plan, recipe, device=DEVICE, tokens=TOKENS)
         out["recipe_effect"] = {**asdict(effect), "active": effect.active}
         if not effect.active:
             out["status"] = "fail"
@@ -245,12 +249,12 @@ def bench_cell(bc: BenchCell) -> dict[str, Any]:
     reason = _unsupported(recipe)
     if reason is not None:
         return {"status": "unsupported", "reason": reason}
-    device, dtype = torch.device("cuda"), _dtype(bc.cell.dtype)
+    device, dtype = torch.device(DEVICE), _dtype(bc.cell.dtype)
     torch.manual_seed(0)
     variants, _ = build_variants(
         plan,
         engine="te",
-        kernels="te",
+        kernels=KERNELS,
         device=device,
         dtype=dtype,
         optimizer="adamw",

@@ -27,6 +27,9 @@ sys.path.insert(0, str(REPO))
 
 from te_assembly.verify import TOLERANCES, Tolerance  # noqa: E402
 
+DEVICE = "cuda"
+"""Where the checks run (a CPU smoke test with stand-ins for TE's modules points this at ``cpu``)."""
+
 FP8_RECIPES = ("fp8_delayed", "fp8_current", "fp8_block")
 """The quantization recipes an sm_90 GPU runs (MXFP8 and NVFP4 need sm_100)."""
 
@@ -66,11 +69,11 @@ def _record(name: str, precision: str, got: torch.Tensor | None, want: torch.Ten
 
 def _linear_pair(te: Any, dtype: torch.dtype, features: int = 256) -> tuple[Any, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
-    layer = te.Linear(features, features, bias=True, params_dtype=dtype, device="cuda")
+    layer = te.Linear(features, features, bias=True, params_dtype=dtype, device=DEVICE)
     with torch.no_grad():
         layer.bias.normal_()
-    x = torch.randn(128, features, device="cuda", dtype=dtype)
-    dy = torch.randn(128, features, device="cuda", dtype=dtype)
+    x = torch.randn(128, features, device=DEVICE, dtype=dtype)
+    dy = torch.randn(128, features, device=DEVICE, dtype=dtype)
     return layer, x, dy
 
 
@@ -106,18 +109,22 @@ def check_norms(te: Any) -> None:
     from te_assembly.reference.ops.norms import RMSNorm
 
     torch.manual_seed(1)
-    norm = te.LayerNorm(256, eps=1e-5, params_dtype=torch.float32, device="cuda")
-    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    norm = te.LayerNorm(256, eps=1e-5, dtype=torch.float32, device=DEVICE)
+    x = torch.randn(64, 256, device=DEVICE, requires_grad=True)
     xr = x.detach().clone().requires_grad_(True)
-    dy = torch.randn(64, 256, device="cuda")
-    norm(x).backward(dy)
-    torch.nn.functional.layer_norm(xr, (256,), norm.weight.detach(), norm.bias.detach(), 1e-5).backward(dy)
+    dy = torch.randn(64, 256, device=DEVICE)
+    y = norm(x)
+    yr = torch.nn.functional.layer_norm(xr, (256,), norm.weight.detach(), norm.bias.detach(), 1e-5)
+    y.backward(dy)
+    yr.backward(dy)
+    # No GEMM here: TE's norm kernels compute in float32, so the float32 class applies.
+    _record("te.LayerNorm float32 y", "float32", y.detach(), yr.detach())
     _record("te.LayerNorm float32 dx", "float32", x.grad, xr.grad)
     # TE's RMSNorm kernel in bfloat16 against our reference op, which computes in float32 and rounds
     # once as TE does: this is what keeps MoE routing choices equal between the engines.
-    rms = te.RMSNorm(256, eps=1e-5, params_dtype=torch.bfloat16, device="cuda")
-    ref = RMSNorm(256, eps=1e-5, device="cuda", dtype=torch.bfloat16)
-    xb = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    rms = te.RMSNorm(256, eps=1e-5, dtype=torch.bfloat16, device=DEVICE)
+    ref = RMSNorm(256, eps=1e-5, device=DEVICE, dtype=torch.bfloat16)
+    xb = torch.randn(64, 256, device=DEVICE, dtype=torch.bfloat16)
     got = rms(xb).detach()
     want, _ = ref(xb)
     _record("te.RMSNorm bfloat16 y vs reference RMSNorm", "bfloat16", got, want.detach())
@@ -130,10 +137,10 @@ def check_channelled_ops(te: Any) -> None:
     torch.manual_seed(2)
     ops = te.ops
     tap = ops.MakeExtraOutput().set_extra_output_channel(0, "residual", output_to_caller=False)
-    linear = ops.Linear(128, 128, device="cuda", dtype=torch.float32)
+    linear = ops.Linear(128, 128, device=DEVICE, dtype=torch.float32)
     add = ops.AddExtraInput().set_extra_input_channel(0, "residual")
     block = ops.Sequential(tap, linear, add)
-    x = torch.randn(32, 128, device="cuda", requires_grad=True)
+    x = torch.randn(32, 128, device=DEVICE, requires_grad=True)
     xr = x.detach().clone().requires_grad_(True)
     y = block(x)
     yr = torch.nn.functional.linear(xr, linear.weight.detach(), linear.bias.detach()) + xr
