@@ -119,3 +119,46 @@ def test_bundle_over_the_carry_limit_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("script", ["gpu_check.sh", "prepare_gpu_bundle.sh"])
 def test_scripts_parse(script: str) -> None:
     assert subprocess.run(["bash", "-n", str(REPO_ROOT / "scripts" / script)], check=False).returncode == 0
+
+
+def _stub_python(tmp: Path, fail_on: str = "") -> Path:
+    """A stand-in interpreter for the GPU machine's python3: logs each call with its CUDA_MODULE_LOADING,
+    succeeds (or fails for calls mentioning ``fail_on``), and runs the real summary step."""
+    stub = tmp / "python3"
+    calls = tmp / "calls.log"
+    stub.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "${{CUDA_MODULE_LOADING:-lazy}} $*" >> {calls}\n'
+        f'if [[ "$*" == *"gpu_report.py summary"* ]]; then exec {sys.executable} "$@"; fi\n'
+        f'if [ -n "{fail_on}" ] && [[ "$*" == *"{fail_on}"* ]]; then echo "planted failure"; exit 1; fi\n'
+        # Its Python tag, and the bundle's as read through it: both cp00, so the carried wheel fits.
+        'if [[ "$*" == *version_info* ]] || [[ "$*" == *python_tag* ]]; then echo cp00; exit 0; fi\n'
+        "cat > /dev/null 2>&1 <&0 || true\n"
+        "exit 0\n"
+    )
+    stub.chmod(0o755)
+    return stub
+
+
+def test_a_failing_step_does_not_stop_the_bench_and_a_rerun_resumes(tmp_path: Path) -> None:
+    bundle = _bundle(tmp_path)
+    stub = _stub_python(tmp_path, fail_on="-m pytest")
+    env = {"PYTHON": str(stub)}
+    first = _check(bundle, tmp_path, **env)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    steps = {s["step"]: s["status"] for s in summary["steps"]}
+    assert first.returncode == 1, first.stdout[-3000:]
+    assert steps["pytest"] == "failed" and steps["verify"] == steps["bench"] == "passed", steps
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    eager = [c for c in calls if c.startswith("EAGER")]
+    assert len(eager) == 1 and "gpu_sanity.py check" in eager[0]  # eager loading only for the sanity step
+    pytest_call = next(c for c in calls if "-m pytest" in c)
+    assert "-m gpu" in pytest_call and "tests" in pytest_call.split()
+    # Same code, same bundle, warm machine: nothing runs again, the results are kept.
+    (tmp_path / "calls.log").write_text("")
+    second = _check(bundle, tmp_path, **env)
+    assert second.returncode == 1 and second.stdout.count("done earlier with this code and bundle") == 6
+    assert all("gpu_report.py summary" in c for c in (tmp_path / "calls.log").read_text().splitlines())
+    # --force runs every step again.
+    third = _check(bundle, tmp_path, "--force", **env)
+    assert "done earlier" not in third.stdout and "== bench (limit" in third.stdout
