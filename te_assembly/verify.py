@@ -39,9 +39,11 @@ TOLERANCES: dict[str, Tolerance] = {
     # float32 through TE's kernels on a GPU: TE runs every all-float32 GEMM as TF32
     # (transformer_engine/common/gemm/cublaslt_gemm.cu: CUBLAS_COMPUTE_32F_FAST_TF32), 10 mantissa bits.
     # TE's own tests hold one TF32 GEMM to float16 tolerances, rtol 1e-3 + atol 1e-5 per element
-    # (tests/pytorch/test_fusible_ops.py: "tols = dtype_tols(torch.float16)  # TF32 GEMM"); a block
-    # chains GEMMs forward and backward, so twice that, against the tensor's largest value.
-    "tf32": Tolerance(atol=1e-5, rtol=2e-3),
+    # (tests/pytorch/test_fusible_ops.py: "tols = dtype_tols(torch.float16)  # TF32 GEMM"). A block
+    # chains GEMMs forward and backward: bench/tf32_error.py emulates TF32 operands on CPU and measured
+    # at most 6.5e-4 (round to nearest) and 2.5e-3 (truncation) of max|ref| on residual_mlp and
+    # moe_block over 5 seeds; 5e-3 keeps twice the worst case.
+    "tf32": Tolerance(atol=1e-5, rtol=5e-3),
     # TE's tests: rtol 1.6e-2 for bfloat16 (tests/pytorch/utils.py, dtype_tols); 8 mantissa bits.
     "bfloat16": Tolerance(atol=1e-3, rtol=2e-2),
     # FP8 keeps 3 mantissa bits (E4M3) forward and 2 (E5M2) for HYBRID gradients; TE's tests allow

@@ -51,23 +51,24 @@ def test_tolerance_class_follows_recipe_then_dtype() -> None:
     assert ordered == sorted(ordered) and len(set(ordered)) == len(ordered)
 
 
-def test_tf32_tolerance_admits_tf32_rounding_and_rejects_bfloat16() -> None:
-    """A float32 GEMM run as TF32 (inputs rounded to 10 mantissa bits) passes the tf32 class and fails
-    the float32 one; the same GEMM in bfloat16 fails the tf32 class."""
+def test_tf32_tolerance_admits_tf32_operands_and_rejects_coarser_ones() -> None:
+    """A float32 GEMM whose operands are cut to TF32 (rounded or truncated, as tensor cores may do)
+    passes the tf32 class and fails the float32 one; operands truncated to bfloat16's 7 bits fail it."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(256, 512, generator=gen)
     b = torch.randn(512, 128, generator=gen)
 
-    def rounded(t: torch.Tensor, bits: int) -> torch.Tensor:  # keep `bits` explicit mantissa bits
+    def cut(t: torch.Tensor, bits: int, truncate: bool) -> torch.Tensor:  # keep `bits` mantissa bits
         drop = 23 - bits
-        as_int = t.view(torch.int32)
-        return ((as_int + (1 << (drop - 1))) & ~((1 << drop) - 1)).view(torch.float32)
+        half = 0 if truncate else 1 << (drop - 1)
+        return ((t.view(torch.int32) + half) & ~((1 << drop) - 1)).view(torch.float32)
 
     exact = a.double() @ b.double()
-    tf32 = (rounded(a, 10).double() @ rounded(b, 10).double()).float()
-    bf16 = (rounded(a, 7).double() @ rounded(b, 7).double()).float()
-    assert compare("y", "output", tf32, exact, TOLERANCES["tf32"]).passed
-    assert not compare("y", "output", tf32, exact, TOLERANCES["float32"]).passed
+    for truncate in (False, True):
+        tf32 = (cut(a, 10, truncate).double() @ cut(b, 10, truncate).double()).float()
+        assert compare("y", "output", tf32, exact, TOLERANCES["tf32"]).passed
+        assert not compare("y", "output", tf32, exact, TOLERANCES["float32"]).passed
+    bf16 = (cut(a, 7, True).double() @ cut(b, 7, True).double()).float()
     assert not compare("y", "output", bf16, exact, TOLERANCES["tf32"]).passed
 
 
