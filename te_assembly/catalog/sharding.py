@@ -28,6 +28,8 @@ class Sharding:
     the width, run on a slice whose two halves the column Linear before it interleaves."""
     split_params: tuple[tuple[str, int], ...] = ()
     """(parameter, dimension) of an elementwise op that follows the feature slice (Bias's ``bias``)."""
+    split_args: tuple[str, ...] = ()
+    """Constructor arguments that count those features (Bias's ``size``): divided by ``parallel.tensor``."""
     expert: str = "tokens"
     """``tokens``: runs on the rows this rank holds; ``experts``: holds the parameters of a slice of the
     groups (``group_params``); ``dispatch``: sends each dispatched row to the rank owning its expert
@@ -53,7 +55,7 @@ SHARDING: dict[str, Sharding] = {
     # te.ops
     "Linear": _LINEAR,
     "BasicLinear": _LINEAR,
-    "Bias": Sharding(tensor="elementwise", split_params=(("bias", 0),)),
+    "Bias": Sharding(tensor="elementwise", split_params=(("bias", 0),), split_args=("size",)),
     "GroupedLinear": Sharding(expert="experts", expert_count="num_groups", group_params=("weight", "bias")),
     "LayerNorm": _REPLICATED,
     "RMSNorm": _REPLICATED,
