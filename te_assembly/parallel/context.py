@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from te_assembly.catalog import OPS, OpSpec, load_object
-from te_assembly.errors import TeAssemblyError
+from te_assembly.errors import InjectedFailure, TeAssemblyError
 from te_assembly.parallel.collectives import TIMER, all_reduce
 from te_assembly.parallel.expert_ops import ExpertExchange, ExpertParallelCombine, ExpertParallelDispatch
 from te_assembly.parallel.layout import REPLICATED, ParamShard, ShardPlan, StepShard, shard_plan
@@ -29,10 +29,6 @@ from te_assembly.parallel.settings import ParallelSettings
 from te_assembly.parallel.sharding import join_slices, local_state
 from te_assembly.parallel.tensor_ops import TensorParallelBasicLinear, TensorParallelLinear
 from te_assembly.plan import Plan, PlannedStep
-
-
-class InjectedFailure(TeAssemblyError):
-    """``parallel.fail_on_rank``: this rank was told to fail (a test of the job's failure handling)."""
 
 
 class ParallelContext:
@@ -44,6 +40,7 @@ class ParallelContext:
         self._exchanges: dict[int, ExpertExchange] = {}
         self.global_rules: dict[str, ParamShard] = {}
         """Global parameter key (``steps.<step>.<name>``) -> its layout, in the plan's parameter order."""
+        self.global_shapes: dict[str, tuple[int, ...]] = {}
         self._load_rules: dict[str, tuple[str, str, ParamShard, int]] = {}
         self.local_to_global: dict[str, str] = {}
         """This rank's parameter keys -> global keys (they differ for experts: ``weight0`` is expert
@@ -55,6 +52,7 @@ class ParallelContext:
             for name in planned.param_shapes:
                 rule = shard.params.get(name, REPLICATED)
                 self.global_rules[prefix + name] = rule
+                self.global_shapes[prefix + name] = tuple(planned.param_shapes[name])
                 self._load_rules[prefix + name] = (prefix, name, rule, groups)
                 local = _local(name, rule, expert_rank, groups)
                 if local is not None:
@@ -77,6 +75,10 @@ class ParallelContext:
     @property
     def rank(self) -> int:
         return 0 if self.mesh is None else self.mesh.rank
+
+    def device(self, default: torch.device) -> torch.device:
+        """This rank's device (``cuda:<local rank>`` under torchrun on GPUs), else ``default``."""
+        return self.mesh.device if self.mesh is not None else default
 
     # ---------------------------------------------------------------------------------------- building
 
@@ -334,6 +336,18 @@ class ParallelContext:
                 assert p.grad is not None
                 p.grad.div_(s.tensor)
 
+    def grad_norm(self, model: torch.nn.Module) -> float:
+        """The norm of the whole model's gradient (every parameter counted once, at its global shape),
+        on every rank."""
+        grads = {self.local_to_global[n]: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        gathered = self.gather_global(grads)
+        norm = torch.stack([g.double().norm() for g in gathered.values()]).norm().item() if gathered else 0.0
+        if self.mesh is None or self.mesh.world_size == 1:
+            return norm
+        shared = [norm]
+        dist.broadcast_object_list(shared, src=0)
+        return float(shared[0])
+
     def mean(self, value: float) -> float:
         """The mean of a per-rank number (a loss) over every rank."""
         if self.mesh is None or self.mesh.world_size == 1:
@@ -376,4 +390,4 @@ def _fail(rank: int) -> Any:
     return hook
 
 
-__all__ = ["InjectedFailure", "ParallelContext"]
+__all__ = ["ParallelContext"]
