@@ -52,7 +52,11 @@ def _problem(key: str, value: Any) -> str | None:
             else f"threads must be null or 1..{cores} (the CPU cores here), got {value!r}"
         )
     if key == "report":
-        return None if value is None or (isinstance(value, str) and value) else "report must be a file path or null"
+        return (
+            None
+            if value is None or (isinstance(value, str) and value)
+            else "report must be a file path or null"
+        )
     if key == "split_at":
         return None if value is None or isinstance(value, str) else "split_at must be a step name or null"
     return None

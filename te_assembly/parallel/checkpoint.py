@@ -23,7 +23,13 @@ import torch.distributed as dist
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.parallel.layout import REPLICATED, ParamShard
 from te_assembly.parallel.sharding import take_slice
-from te_assembly.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_meta, save_checkpoint
+from te_assembly.train.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    read_meta,
+    save_checkpoint,
+)
 
 SINGLE = {"data": 1, "tensor": 1, "sequence": 1, "expert": 1}
 RESHARDABLE = ("data",)
@@ -62,8 +68,7 @@ def _global_optimizer_state(
     by_key: dict[str, dict[str, torch.Tensor]] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for index, entry in state.items():
-        name, param = params[index]
-        key = par.local_to_global[name]
+        key = par.local_to_global[params[index][0]]
         for slot, value in entry.items():
             if isinstance(value, torch.Tensor):
                 by_key.setdefault(slot, {})[key] = value
@@ -140,10 +145,13 @@ def check_layout(path: Path, meta: Mapping[str, Any], par: ParallelContext) -> s
     changed = [k for k in SINGLE if recorded[k] != now[k]]
     shown = ", ".join(f"parallel.{k}: checkpoint {recorded[k]}, now {now[k]}" for k in changed)
     if any(k not in RESHARDABLE for k in changed):
-        sizes = " ".join(f"parallel.{k}={recorded[k]}" for k in SINGLE if recorded[k] != 1) or "no parallel sizes"
+        sizes = (
+            " ".join(f"parallel.{k}={recorded[k]}" for k in SINGLE if recorded[k] != 1) or "no parallel sizes"
+        )
         world = recorded["data"] * recorded["tensor"] * recorded["expert"]
         raise CheckpointError(
-            f"cannot resume from {path} with another parallel layout ({shown}): only parallel.data may change "
+            f"cannot resume from {path} with another parallel layout ({shown}): only parallel.data may "
+            "change "
             f"on resume (its state is the same on every data-parallel replica); tensor, sequence and expert "
             f"sizes cut the weights and fix the order of every sum. Resume with {sizes} "
             f"(torchrun --nproc_per_node={world} for one machine), or start over in another train.out_dir"
@@ -175,7 +183,9 @@ class _GlobalView:
 class _LocalOptimizer:
     """What ``load_checkpoint`` sees of a rank's optimizer: it loads this rank's slices of the state."""
 
-    def __init__(self, par: ParallelContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, par: ParallelContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
         self.par, self.model, self.optimizer = par, model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
@@ -196,16 +206,22 @@ class _LocalOptimizer:
                 slot: _local_slice(value, rule, param, par) if isinstance(value, torch.Tensor) else value
                 for slot, value in entry.items()
             }
-        self.optimizer.load_state_dict({"state": local, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        self.optimizer.load_state_dict(
+            {"state": local, "param_groups": self.optimizer.state_dict()["param_groups"]}
+        )
 
 
-def _local_slice(value: torch.Tensor, rule: ParamShard, param: torch.Tensor, par: ParallelContext) -> torch.Tensor:
+def _local_slice(
+    value: torch.Tensor, rule: ParamShard, param: torch.Tensor, par: ParallelContext
+) -> torch.Tensor:
     mesh = par.mesh
     assert mesh is not None
     if rule.kind == "tensor" and value.dim() > rule.dim:
         value = take_slice(value, rule, mesh.tensor_rank, par.settings.tensor)
     if tuple(value.shape) not in (tuple(param.shape), ()):
-        raise CheckpointError(f"optimizer state of shape {tuple(value.shape)} does not fit {tuple(param.shape)}")
+        raise CheckpointError(
+            f"optimizer state of shape {tuple(value.shape)} does not fit {tuple(param.shape)}"
+        )
     return value
 
 

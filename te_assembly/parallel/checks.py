@@ -33,7 +33,8 @@ def launch_diagnostics(settings: ParallelSettings, launch: Launch, command: str 
             error(
                 "parallel",
                 "parallel-world-size",
-                f"torchrun started {launch.world_size} process(es) but the parallel sizes ({settings.describe()}) "
+                f"torchrun started {launch.world_size} process(es) but the parallel sizes "
+                f"({settings.describe()}) "
                 f"need {needed}",
                 f"launch {torchrun_command(needed, command)}, or change parallel.data / tensor / expert so "
                 f"they multiply to {launch.world_size}",

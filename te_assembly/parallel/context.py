@@ -282,8 +282,10 @@ class ParallelContext:
         averages their gradients during backward); expert weights are left to ``finish_grads``."""
         mesh = self.mesh
         wrapped = model
-        if mesh is not None and group_size(mesh.replica_group) > 1 and any(
-            p.requires_grad for p in model.parameters()
+        if (
+            mesh is not None
+            and group_size(mesh.replica_group) > 1
+            and any(p.requires_grad for p in model.parameters())
         ):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             from torch.nn.parallel import DistributedDataParallel

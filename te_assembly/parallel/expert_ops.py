@@ -102,8 +102,12 @@ class ExpertParallelDispatch(ReferenceOp):
         assert counts_slot is not None
         counts = outputs[counts_slot].reshape(self.ranks, self.local_experts).to(torch.int64)
         # Every rank learns how many rows of each of its experts every other rank sends.
-        received = all_to_all(counts.reshape(-1).contiguous(), [self.local_experts] * self.ranks,
-                              [self.local_experts] * self.ranks, self.group).view(self.ranks, self.local_experts)
+        received = all_to_all(
+            counts.reshape(-1).contiguous(),
+            [self.local_experts] * self.ranks,
+            [self.local_experts] * self.ranks,
+            self.group,
+        ).view(self.ranks, self.local_experts)
         route = Route(
             counts.sum(1).tolist(),
             received.sum(1).tolist(),
@@ -111,7 +115,9 @@ class ExpertParallelDispatch(ReferenceOp):
         )
         self.exchange.put(route)
         moved = {name: self._move(outputs[name], route) for name in self.sharding.exchanged}
-        local_counts = received.sum(0).to(device=outputs[counts_slot].device, dtype=outputs[counts_slot].dtype)
+        local_counts = received.sum(0).to(
+            device=outputs[counts_slot].device, dtype=outputs[counts_slot].dtype
+        )
         result = []
         for name in self.slots:
             if name == counts_slot:

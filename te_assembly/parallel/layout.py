@@ -43,7 +43,7 @@ class ParamShard:
     every piece (the two halves of a gated activation's input)."""
     group: int = 0
     prefix: str = ""
-    """``expert``: the parameter is ``<prefix><group>`` globally, ``<prefix><group - first local>`` locally."""
+    """``expert``: ``<prefix><group>`` globally, ``<prefix><group - first local group>`` on its rank."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,9 @@ def slice_rows(size: int, rule: ParamShard, tensor_rank: int, tensor_size: int) 
     order: one per interleaved piece."""
     piece = size // rule.blocks
     part = piece // tensor_size
-    return [(b * piece + tensor_rank * part, b * piece + (tensor_rank + 1) * part) for b in range(rule.blocks)]
+    return [
+        (b * piece + tensor_rank * part, b * piece + (tensor_rank + 1) * part) for b in range(rule.blocks)
+    ]
 
 
 def local_param_shapes(
@@ -249,12 +251,16 @@ def _tensor_regions(plan: Plan, entries: dict[int, Sharding]) -> tuple[list[_Reg
                         "parallel-row-without-column",
                         f"row-parallel {where} needs its input features split by a column-parallel Linear "
                         "before it, and none is open here",
-                        "mark the Linear that widens the features tensor_parallel_mode: column, or drop this mode",
+                        "mark the Linear that widens the features tensor_parallel_mode: column, or drop "
+                        "this mode",
                     )
                 )
             continue
         opened = plan.steps_by_index[open_region.column]
-        inside = f"between the column-parallel {opened.name!r} (model.ops[{opened.index}]) and its row-parallel Linear"
+        inside = (
+            f"between the column-parallel {opened.name!r} (model.ops[{opened.index}]) and its row-parallel "
+            "Linear"
+        )
         if mode == "row":
             open_region.row = step.index
             open_region = None
@@ -332,9 +338,13 @@ def _divisibility(
             blocks = column_blocks[region.column]
             width = step.args.get("out_features")
             if isinstance(width, int) and width % (size * blocks):
-                pieces = f"{size} tensor-parallel slices" if blocks == 1 else (
-                    f"{blocks} interleaved pieces (gated activation halves), each split into {size} "
-                    "tensor-parallel slices"
+                pieces = (
+                    f"{size} tensor-parallel slices"
+                    if blocks == 1
+                    else (
+                        f"{blocks} interleaved pieces (gated activation halves), each split into {size} "
+                        "tensor-parallel slices"
+                    )
                 )
                 out.append(
                     error(
@@ -342,7 +352,8 @@ def _divisibility(
                         "parallel-indivisible",
                         f"out_features={width} of column-parallel {step.name!r} is cut into {pieces}: it "
                         f"must be divisible by {size * blocks}",
-                        f"use a multiple of {size * blocks}, or parallel.tensor that divides {width // blocks}",
+                        f"use a multiple of {size * blocks}, or a parallel.tensor that divides "
+                        f"{width // blocks}",
                     )
                 )
             if region.row is not None:
@@ -371,7 +382,8 @@ def _divisibility(
                         "parallel-indivisible",
                         f"{key}={count} of {step.name!r} ({step.type}) cannot be split evenly across "
                         f"parallel.expert={settings.expert} ranks",
-                        f"use a multiple of {settings.expert} experts, or a parallel.expert that divides {count}",
+                        f"use a multiple of {settings.expert} experts, or a parallel.expert that "
+                        f"divides {count}",
                     )
                 )
     return out
@@ -409,7 +421,8 @@ def _channel_regions(plan: Plan, split_at: set[int], rows_split: dict[int, bool]
                         f"model.ops[{ref.step}].extra_inputs.{ref.slot_name}",
                         "parallel-channel-region",
                         f"channel {name!r} carries rows split by sequence parallelism at step "
-                        f"{producer.name!r} but whole rows at step {consumer.name!r} (or the other way round)",
+                        f"{producer.name!r} but whole rows at step {consumer.name!r} (or the other way "
+                        "round)",
                         "consume it on the same side of the column/row-parallel Linears as it was made",
                     )
                 )
@@ -436,7 +449,8 @@ def _expert_rules(plan: Plan, settings: ParallelSettings, entries: dict[int, Sha
                 error(
                     _step_path(step, "op"),
                     "parallel-experts-outside-dispatch",
-                    f"{step.name!r} ({step.type}) is not between a Dispatch and a Combine: its groups are not "
+                    f"{step.name!r} ({step.type}) is not between a Dispatch and a Combine: its groups are "
+                    "not "
                     "experts holding dispatched rows, so parallel.expert cannot split them",
                 )
             )
@@ -461,8 +475,8 @@ def _expert_rules(plan: Plan, settings: ParallelSettings, entries: dict[int, Sha
                     )
                 )
         if entry.expert == "combine":
-            for slot, channel in zip(step.input_slots, step.input_channels, strict=True):
-                producer = steps[plan.channels[channel].producer.step] if channel is not None else None
+            for slot, bound in zip(step.input_slots, step.input_channels, strict=True):
+                producer = steps[plan.channels[bound].producer.step] if bound is not None else None
                 source = entries[producer.index] if producer is not None else None
                 if source is None or source.expert != "dispatch" or slot.name not in source.stays:
                     out.append(
@@ -546,7 +560,8 @@ def _public_rows(
                 error(
                     f"model.ops[{step.index}].extra_outputs.{slot.name}",
                     "parallel-public-split-features",
-                    f"public output {tensor.name!r} would be a slice of the features on each tensor-parallel rank",
+                    f"public output {tensor.name!r} would be a slice of the features on each "
+                    "tensor-parallel rank",
                     "make it public: false, or tap it outside the region",
                 )
             )
@@ -603,12 +618,12 @@ def _step_shard(
     local_args = dict(step.args)
     if mode == "column":
         role, blocks = "column", column_blocks[step.index]
-        for name, shape in shapes.items():
+        for name in shapes:
             params[name] = ParamShard("tensor", 0, blocks)  # weight rows and bias: the output features
     elif mode == "row":
         role, blocks = "row", 1
         for name, shape in shapes.items():
-            # The bias is added once after the reduction (see parallel/tensor_ops.py): every rank holds it whole.
+            # The bias is added once, after the reduction (parallel/tensor_ops.py): every rank holds it whole.
             params[name] = ParamShard("tensor", 1, 1) if len(shape) == 2 else REPLICATED
     elif step.index in split_at:
         role, blocks = "split", blocks_in[step.index]

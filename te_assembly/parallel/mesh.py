@@ -118,9 +118,7 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
     tensor_group = groups([[at(a, b, c) for c in range(tensor)] for a in range(data) for b in range(expert)])
     expert_group = groups([[at(a, b, c) for b in range(expert)] for a in range(data) for c in range(tensor)])
     data_group = groups([[at(a, b, c) for a in range(data)] for b in range(expert) for c in range(tensor)])
-    replica_group = groups(
-        [[at(a, b, c) for a in range(data) for b in range(expert)] for c in range(tensor)]
-    )
+    replica_group = groups([[at(a, b, c) for a in range(data) for b in range(expert)] for c in range(tensor)])
     return Mesh(
         settings,
         rank,

@@ -10,16 +10,16 @@ from te_assembly.parallel.layout import ShardPlan, local_param_shapes, rank_coor
 from te_assembly.plan import Plan
 
 _TENSOR_ROLE = {
-    "replicated": "whole on every tensor rank",
-    "column": "column-parallel: output features split",
-    "row": "row-parallel: input features split, partial outputs summed",
-    "split": "runs on the feature slice",
+    "replicated": "whole features",
+    "column": "column: splits out features",
+    "row": "row: splits in features, sums",
+    "split": "on the feature slice",
 }
 _EXPERT_ROLE = {
     "tokens": "",
     "experts": "experts split",
-    "dispatch": "sends rows to their expert's rank",
-    "combine": "brings rows back",
+    "dispatch": "rows to experts' ranks",
+    "combine": "rows back",
 }
 
 
@@ -51,8 +51,8 @@ def layout_tables(plan: Plan, layout: ShardPlan) -> list[Table]:
             if rule.kind == "tensor":
                 local = list(shape)
                 local[rule.dim] //= s.tensor
-                how = f"tensor rank t: slice t of dim {rule.dim}" + (
-                    f" in each of {rule.blocks} interleaved pieces" if rule.blocks > 1 else ""
+                how = f"dim {rule.dim} split" + (
+                    f", {rule.blocks} interleaved pieces" if rule.blocks > 1 else ""
                 )
                 steps.add_row(shard.name, role, name, _shape(shape), _shape(tuple(local)), how)
             elif rule.kind == "expert":
@@ -64,7 +64,7 @@ def layout_tables(plan: Plan, layout: ShardPlan) -> list[Table]:
                     name,
                     _shape(shape),
                     _shape(shape),
-                    f"expert rank {owner} (as {rule.prefix}{local_index})",
+                    f"expert rank {owner} as {rule.prefix}{local_index}",
                 )
             else:
                 steps.add_row(shard.name, role, name, _shape(shape), _shape(shape), "every rank")

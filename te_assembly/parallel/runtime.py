@@ -24,7 +24,15 @@ from te_assembly.parallel.mesh import build_mesh, init_default_group
 from te_assembly.parallel.settings import ParallelSettings
 from te_assembly.plan import Plan
 
-_COMM_FAILURES = ("timed out", "connection closed", "connection reset", "broken pipe", "nccl", "gloo", "socket")
+_COMM_FAILURES = (
+    "timed out",
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "nccl",
+    "gloo",
+    "socket",
+)
 
 
 def _is_comm_failure(exc: BaseException) -> bool:

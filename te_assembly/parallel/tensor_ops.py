@@ -60,7 +60,8 @@ class TensorParallelBasicLinear(ReferenceOp):
         self.weight = init_weight(self.local_out, self.local_in, device, dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.mode}, global {self.out_features}x{self.in_features}, local {self.local_out}x{self.local_in}"
+        shapes = f"global {self.out_features}x{self.in_features}, local {self.local_out}x{self.local_in}"
+        return f"{self.mode}, {shapes}"
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
@@ -69,7 +70,9 @@ class TensorParallelBasicLinear(ReferenceOp):
             x = gather_rows(x, self.group) if self.sequence_parallel else copy_to_group(x, self.group)
             return torch.nn.functional.linear(x, self.weight), ()
         y = torch.nn.functional.linear(x, self.weight)
-        return (reduce_scatter(y, self.group) if self.sequence_parallel else reduce_from_group(y, self.group)), ()
+        return (
+            reduce_scatter(y, self.group) if self.sequence_parallel else reduce_from_group(y, self.group)
+        ), ()
 
 
 class TensorParallelLinear(ReferenceOp):

@@ -19,7 +19,9 @@ from te_assembly.bench.runner import VariantResult
 from te_assembly.parallel.context import ParallelContext
 
 
-def gather_rank_results(par: ParallelContext, result: VariantResult, local_tokens: int) -> list[dict[str, Any]] | None:
+def gather_rank_results(
+    par: ParallelContext, result: VariantResult, local_tokens: int
+) -> list[dict[str, Any]] | None:
     """Every rank calls this; rank 0 gets one row per rank, the others None."""
     mesh = par.mesh
     assert mesh is not None
@@ -54,7 +56,12 @@ def rank_table(rows: list[dict[str, Any]], global_tokens: int) -> Table:
     slowest = max(r["step"] for r in rows)
     comm = sum(r["comm"] for r in rows) / len(rows)
     table.add_row(
-        "job", "", str(global_tokens), f"{slowest * 1e3:.3f}", f"{global_tokens / slowest:,.0f}", f"{comm:.0%} (mean)"
+        "job",
+        "",
+        str(global_tokens),
+        f"{slowest * 1e3:.3f}",
+        f"{global_tokens / slowest:,.0f}",
+        f"{comm:.0%} (mean)",
     )
     return table
 

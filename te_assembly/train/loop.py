@@ -17,9 +17,9 @@ from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.errors import NonFiniteError
 from te_assembly.outputs import prepare_out_dir
-from te_assembly.plan import Plan
 from te_assembly.parallel import checkpoint as parallel_checkpoint
 from te_assembly.parallel.context import ParallelContext
+from te_assembly.plan import Plan
 from te_assembly.train.checkpoint import (
     list_checkpoints,
     prune,

@@ -15,7 +15,6 @@ from te_assembly.engines.base import AssembledModel, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.plan import Plan
 
-
 RowSelector = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 

@@ -41,21 +41,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+def _entry(
+    rank: int, world: int, port: int, backend: str, fn: Callable[..., None], args: tuple[Any, ...]
+) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     try:
         fn(rank, *args)
     finally:
         dist.destroy_process_group()
 
 
-def spawn_world(world: int, fn: Callable[..., None], *args: Any, timeout: float = 180) -> None:
+def spawn_world(
+    world: int, fn: Callable[..., None], *args: Any, timeout: float = 180, backend: str = "gloo"
+) -> None:
     context = mp.start_processes(
-        _entry, args=(world, free_port(), fn, args), nprocs=world, start_method="spawn", join=False
+        _entry, args=(world, free_port(), backend, fn, args), nprocs=world, start_method="spawn", join=False
     )
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1):
@@ -130,18 +140,23 @@ def check_equal_to_single_process(
     x_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     dtype: torch.dtype = F64,
     tolerance: dict[str, float] | None = None,
+    device: str = "cpu",
 ) -> None:
     """Outputs, public extras, the input gradient and every parameter gradient of the parallel model
-    equal the single-process model's on the same weights and rows."""
+    equal the single-process model's on the same weights and rows. ``device``: where the parallel model
+    runs (the single-process reference stays on the CPU)."""
     tol = TOL if tolerance is None else tolerance
     settings = ParallelSettings(**sizes)
-    ctx = make_context(plan, settings)
+    dev = torch.device(device, dist.get_rank()) if device == "cuda" else torch.device(device)
+    layout, diags = shard_plan(plan, settings)
+    assert layout is not None, [d.format() for d in diags]
+    ctx = ParallelContext(plan, layout, build_mesh(settings, dev))
     torch.manual_seed(0)
     single = build(plan, engine="reference", dtype=dtype)
     if prepare is not None:
         prepare(single)
     torch.manual_seed(0)
-    local = build(plan, engine=engine, kernels=kernels, dtype=dtype, parallel=ctx)
+    local = build(plan, engine=engine, kernels=kernels, dtype=dtype, parallel=ctx, device=dev)
     ctx.load_global(local, single.state_dict())  # ``prepare`` may have changed the single model's weights
     wrapped = ctx.wrap(local)
 
@@ -155,13 +170,14 @@ def check_equal_to_single_process(
     expected, x_grad = single_process_reference(plan, single, x, inputs, ctx, shards)
 
     mine = my_shard(ctx)
-    x_local = ctx.local_rows(x).clone().requires_grad_(True)
-    y, extras = wrapped(x_local, **ctx.local_inputs(inputs))
+    x_local = ctx.local_rows(x).to(dev).requires_grad_(True)
+    y, extras = wrapped(x_local, **{k: v.to(dev) for k, v in ctx.local_inputs(inputs).items()})
     shard_loss(y, extras, loss_output_names(plan)).backward()
     ctx.finish_grads(local)
     # Every collective before any assertion: a rank that fails must not leave the others waiting.
     grads = ctx.gather_global({ctx.local_to_global[n]: p.grad for n, p in local.named_parameters()})
     weights = ctx.gather_global(ctx.global_named(local))
+    y, extras = y.cpu(), {k: v.cpu() for k, v in extras.items()}
 
     y_expected, extras_expected = expected[mine]
     torch.testing.assert_close(y, y_expected, **tol, msg=lambda m: f"rank {rank}: y differs: {m}")
@@ -173,14 +189,14 @@ def check_equal_to_single_process(
     # Each rank's input gradient is of its own shard's loss; the objective averages the shards.
     assert x_local.grad is not None
     torch.testing.assert_close(
-        x_local.grad / len(cuts), x_grad[cuts[mine]], **tol, msg=lambda m: f"rank {rank}: dx: {m}"
+        x_local.grad.cpu() / len(cuts), x_grad[cuts[mine]], **tol, msg=lambda m: f"rank {rank}: dx: {m}"
     )
     if ctx.is_main:
         assert grads is not None and weights is not None
         expected_params = dict(single.named_parameters())
         assert list(grads) == list(expected_params), (list(grads), list(expected_params))
         for name, param in expected_params.items():
-            torch.testing.assert_close(weights[name], param.detach(), rtol=0, atol=0)
+            torch.testing.assert_close(weights[name], param.detach(), **tol)
             assert param.grad is not None
             torch.testing.assert_close(grads[name], param.grad, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
 
@@ -244,3 +260,45 @@ def run_cases(rank: int, cases: list[tuple[str, Callable[[], Plan], dict[str, in
         dist.barrier()
     if failures:
         raise AssertionError(f"rank {rank}: " + "\n".join(failures))
+
+
+def check_te_kernel_ops_are_split(rank: int) -> None:
+    """TE's own ops (built on CPU, never called: their GEMMs need a GPU) get TE's tensor-parallel
+    arguments and this rank's slices: BasicLinear with ``tensor_parallel_mode`` and the group, a sliced
+    Bias after a column split, a whole one after a row split."""
+    import transformer_engine.pytorch.ops as te_ops
+
+    plan = shipped("residual_mlp", hidden=8, ffn=16)
+    ctx = make_context(plan, ParallelSettings(tensor=2))
+    cpu = torch.device("cpu")
+    fc1 = ctx.te_op(plan.step("fc1"), "te", cpu, torch.float32)
+    fc2 = ctx.te_op(plan.step("fc2"), "te", cpu, torch.float32)
+    assert isinstance(fc1, te_ops.FusedOperation) and isinstance(fc2, te_ops.FusedOperation)
+    col, col_bias = fc1.basic_ops
+    row, row_bias = fc2.basic_ops
+    assert isinstance(col, te_ops.BasicLinear) and isinstance(row, te_ops.BasicLinear)
+    assert (col.tensor_parallel_mode, col.tensor_parallel_size) == ("column", 2)
+    assert (row.tensor_parallel_mode, row.tensor_parallel_size) == ("row", 2)
+    assert col.tensor_parallel_group is ctx.mesh.tensor_group  # type: ignore[union-attr]
+    assert tuple(col.weight.shape) == (16, 8) and tuple(col_bias.bias.shape) == (16,)  # 32 -> 16 each
+    assert tuple(row.weight.shape) == (8, 8) and tuple(row_bias.bias.shape) == (8,)  # in 16 -> 8; bias whole
+    assert not row_bias.tensor_parallel
+    # The rest of the model is TE's single-process ops; load this rank's slices and compare.
+    module = torch.nn.Module()
+    module.fc1, module.fc2 = fc1, fc2
+    torch.manual_seed(0)
+    single = build(plan, engine="reference", dtype=torch.float32)
+    randomize(single)
+    state = {
+        k.removeprefix("steps."): v for k, v in single.state_dict().items() if ".fc1." in k or ".fc2." in k
+    }
+    from te_assembly.parallel.sharding import take_slice
+
+    rules = {k.removeprefix("steps."): r for k, r in ctx.global_rules.items()}
+    for name, param in module.named_parameters():
+        with torch.no_grad():
+            param.copy_(take_slice(state[name], rules[name], rank, 2))
+    half = slice(rank * 8, rank * 8 + 8)
+    w1 = state["fc1.basic_ops.0.weight"]
+    torch.testing.assert_close(col.weight, torch.cat([w1[:16][half], w1[16:][half]]))
+    torch.testing.assert_close(row.weight, state["fc2.basic_ops.0.weight"][:, half])

@@ -14,8 +14,17 @@ from typing import Any
 
 import pytest
 
+from te_assembly.parallel.settings import ParallelSettings
 from te_assembly.plan import Plan
-from tests.parallel._worlds import inline, positive, randomize, run_cases, shipped, spawn_world, starve_last_expert
+from tests.parallel._worlds import (
+    inline,
+    positive,
+    randomize,
+    run_cases,
+    shipped,
+    spawn_world,
+    starve_last_expert,
+)
 
 MOE_SCALED = """
 name: moe_scaled
@@ -65,7 +74,9 @@ ops:
   - {name: norm, op: LayerNorm, args: {normalized_shape: 8}}
   - {name: up2, op: Linear, args: {in_features: 8, out_features: 12, tensor_parallel_mode: column}}
   - {name: act2, op: SReLU}
-  - {name: down2, op: Linear, args: {in_features: 12, out_features: 8, bias: false, tensor_parallel_mode: row}}
+  - name: down2
+    op: Linear
+    args: {in_features: 12, out_features: 8, bias: false, tensor_parallel_mode: row}
 """
 
 MLP_THEN_MOE = """
@@ -89,9 +100,15 @@ ops:
       split_sizes: {channel: split_sizes, public: false}
       row_probs: {channel: row_probs, public: false}
       row_map: {channel: row_map, public: false}
-  - {name: fc1, op: GroupedLinear, args: {num_groups: 4, in_features: 8, out_features: 12}, extra_inputs: {split_sizes: split_sizes}}
+  - name: fc1
+    op: GroupedLinear
+    args: {num_groups: 4, in_features: 8, out_features: 12}
+    extra_inputs: {split_sizes: split_sizes}
   - {name: act, op: ScaledSwiGLU, extra_inputs: {scales: row_probs}}
-  - {name: fc2, op: GroupedLinear, args: {num_groups: 4, in_features: 6, out_features: 8}, extra_inputs: {split_sizes: split_sizes}}
+  - name: fc2
+    op: GroupedLinear
+    args: {num_groups: 4, in_features: 6, out_features: 8}
+    extra_inputs: {split_sizes: split_sizes}
   - {name: combine, op: Combine, args: {top_k: 2}, extra_inputs: {row_map: row_map}}
 """
 
@@ -115,31 +132,75 @@ _STARVED: dict[str, Any] = {"prepare": starve_last_expert, "x_transform": positi
 
 TWO_PROCESSES: list[Case] = [
     ("tensor: residual_mlp (SwiGLU halves interleaved)", _mlp, {"tensor": 2}, {"tokens": 12, **_RANDOM}),
-    ("tensor: BasicLinear, a Bias in the region, GEGLU, two regions", lambda: inline(TP_MIXED), {"tensor": 2},
-     {"tokens": 12, **_RANDOM}),
+    (
+        "tensor: BasicLinear, a Bias in the region, GEGLU, two regions",
+        lambda: inline(TP_MIXED),
+        {"tensor": 2},
+        {"tokens": 12, **_RANDOM},
+    ),
     ("tensor + sequence: residual_mlp", _mlp, {"tensor": 2, "sequence": 2}, {"tokens": 12, **_RANDOM}),
-    ("tensor + sequence: fanout_mlp (public channel)", _fanout, {"tensor": 2, "sequence": 2},
-     {"tokens": 12, **_RANDOM}),
+    (
+        "tensor + sequence: fanout_mlp (public channel)",
+        _fanout,
+        {"tensor": 2, "sequence": 2},
+        {"tokens": 12, **_RANDOM},
+    ),
     ("data: residual_mlp", _mlp, {"data": 2}, {"tokens": 12, **_RANDOM}),
     ("data: moe_block", _moe, {"data": 2}, {"tokens": 16, **_RANDOM}),
     ("expert: moe_block, an expert with no tokens", _moe, {"expert": 2}, {"tokens": 16, **_STARVED}),
     ("expert: moe_block, uneven splits", _moe, {"expert": 2}, {"tokens": 10, **_RANDOM}),
-    ("expert: scale_bias and a channel among expert rows", lambda: inline(MOE_SCALED), {"expert": 2},
-     {"tokens": 16, **_RANDOM}),
+    (
+        "expert: scale_bias and a channel among expert rows",
+        lambda: inline(MOE_SCALED),
+        {"expert": 2},
+        {"tokens": 16, **_RANDOM},
+    ),
 ]
 
 FOUR_PROCESSES: list[Case] = [
     ("data x expert: moe_block", _moe, {"data": 2, "expert": 2}, {"tokens": 16, **_RANDOM}),
     ("data x expert: an expert with no tokens", _moe, {"data": 2, "expert": 2}, {"tokens": 16, **_STARVED}),
-    ("expert 4: one expert per rank, one rank receives nothing", _moe, {"expert": 4}, {"tokens": 16, **_STARVED}),
+    (
+        "expert 4: one expert per rank, one rank receives nothing",
+        _moe,
+        {"expert": 4},
+        {"tokens": 16, **_STARVED},
+    ),
     ("data x tensor: residual_mlp", _mlp, {"data": 2, "tensor": 2}, {"tokens": 12, **_RANDOM}),
-    ("tensor x expert: split MLP, then MoE", lambda: inline(MLP_THEN_MOE), {"tensor": 2, "expert": 2},
-     {"tokens": 16, **_RANDOM}),
+    (
+        "tensor x expert: split MLP, then MoE",
+        lambda: inline(MLP_THEN_MOE),
+        {"tensor": 2, "expert": 2},
+        {"tokens": 16, **_RANDOM},
+    ),
 ]
 
 
 def _world(rank: int, table: str) -> None:
     run_cases(rank, globals()[table])
+    if table == "TWO_PROCESSES":
+        _row_parallel_bias_is_whole(rank)
+
+
+def _row_parallel_bias_is_whole(rank: int) -> None:
+    """te_assembly's row-parallel bias: every rank holds the whole bias (added once, after the
+    reduction), so a state dict means the same at any tensor-parallel size; a column bias is sliced."""
+    import torch
+
+    from te_assembly.engines import build
+    from tests.parallel._worlds import make_context
+
+    plan = _mlp()
+    torch.manual_seed(0)
+    single = build(plan, engine="reference", dtype=torch.float64)
+    randomize(single)
+    ctx = make_context(plan, ParallelSettings(tensor=2))
+    local = build(plan, engine="reference", dtype=torch.float64, parallel=ctx)
+    ctx.load_global(local, single.state_dict())
+    mine = dict(local.named_parameters())
+    whole = dict(single.named_parameters())
+    torch.testing.assert_close(mine["steps.fc2.basic_ops.1.bias"], whole["steps.fc2.basic_ops.1.bias"])
+    assert mine["steps.fc1.basic_ops.1.bias"].shape[0] * 2 == whole["steps.fc1.basic_ops.1.bias"].shape[0]
 
 
 def test_two_process_layouts_equal_the_single_process() -> None:

@@ -121,7 +121,14 @@ def main(overrides: Sequence[str], console: Console) -> int:
     with parallel_run(session.plan, raw, session.device, command="bench", tokens=tokens) as par:
         if par.is_parallel and settings.compare:
             raise ConfigError(
-                [error("bench.compare", "bad-bench-value", "bench.compare times variants in one process", "drop it under torchrun")]
+                [
+                    error(
+                        "bench.compare",
+                        "bad-bench-value",
+                        "bench.compare times variants in one process",
+                        "drop it under torchrun",
+                    )
+                ]
             )
         return _bench(session, settings, console, par)
 

@@ -94,9 +94,9 @@ def run_steps(
         if parallel is not None:
             x, inputs = parallel.local_rows(x), parallel.local_inputs(inputs)
         x.requires_grad_(True)
-        for value in inputs.values():
-            if value.is_floating_point():
-                value.requires_grad_(True)
+        for tensor in inputs.values():
+            if tensor.is_floating_point():
+                tensor.requires_grad_(True)
         model.zero_grad(set_to_none=True)
         _sync(device)
         start = time.perf_counter()
@@ -239,9 +239,10 @@ def _run(session: Session, steps: int, tokens: int, console: Console, par: Paral
             console.print(channel_grad_table(plan, getattr(model, "channel_tensors", {})))
         else:
             console.print(f"per-channel gradients are recorded by the reference engine only ({model.engine})")
+    grad_norm = par.grad_norm(model) if par.is_parallel else parameter_grad_norm(model)
     console.print(
         f"engine {model.engine}: loss {last.loss:.6g}, parameter-gradient norm "
-        f"{par.grad_norm(model) if par.is_parallel else parameter_grad_norm(model):.6g}, step time {median_step_time(results) * 1e3:.2f} ms "
+        f"{grad_norm:.6g}, step time {median_step_time(results) * 1e3:.2f} ms "
         f"({step_time_note(len(results))})",
         markup=False,
     )

@@ -49,7 +49,9 @@ def build_te(
         split = parallel.te_op(step, kernels, dev, dtype) if parallel is not None else None
         if split is not None:
             _check_slots(step, split)
-        add_step(model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype))
+        add_step(
+            model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype)
+        )
     for call in binding_calls(plan):
         call.apply(model.steps[call.step])
     model.groups = _fuse(plan, model)
