@@ -59,8 +59,9 @@ class ParallelContext:
                     self.local_to_global[prefix + local] = prefix + name
 
     @classmethod
-    def single(cls, plan: Plan) -> ParallelContext:
-        layout, _ = shard_plan(plan, ParallelSettings())
+    def single(cls, plan: Plan, settings: ParallelSettings | None = None) -> ParallelContext:
+        """One process, nothing started (``settings`` of one rank: only ``fail_on_rank`` can act)."""
+        layout, _ = shard_plan(plan, settings or ParallelSettings())
         assert layout is not None
         return cls(plan, layout, None)
 
@@ -309,8 +310,8 @@ class ParallelContext:
                 return future.then(lambda f: (TIMER.add(time.perf_counter() - start), f.value())[1])
 
             wrapped.register_comm_hook(mesh.replica_group, timed_allreduce)
-        if mesh is not None and self.settings.fail_on_rank == mesh.rank:
-            wrapped.register_forward_pre_hook(_fail(mesh.rank))
+        if self.settings.fail_on_rank is not None and self.settings.fail_on_rank == self.rank:
+            wrapped.register_forward_pre_hook(_fail(self.rank))
         return wrapped
 
     def _expert_params(self, model: torch.nn.Module) -> list[str]:

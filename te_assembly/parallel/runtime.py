@@ -60,7 +60,7 @@ def parallel_run(
     if diags:
         raise ConfigError(diags)
     if not settings.is_parallel:
-        yield ParallelContext.single(plan)
+        yield ParallelContext.single(plan, settings)
         return
     layout, layout_diags = shard_plan(plan, settings)
     if layout is None:

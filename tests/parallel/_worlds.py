@@ -302,3 +302,11 @@ def check_te_kernel_ops_are_split(rank: int) -> None:
     w1 = state["fc1.basic_ops.0.weight"]
     torch.testing.assert_close(col.weight, torch.cat([w1[:16][half], w1[16:][half]]))
     torch.testing.assert_close(row.weight, state["fc2.basic_ops.0.weight"][:, half])
+
+    # Expert parallelism: TE's GroupedLinear holds this rank's experts only (2 of 4), named from 0.
+    moe = shipped("moe_block", hidden=8, ffn=8)
+    experts = make_context(moe, ParallelSettings(expert=2))
+    fc1_moe = experts.te_op(moe.step("fc1"), "te", cpu, torch.float32)
+    assert isinstance(fc1_moe, te_ops.GroupedLinear) and fc1_moe.num_groups == 2
+    assert {k for k, _ in fc1_moe.named_parameters()} == {"weight0", "weight1", "bias0", "bias1"}
+    assert experts.local_to_global["steps.fc1.weight1"] == f"steps.fc1.weight{2 * rank + 1}"

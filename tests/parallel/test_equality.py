@@ -203,6 +203,7 @@ def _row_parallel_bias_is_whole(rank: int) -> None:
     assert mine["steps.fc1.basic_ops.1.bias"].shape[0] * 2 == whole["steps.fc1.basic_ops.1.bias"].shape[0]
 
 
+@pytest.mark.slow
 def test_two_process_layouts_equal_the_single_process() -> None:
     """DP, TP (plain and with sequence parallelism) and EP, two processes each."""
     spawn_world(2, _world, "TWO_PROCESSES")
