@@ -24,23 +24,38 @@ from te_assembly.parallel.mesh import Group, group_rank, group_size
 
 
 class CommTimer:
-    """Seconds spent in collectives since ``reset``. Off by default; when on, each collective on a CUDA
-    device is bracketed by synchronizations so the time covers the communication, not its launch."""
+    """Wall-clock seconds during which at least one collective was in flight, since ``reset``. Off by
+    default; when on, each collective on a CUDA device is bracketed by synchronizations so the time covers
+    the communication, not its launch. Overlapping collectives (DDP's buckets) count once."""
 
     def __init__(self) -> None:
         self.enabled = False
-        self.seconds = 0.0
-        self.calls = 0
+        self._intervals: list[tuple[float, float]] = []
         self._lock = threading.Lock()
 
     def reset(self) -> None:
         with self._lock:
-            self.seconds, self.calls = 0.0, 0
+            self._intervals = []
 
-    def add(self, seconds: float) -> None:
+    def add(self, start: float, end: float) -> None:
         with self._lock:
-            self.seconds += seconds
-            self.calls += 1
+            self._intervals.append((start, end))
+
+    @property
+    def calls(self) -> int:
+        return len(self._intervals)
+
+    @property
+    def seconds(self) -> float:
+        """Length of the union of the recorded intervals."""
+        with self._lock:
+            intervals = sorted(self._intervals)
+        total, reach = 0.0, float("-inf")
+        for start, end in intervals:
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+        return total
 
     @contextlib.contextmanager
     def measure(self, tensor: torch.Tensor) -> Iterator[None]:
@@ -54,7 +69,7 @@ class CommTimer:
         yield
         if cuda:
             torch.cuda.synchronize(tensor.device)
-        self.add(time.perf_counter() - start)
+        self.add(start, time.perf_counter())
 
 
 TIMER = CommTimer()

@@ -307,7 +307,7 @@ class ParallelContext:
                 future = default_hooks.allreduce_hook(group, bucket)
                 if not TIMER.enabled:
                     return future
-                return future.then(lambda f: (TIMER.add(time.perf_counter() - start), f.value())[1])
+                return future.then(lambda f: (TIMER.add(start, time.perf_counter()), f.value())[1])
 
             wrapped.register_comm_hook(mesh.replica_group, timed_allreduce)
         if self.settings.fail_on_rank is not None and self.settings.fail_on_rank == self.rank:

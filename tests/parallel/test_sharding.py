@@ -52,3 +52,14 @@ def test_expert_parameters_are_renumbered_locally() -> None:
     assert local_name("weight5", rule, expert_rank=2, local_groups=2) == "weight1"  # experts 4, 5 on rank 2
     assert local_name("weight5", rule, expert_rank=1, local_groups=2) is None
     assert local_name("bias", ParamShard("replicated"), expert_rank=1, local_groups=2) == "bias"
+
+
+def test_the_communication_clock_counts_overlapping_collectives_once() -> None:
+    from te_assembly.parallel.collectives import CommTimer
+
+    timer = CommTimer()
+    for start, end in ((0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.1, 3.2)):
+        timer.add(start, end)
+    assert timer.seconds == pytest.approx(2.5) and timer.calls == 4
+    timer.reset()
+    assert timer.seconds == 0.0
