@@ -21,15 +21,8 @@ def load_and_validate(overrides: Sequence[str]) -> tuple[LoadedConfig, list[Diag
     diags, plan = analyze(loaded.model)
     extra = list(loaded.diagnostics)
     diags = locate([*extra, *diags], loaded.file, loaded.lines)
-    diags = dedupe(
-        sort_diagnostics(
-            [
-                *diags,
-                *_recipe_diagnostics(loaded),
-                *locate(_parallel_diagnostics(loaded, plan), loaded.file, loaded.lines),
-            ]
-        )
-    )
+    parallel = locate(_parallel_diagnostics(loaded, plan), loaded.file, loaded.lines)
+    diags = dedupe(sort_diagnostics([*diags, *_recipe_diagnostics(loaded), *parallel]))
     return loaded, diags, (None if has_errors(diags) else plan)
 
 
