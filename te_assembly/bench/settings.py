@@ -21,6 +21,8 @@ class BenchSettings:
     compare: bool = False
     split_at: str | None = None
     threads: int | None = None
+    report: str | None = None
+    """A path to write the results to as JSON (for scripts), or None."""
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "bench") -> BenchSettings:
@@ -48,6 +50,12 @@ def _problem(key: str, value: Any) -> str | None:
             None
             if value is None or (is_int and 1 <= value <= cores)
             else f"threads must be null or 1..{cores} (the CPU cores here), got {value!r}"
+        )
+    if key == "report":
+        return (
+            None
+            if value is None or (isinstance(value, str) and value)
+            else "report must be a file path or null"
         )
     if key == "split_at":
         return None if value is None or isinstance(value, str) else "split_at must be a step name or null"

@@ -70,12 +70,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             err.print(usage(), markup=False)
             return 2
     module = importlib.import_module(COMMANDS[command][0])
+    # Under torchrun only rank 0 prints tables and progress; every rank's errors say which rank it is.
+    from te_assembly.parallel.launch import current_launch, rank_consoles
+
+    console, err = rank_consoles(console, err)
     try:
         return int(module.main(args, console))
     except ConfigError as exc:
         from te_assembly.cli.report import print_diagnostics
 
-        print_diagnostics(exc.diagnostics, err)
+        if current_launch().is_main:  # every rank reads the same config: one copy of its findings
+            print_diagnostics(exc.diagnostics, err)
         return 2
     except CompositionError as exc:
         err.print(f"error: {exc}", markup=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +13,9 @@ from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.base import AssembledModel, ModelOutput
 from te_assembly.errors import ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan
+
+if TYPE_CHECKING:
+    from te_assembly.parallel.context import ParallelContext
 
 ENGINES = ("auto", "reference", "te")
 KERNELS = ("te", "reference")
@@ -84,14 +87,21 @@ def build(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     recipe: Mapping[str, Any] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> AssembledModel:
     """Build a model. ``engine``: ``reference`` (pure PyTorch, any machine), ``te`` (Transformer
     Engine fusers, locked at build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our
     reference math inside TE's real ``OperationFuser``. ``recipe`` (a recipe config, see recipes.py) is
-    the TE engine's quantization recipe; the reference engine computes in ``dtype`` and ignores it."""
+    the TE engine's quantization recipe; the reference engine computes in ``dtype`` and ignores it.
+    ``parallel``: this rank's part of a parallel layout (``te_assembly.parallel``): the model holds this
+    rank's slices of the weights a single process would draw with the same seed."""
     plan = to_plan(config)
     chosen, _ = resolve_engine(engine, kernels)
     dev = torch.device(device) if device is not None else torch.device("cpu")
+    if parallel is not None and parallel.is_parallel:
+        from te_assembly.parallel.build import build_parallel
+
+        return build_parallel(plan, parallel, chosen, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
     if chosen == "reference":
         from te_assembly.engines.reference import build_reference
 

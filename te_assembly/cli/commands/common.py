@@ -21,7 +21,8 @@ def load_and_validate(overrides: Sequence[str]) -> tuple[LoadedConfig, list[Diag
     diags, plan = analyze(loaded.model)
     extra = list(loaded.diagnostics)
     diags = locate([*extra, *diags], loaded.file, loaded.lines)
-    diags = dedupe(sort_diagnostics([*diags, *_recipe_diagnostics(loaded, plan)]))
+    parallel = locate(_parallel_diagnostics(loaded, plan), loaded.file, loaded.lines)
+    diags = dedupe(sort_diagnostics([*diags, *_recipe_diagnostics(loaded, plan), *parallel]))
     return loaded, diags, (None if has_errors(diags) else plan)
 
 
@@ -45,6 +46,13 @@ def setting(cfg: DictConfig, key: str) -> Any:
     except RESOLUTION_ERRORS as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError([error(key, "bad-interpolation", f"cannot resolve value: {first}")]) from None
+
+
+def _parallel_diagnostics(loaded: LoadedConfig, plan: Plan | None) -> list[Diagnostic]:
+    """The ``parallel:`` section against the model (te_assembly.parallel.checks; pure Python)."""
+    from te_assembly.parallel.checks import parallel_diagnostics
+
+    return parallel_diagnostics(section(loaded.cfg, "parallel"), plan)[1]
 
 
 def _recipe_diagnostics(loaded: LoadedConfig, plan: Plan | None = None) -> list[Diagnostic]:

@@ -14,18 +14,30 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from te_assembly.cli.commands.common import section
-from te_assembly.cli.commands.session import start
+from te_assembly.cli.commands.session import Session, start
 from te_assembly.outputs import prepare_out_dir
+from te_assembly.parallel.context import ParallelContext
+from te_assembly.parallel.runtime import parallel_run
 from te_assembly.train import StepRecord, TrainSettings, train
 from te_assembly.train.run_record import check_fresh_start
 
 
 def main(overrides: Sequence[str], console: Console) -> int:
     session = start(overrides, console)
-    plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
     settings = TrainSettings.from_mapping(section(session.cfg, "train"))
+    raw, tokens = section(session.cfg, "parallel"), ("train.batch_tokens", settings.batch_tokens)
+    with parallel_run(session.plan, raw, session.device, command="train", tokens=tokens) as par:
+        return _train(session, settings, console, par)
+
+
+def _train(session: Session, settings: TrainSettings, console: Console, par: ParallelContext) -> int:
+    plan, device, dtype, seed = session.plan, par.device(session.device), session.dtype, session.seed
     # Before the progress bar: a bad path, or an earlier run in the way, fails first and alone.
     check_fresh_start(prepare_out_dir(settings.out_dir), settings)
+    if par.is_parallel:
+        console.print(
+            f"parallel: {par.settings.describe()}; each rank trains on its rows of every batch", markup=False
+        )
     console.print(
         f"{plan.name}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "
@@ -59,6 +71,7 @@ def main(overrides: Sequence[str], console: Console) -> int:
             seed=seed,
             recipe=session.engine_recipe,
             on_step=on_step,
+            parallel=par,
         )
     for note in result.notes:
         console.print(note, style="yellow", markup=False)

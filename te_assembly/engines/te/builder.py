@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformer_engine.pytorch.ops import FusibleOperation
@@ -23,6 +23,9 @@ from te_assembly.engines.te.model import TEModel
 from te_assembly.errors import ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan, PlannedStep
 
+if TYPE_CHECKING:
+    from te_assembly.parallel.context import ParallelContext
+
 KERNELS = ("te", "reference")
 
 
@@ -32,16 +35,23 @@ def build_te(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     recipe: Mapping[str, Any] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> TEModel:
     """The plan as TE fusers. ``kernels=te``: TE's own ops (our MoE ops through the reference adapter);
     ``kernels=reference``: every op through the adapter, so the whole model runs on CPU. ``recipe``: a
-    recipe config (``recipes.py``), checked against this machine before anything is built."""
+    recipe config (``recipes.py``), checked against this machine before anything is built.
+    ``parallel``: this rank's split ops (``te_assembly.parallel.context.ParallelContext.te_op``)."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     _check_machine(plan, kernels, dev)
     te_recipe = _prepare_recipe(plan, recipe)
     model = TEModel(plan, kernels, recipe, te_recipe)
     for step in plan.steps:
-        add_step(model.steps, step.name, _construct(step, kernels, dev, dtype))
+        split = parallel.te_op(step, kernels, dev, dtype) if parallel is not None else None
+        if split is not None:
+            _check_slots(step, split)
+        add_step(
+            model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype)
+        )
     for call in binding_calls(plan):
         call.apply(model.steps[call.step])
     model.groups = _fuse(plan, model)
