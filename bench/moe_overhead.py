@@ -91,6 +91,7 @@ def make_pair(
 ) -> tuple[AssembledModel, HandMoE, torch.Tensor]:
     ffn = 2 * hidden
     overrides = [f"model.dims.hidden={hidden}", f"model.dims.ffn={ffn}", f"model.dims.experts={EXPERTS}"]
+    overrides.append("model.dims.align=1")  # the hand-written module pads nothing: compare like with like
     plan = load("moe_block", [*overrides, f"model.dims.top_k={TOP_K}"]).checked_plan()
     torch.manual_seed(0)
     engine = build(plan, engine="reference", device=device, dtype=dtype)

@@ -50,3 +50,15 @@ class VerificationError(TeAssemblyError):
 
 class OutputPathError(TeAssemblyError):
     """A directory that results go to cannot be created or written (``cannot write to ...``)."""
+
+
+class ParallelError(TeAssemblyError):
+    """A parallel (torchrun) run failed on this rank: a collective, or an injected failure."""
+
+
+class CollectiveError(ParallelError):
+    """A collective failed: another rank stopped, hung past ``parallel.timeout_s``, or the network broke."""
+
+
+class InjectedFailure(ParallelError):
+    """``parallel.fail_on_rank``: this rank was told to fail (a test of the job's failure handling)."""

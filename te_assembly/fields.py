@@ -104,6 +104,8 @@ class FieldSpec:
             return f"> {_bound(low)}" if self.exclusive_minimum else f">= {_bound(low)}"
         if low is None:
             return f"<= {_bound(high)}"
+        if self.exclusive_minimum:
+            return f"> {_bound(low)} and <= {_bound(high)}"
         return f"between {_bound(low)} and {_bound(high)}"
 
 

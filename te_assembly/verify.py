@@ -34,14 +34,27 @@ class Tolerance:
 
 TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(atol=1e-12, rtol=1e-10),
+    # float32 on both sides (CPU, or kernels=reference on a GPU): only summation order differs.
     "float32": Tolerance(atol=1e-6, rtol=1e-5),
+    # float32 through TE's kernels on a GPU: TE runs every all-float32 GEMM as TF32
+    # (transformer_engine/common/gemm/cublaslt_gemm.cu: CUBLAS_COMPUTE_32F_FAST_TF32), 10 mantissa bits.
+    # TE's own tests hold one TF32 GEMM to float16 tolerances, rtol 1e-3 + atol 1e-5 per element
+    # (tests/pytorch/test_fusible_ops.py: "tols = dtype_tols(torch.float16)  # TF32 GEMM"). A block
+    # chains GEMMs forward and backward: bench/tf32_error.py emulates TF32 operands on CPU and measured
+    # at most 6.5e-4 (round to nearest) and 2.5e-3 (truncation) of max|ref| on residual_mlp and
+    # moe_block over 5 seeds; 5e-3 keeps twice the worst case.
+    "tf32": Tolerance(atol=1e-5, rtol=5e-3),
+    # TE's tests: rtol 1.6e-2 for bfloat16 (tests/pytorch/utils.py, dtype_tols); 8 mantissa bits.
     "bfloat16": Tolerance(atol=1e-3, rtol=2e-2),
-    # FP8 keeps 3 mantissa bits (E4M3) forward and 2 (E5M2) for HYBRID gradients.
+    # FP8 keeps 3 mantissa bits (E4M3) forward and 2 (E5M2) for HYBRID gradients; TE's tests allow
+    # rtol 0.125 for E4M3 and 0.25 for E5M2 per element (dtype_tols).
     "fp8": Tolerance(atol=1e-2, rtol=1.5e-1),
-    # NVFP4 (E2M1) keeps 1 mantissa bit; block scales and random Hadamard transforms recover some of it.
+    # NVFP4 (E2M1) keeps 1 mantissa bit (TE's tests: rtol 0.25, atol 0.125 per element); block scales
+    # and random Hadamard transforms recover some of it.
     "fp4": Tolerance(atol=2e-2, rtol=3e-1),
 }
-"""Precision class -> tolerance. The one place verify's thresholds live."""
+"""Precision class -> tolerance. The one place verify's thresholds live (the GPU sanity check reads
+them too)."""
 
 _RECIPE_PRECISION = {
     "DelayedScaling": "fp8",
@@ -52,11 +65,16 @@ _RECIPE_PRECISION = {
 }
 
 
-def precision_class(dtype: torch.dtype, recipe: Mapping[str, Any] | None = None) -> str:
-    """The ``TOLERANCES`` key for a run: the recipe's format when it quantizes, else the dtype."""
+def precision_class(
+    dtype: torch.dtype, recipe: Mapping[str, Any] | None = None, *, te_gemms: bool = False
+) -> str:
+    """The ``TOLERANCES`` key for a run: the recipe's format when it quantizes, else the dtype, where
+    float32 through TE's GEMM kernels (``te_gemms``: kernels=te on a GPU) is TF32."""
     kind = (recipe or {}).get("kind", "none")
     if kind in _RECIPE_PRECISION:
         return _RECIPE_PRECISION[str(kind)]
+    if dtype == torch.float32 and te_gemms:
+        return "tf32"
     return str(dtype).removeprefix("torch.")
 
 
@@ -230,6 +248,14 @@ def compare(
     return TensorComparison(name, kind, shape, max_abs, max_rel, passed, exact=exact)
 
 
+def _plan_of(config: Plan | Mapping[str, Any] | str) -> Plan:
+    if isinstance(config, Plan):
+        return config
+    from te_assembly.pipeline import load
+
+    return load(config).checked_plan()
+
+
 def verify(
     config: Plan | Mapping[str, Any] | str,
     *,
@@ -243,12 +269,7 @@ def verify(
     """Build both engines with the reference engine's weights, run one forward and backward on the same
     synthetic data and cotangents, and compare every output and gradient. Both models run in eval mode
     (dropout is the identity): random masks are not comparable across implementations."""
-    if isinstance(config, Plan):
-        plan = config
-    else:
-        from te_assembly.pipeline import load
-
-        plan = load(config).checked_plan()
+    plan = _plan_of(config)
     dev = torch.device(device)
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
     candidate = build(plan, engine="te", kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
@@ -266,7 +287,7 @@ def verify(
     ref_run, cotangents = _forward_backward(reference, x, inputs, None, seed)
     te_run, _ = _forward_backward(candidate, x, inputs, cotangents, seed)
 
-    precision = precision_class(dtype, recipe)
+    precision = precision_class(dtype, recipe, te_gemms=kernels == "te" and dev.type == "cuda")
     tolerance = TOLERANCES[precision]
     rows = [compare(MAIN_OUTPUT, "main output", te_run.y, ref_run.y, tolerance)]
     rows += [compare(n, "output", te_run.outputs.get(n), v, tolerance) for n, v in ref_run.outputs.items()]
@@ -293,9 +314,82 @@ def verify(
     )
 
 
+ACTIVE_FACTOR = 4.0
+"""A recipe counts as active when it moves TE's output off TE's bfloat16 output by this many times the
+bfloat16 noise between the engines (E4M3 keeps 3 mantissa bits to bfloat16's 8: about 16 times the
+rounding error, and every element moves, where bfloat16 noise is a few one-ulp flips)."""
+
+MIN_SHIFT = 1e-3
+"""...and by at least this fraction of the output's RMS, so a model where the engines agree exactly in
+bfloat16 still needs a real change."""
+
+
+def _rms(t: torch.Tensor) -> float:
+    return t.double().square().mean().sqrt().item() if t.numel() else 0.0
+
+
+@dataclass(frozen=True)
+class RecipeEffect:
+    """What a quantization recipe does to the TE engine's main output, all RMS over ``y``."""
+
+    recipe: str
+    noise: float
+    """TE in bfloat16 (no recipe) vs the reference engine in bfloat16: the noise floor."""
+    shift: float
+    """TE under the recipe vs TE in bfloat16: what the recipe changed."""
+    error: float
+    """TE under the recipe vs the reference engine."""
+    scale: float
+    """The reference output's RMS."""
+
+    @property
+    def active(self) -> bool:
+        return self.shift > ACTIVE_FACTOR * self.noise and self.shift > MIN_SHIFT * self.scale
+
+
+def recipe_effect(
+    config: Plan | Mapping[str, Any] | str,
+    recipe: Mapping[str, Any],
+    *,
+    device: str | torch.device = "cuda",
+    tokens: int = 256,
+    seed: int = 0,
+) -> RecipeEffect:
+    """Proof that ``recipe`` is on: the same weights and input through the reference engine, TE without
+    a recipe and TE under ``recipe``, all in bfloat16 and eval mode (GPU only: recipes need one)."""
+    plan = _plan_of(config)
+    dev = torch.device(device)
+    dtype = torch.bfloat16
+    plain = build(plan, engine="te", kernels="te", device=dev, dtype=dtype, recipe=None)
+    quantized = build(plan, engine="te", kernels="te", device=dev, dtype=dtype, recipe=recipe)
+    torch.manual_seed(seed)
+    reference = build(plan, engine="reference", device=dev, dtype=dtype)
+    fill_zero_parameters(reference, seed)
+    generator = torch.Generator().manual_seed(seed)
+    x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype)
+    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype)
+    outputs = []
+    for model in (reference, plain, quantized):
+        if model is not reference:
+            copy_weights(reference, model)
+        model.eval()
+        with torch.no_grad():
+            outputs.append(model(x, **inputs)[0].double())
+    ref, y_plain, y_quant = outputs
+    return RecipeEffect(
+        recipe=str(recipe.get("name") or recipe.get("kind")),
+        noise=_rms(y_plain - ref),
+        shift=_rms(y_quant - y_plain),
+        error=_rms(y_quant - ref),
+        scale=_rms(ref),
+    )
+
+
 __all__ = [
+    "ACTIVE_FACTOR",
     "MAIN_OUTPUT",
     "TOLERANCES",
+    "RecipeEffect",
     "TensorComparison",
     "Tolerance",
     "VerifyReport",
@@ -303,6 +397,7 @@ __all__ = [
     "copy_weights",
     "fill_zero_parameters",
     "precision_class",
+    "recipe_effect",
     "state_dict_parameters",
     "verify",
 ]

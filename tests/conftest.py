@@ -2,7 +2,8 @@
 
 Test tiers: a ``te`` test skips with the reason when Transformer Engine does not import, and fails
 instead when ``TE_ASSEMBLY_REQUIRE_TE=1`` (CI's TE tier, after installing it); a ``gpu`` test also
-needs a CUDA GPU."""
+needs a CUDA GPU, and fails instead of skipping without one when ``TE_ASSEMBLY_REQUIRE_GPU=1``
+(``scripts/gpu_check.sh`` sets both: on the GPU machine a skip would hide a broken install)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ def _te_required() -> bool:
     return os.environ.get("TE_ASSEMBLY_REQUIRE_TE") == "1"
 
 
+def _gpu_required() -> bool:
+    return os.environ.get("TE_ASSEMBLY_REQUIRE_GPU") == "1"
+
+
 @pytest.fixture(autouse=True)
 def _te_tiers(request: pytest.FixtureRequest) -> None:
     marked_te = request.node.get_closest_marker("te") is not None
@@ -68,11 +73,16 @@ def _te_tiers(request: pytest.FixtureRequest) -> None:
     problem = te_import_error()
     if problem is not None:
         reason = f"transformer_engine.pytorch does not import ({problem}); run scripts/install_te_cpu.sh"
-        if _te_required() and marked_te:
+        if _te_required():
             pytest.fail(f"TE_ASSEMBLY_REQUIRE_TE=1 but {reason}")
+        if _gpu_required() and marked_gpu:
+            pytest.fail(f"TE_ASSEMBLY_REQUIRE_GPU=1 but {reason}")
         pytest.skip(reason)
     if marked_gpu:
         import torch
 
         if not torch.cuda.is_available():
-            pytest.skip("no CUDA GPU visible: the gpu tier runs TE's kernels")
+            reason = "no CUDA GPU visible: the gpu tier runs TE's kernels"
+            if _gpu_required():
+                pytest.fail(f"TE_ASSEMBLY_REQUIRE_GPU=1 but {reason}")
+            pytest.skip(reason)

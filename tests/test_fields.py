@@ -9,11 +9,18 @@ import pytest
 
 from te_assembly.bench.settings import BenchSettings
 from te_assembly.graph import GraphSettings
+from te_assembly.parallel.settings import ParallelSettings
 from te_assembly.pipeline import load
 from te_assembly.settings import CommonSettings, RunSettings
 from te_assembly.train.settings import TrainSettings
 
-SECTIONS = {"": CommonSettings, "run": RunSettings, "train": TrainSettings, "bench": BenchSettings}
+SECTIONS = {
+    "": CommonSettings,
+    "run": RunSettings,
+    "train": TrainSettings,
+    "bench": BenchSettings,
+    "parallel": ParallelSettings,
+}
 SECTIONS_WITH_GRAPH = {**SECTIONS, "graph": GraphSettings}
 
 
@@ -30,12 +37,14 @@ NOT_POSITIVE = [
     ("moe_block", "run.steps=0", "run.steps", "steps"),
     ("moe_block", "train.batch_tokens=0", "train.batch_tokens", "batch_tokens"),
     ("moe_block", "bench.tokens=0", "bench.tokens", "tokens"),
+    ("moe_block", "parallel.expert=0", "parallel.expert", "expert"),
     ("moe_block", "model.ops.3.args.top_k=0", "model.ops[3].args.top_k", "top_k"),
 ]
 WRONG_TYPE = [
     ("moe_block", "seed=abc", "seed", "seed", "int"),
     ("moe_block", "train.lr=abc", "train.lr", "lr", "float"),
     ("moe_block", "bench.repeats=abc", "bench.repeats", "repeats", "int"),
+    ("moe_block", "parallel.timeout_s=abc", "parallel.timeout_s", "timeout_s", "float"),
     (
         "moe_block",
         "model.ops.1.args.normalized_shape=abc",
@@ -48,6 +57,7 @@ BAD_CHOICE = [
     ("moe_block", "engine=tee", "engine", "engine"),
     ("moe_block", "device=mps", "device", "device"),
     ("moe_block", "train.optimizer=adam", "train.optimizer", "optimizer"),
+    ("moe_block", "parallel.backend=mpi", "parallel.backend", "backend"),
     ("moe_block", "graph.formats=pdf", "graph.formats", "formats"),
     (
         "moe_block",
@@ -62,6 +72,7 @@ NOT_FINITE = [
     ("moe_block", "train.weight_decay=nan", "train.weight_decay", "weight_decay", ".nan"),
     ("moe_block", "train.min_lr_ratio=inf", "train.min_lr_ratio", "min_lr_ratio", ".inf"),
     ("moe_block", "bench.lr=nan", "bench.lr", "lr", ".nan"),
+    ("moe_block", "parallel.timeout_s=inf", "parallel.timeout_s", "timeout_s", ".inf"),
     ("channel_demo", "model.ops.2.args.scale=nan", "model.ops[2].args.scale", "scale", ".nan"),
     ("channel_demo", "model.ops.2.args.scale=-inf", "model.ops[2].args.scale", "scale", "-.inf"),
 ]
@@ -118,8 +129,11 @@ def test_integers_beyond_64_bits_are_out_of_range(override: str, path: str) -> N
 
 
 def test_unknown_settings_keys_have_one_code() -> None:
-    analysis = load("moe_block", ["+train.lrr=0.1", "+bench.tokenz=4"], sections=SECTIONS)
+    analysis = load(
+        "moe_block", ["+train.lrr=0.1", "+bench.tokenz=4", "+parallel.expertz=2"], sections=SECTIONS
+    )
     assert sorted((d.path, d.code, d.hint) for d in analysis.errors) == [
         ("bench.tokenz", "unknown-key", "did you mean 'tokens'?"),
+        ("parallel.expertz", "unknown-key", "did you mean 'expert'?"),
         ("train.lrr", "unknown-key", "did you mean 'lr'?"),
     ]

@@ -27,6 +27,8 @@ class Variant:
     optimizer: torch.optim.Optimizer
     loss_outputs: tuple[str, ...] = ()
     """Public outputs that are loss terms (``engines.base.loss_output_names``), added to the loss."""
+    after_backward: Callable[[], None] | None = None
+    """Parallel runs: gradient reductions that follow backward (``ParallelContext.finish_grads``)."""
 
 
 @dataclass
@@ -36,6 +38,8 @@ class VariantResult:
     """Phase -> seconds."""
     peak_bytes: int | None = None
     """CUDA ``max_memory_allocated`` during one full step; None on CPU."""
+    comm_share: dict[str, float] = field(default_factory=dict)
+    """Phase -> fraction of the timed samples spent in collectives (parallel runs with a comm clock)."""
 
 
 def bench_loss(out: ModelOutput, loss_names: Sequence[str]) -> torch.Tensor:
@@ -67,11 +71,19 @@ def _phase_sample(
     if phase == "backward":
         v.optimizer.zero_grad(set_to_none=True)
         loss = bench_loss(_forward(v, x, inputs), v.loss_outputs)
-        return timed(loss.backward, device)
+
+        def backward() -> None:
+            loss.backward()
+            if v.after_backward is not None:
+                v.after_backward()
+
+        return timed(backward, device)
 
     def step() -> None:
         v.optimizer.zero_grad(set_to_none=True)
         bench_loss(_forward(v, x, inputs), v.loss_outputs).backward()
+        if v.after_backward is not None:
+            v.after_backward()
         v.optimizer.step()
 
     return timed(step, device)
@@ -98,8 +110,10 @@ def run_benchmark(
     repeats: int,
     phases: Sequence[str] = PHASES,
     on_sample: Callable[[], None] | None = None,
+    comm_clock: Callable[[], float] | None = None,
 ) -> list[VariantResult]:
-    """Median and spread per variant and phase, plus CUDA peak memory of a full step."""
+    """Median and spread per variant and phase, plus CUDA peak memory of a full step. ``comm_clock``:
+    seconds spent in collectives so far (parallel runs), for each phase's communication share."""
     if repeats < 1 or warmup < 0:
         raise ValueError("repeats must be >= 1 and warmup >= 0")
     results = [VariantResult(v.name) for v in variants]
@@ -110,14 +124,19 @@ def run_benchmark(
             for _ in range(warmup):
                 _phase_sample(phase, v, x, inputs, device)
         samples: list[list[float]] = [[] for _ in variants]
+        comm = [0.0 for _ in variants]
         for rep in range(repeats):
             order = [(rep + i) % len(variants) for i in range(len(variants))]
             for i in order:
+                before = comm_clock() if comm_clock is not None else 0.0
                 samples[i].append(_phase_sample(phase, variants[i], x, inputs, device))
+                comm[i] += comm_clock() - before if comm_clock is not None else 0.0
                 if on_sample is not None:
                     on_sample()
-        for r, s in zip(results, samples, strict=True):
+        for r, s, c in zip(results, samples, comm, strict=True):
             r.stats[phase] = Stats.of(s)
+            if comm_clock is not None:
+                r.comm_share[phase] = c / sum(s) if sum(s) > 0 else 0.0
     return results
 
 

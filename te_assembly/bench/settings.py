@@ -33,6 +33,9 @@ class BenchSettings:
         maximum=_CORES,
         doc="torch.set_num_threads for CPU runs (null: torch's default); 1 steadies a busy machine",
     )
+    report: str | None = setting(
+        None, nonempty=True, doc="write the results as JSON to this path (rank 0 under torchrun)"
+    )
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "bench") -> BenchSettings:

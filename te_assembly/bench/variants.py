@@ -4,8 +4,9 @@ All three share the weights of (a)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,6 +16,9 @@ from te_assembly.bench.split import SplitModel, SplitPlan, cut_at, split_plan
 from te_assembly.engines import build
 from te_assembly.engines.base import loss_output_names
 from te_assembly.plan import Plan
+
+if TYPE_CHECKING:
+    from te_assembly.parallel.context import ParallelContext
 
 CHANNELLED = "(a) channelled, one fuser"
 SPLIT = "(b) split, public tensors"
@@ -44,12 +48,20 @@ def build_variants(
     compare: bool,
     split_at: str | None = None,
     recipe: Mapping[str, Any] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> tuple[list[Variant], SplitPlan | None]:
-    model = build(plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
+    """``parallel``: (a) alone, this rank's part, wrapped for data parallelism (``compare`` is for one
+    process)."""
+    model = build(
+        plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe, parallel=parallel
+    )
     losses = loss_output_names(plan)
-    variants = [
-        Variant(CHANNELLED if compare else plan.name, model, make_optimizer(model, optimizer, lr), losses)
-    ]
+    name = CHANNELLED if compare else plan.name
+    optim = make_optimizer(model, optimizer, lr)
+    if parallel is not None and parallel.is_parallel:
+        finish = functools.partial(parallel.finish_grads, model)
+        return [Variant(name, parallel.wrap(model), optim, losses, after_backward=finish)], None
+    variants = [Variant(name, model, optim, losses)]
     if not compare:
         return variants, None
     split = split_plan(plan, cut_at(plan, split_at))

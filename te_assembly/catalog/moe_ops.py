@@ -51,8 +51,20 @@ MOE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="Dispatch",
-        doc="Copies each token top_k times and groups the copies by expert.",
-        params=(Param("num_experts", int), Param("top_k", int)),
+        doc="Copies each token top_k times and groups the copies by expert; with align > 1 each group "
+        "is padded with zero rows (probability 0, row_map -1) to a multiple of align rows.",
+        params=(
+            Param("num_experts", int),
+            Param("top_k", int),
+            Param(
+                "align",
+                int,
+                1,
+                doc="Pad each expert's rows to a multiple of this. A quantization recipe needs its "
+                "grouped-GEMM alignment here (16 FP8, 32 MXFP8, 128 FP8 block scaling and NVFP4); "
+                "validation says which.",
+            ),
+        ),
         inputs=(
             Slot(
                 "probs",
@@ -75,17 +87,15 @@ MOE_OPS: tuple[OpSpec, ...] = (
                 "int",
                 agree=(_EXPERTS,),
                 shape="groups",
-                doc="[num_experts] rows per expert (int64).",
+                doc="[num_experts] rows per expert (int64), padding included.",
             ),
-            Slot(
-                "row_probs", "float", shape="rows", doc="[tokens * top_k] probability of each dispatched row."
-            ),
+            Slot("row_probs", "float", shape="rows", doc="Probability of each row (0 on padding rows)."),
             Slot(
                 "row_map",
                 "int",
                 agree=(_TOP_K,),
                 shape="rows",
-                doc="[tokens * top_k] source slot of each row.",
+                doc="Source slot (token * top_k + k) of each row; -1 on padding rows.",
             ),
         ),
         arg_rules=(("top_k", "num_experts", "a token cannot pick more experts than exist"),),
@@ -97,7 +107,11 @@ MOE_OPS: tuple[OpSpec, ...] = (
         name="Combine",
         doc="Undoes Dispatch's permutation and sums each token's top_k rows.",
         params=(Param("top_k", int),),
-        inputs=(Slot("row_map", "int", agree=(_TOP_K,), shape="rows", doc="Dispatch's row_map."),),
+        inputs=(
+            Slot(
+                "row_map", "int", agree=(_TOP_K,), shape="rows", doc="Dispatch's row_map (-1 rows dropped)."
+            ),
+        ),
         rows_delta=-1,
         reference=f"{_REF}:Combine",
         te_runs_on_cpu=True,

@@ -39,7 +39,12 @@ class Param:
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         if types == (int,) and low is None and high is None:
             low = 1
-        return FieldSpec(self.type, self.default, self.doc, self.choices, minimum=low, maximum=high)
+        # ``type(None)`` among the types (``tensor_parallel_mode``) is a nullable field.
+        kept = tuple(t for t in types if t is not type(None))
+        nullable = len(kept) < len(types)
+        choices = None if self.choices is None else tuple(c for c in self.choices if c is not None)
+        kind: type | tuple[type, ...] = kept[0] if len(kept) == 1 else kept
+        return FieldSpec(kind, self.default, self.doc, choices, minimum=low, maximum=high, nullable=nullable)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,15 @@ def _norm_params(with_bias: bool):  # type: ignore[no-untyped-def]
 
 
 _IN_PLACE = Param("in_place", bool, False, doc="Alias the channel tensor instead of copying (TE hazard).")
+# TE's own constructor argument. It only acts under parallel.tensor > 1, where te_assembly.parallel builds
+# the split op with TE's tensor_parallel_group and sequence_parallel (catalog/sharding.py); alone, a no-op.
+_TP_MODE = Param(
+    "tensor_parallel_mode",
+    (str, type(None)),
+    None,
+    choices=(None, "column", "row"),
+    doc="Tensor parallelism: column splits out_features, row splits in_features (TE's tensor_parallel_mode).",
+)
 
 
 def _activation(name: str, doc: str, gated: bool) -> OpSpec:
@@ -65,21 +74,23 @@ TE_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="Linear",
         doc="y = x W^T + b. A TE fused op: expands to BasicLinear (+ Bias).",
-        params=(Param("in_features", int), Param("out_features", int), Param("bias", bool, True)),
+        params=(Param("in_features", int), Param("out_features", int), Param("bias", bool, True), _TP_MODE),
         width=Width(in_arg="in_features", out_arg="out_features"),
         te_class=f"{_TE}:Linear",
         reference=f"{_REF}.linear:Linear",
         expands_to=_linear_basic_ops,
         param_shapes=_linear_params,
+        validation_only_params=("tensor_parallel_mode",),
     ),
     OpSpec(
         name="BasicLinear",
         doc="y = x W^T, no bias.",
-        params=(Param("in_features", int), Param("out_features", int)),
+        params=(Param("in_features", int), Param("out_features", int), _TP_MODE),
         width=Width(in_arg="in_features", out_arg="out_features"),
         te_class=f"{_TE}:BasicLinear",
         reference=f"{_REF}.linear:BasicLinear",
         param_shapes=lambda a: {"weight": (a["out_features"], a["in_features"])},
+        validation_only_params=("tensor_parallel_mode",),
     ),
     OpSpec(
         name="Bias",

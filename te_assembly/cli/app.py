@@ -107,7 +107,10 @@ def consoles() -> Consoles:
     # Piped output (CI logs, tests) gets a wide fixed width so tables are not folded at 80 columns.
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
-    return Consoles(out, err)
+    # Under torchrun only rank 0 prints tables and progress; every rank's errors say which rank it is.
+    from te_assembly.parallel.launch import rank_consoles
+
+    return Consoles(*rank_consoles(out, err))
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -125,7 +128,10 @@ def _report(exc: BaseException, io: Consoles, overrides: Sequence[str]) -> int:
     from te_assembly.config.errors import from_composition, syntax_error_in
 
     if isinstance(exc, ConfigError):
-        print_diagnostics(exc.diagnostics, io.err)
+        from te_assembly.parallel.launch import current_launch
+
+        if current_launch().is_main:  # every rank reads the same config: one copy of its findings
+            print_diagnostics(exc.diagnostics, io.err)
         return 2
     if isinstance(exc, CompositionError):
         io.err.print(f"error: {printable(str(exc), keep_newlines=True)}", markup=False)
@@ -181,6 +187,7 @@ def _job(state: AppState, cfg: Any) -> Outcome:
         with paused():  # see collector.py
             resolved = resolve_composed(cfg, overrides, state.config_dirs, hydra=hydra_cfg)
             analysis = analyze_resolved(resolved, module.SECTIONS)
+        _check_launch(analysis, state.command)
         result = module.main(analysis, state.io.out)
         outcome = result if isinstance(result, Outcome) else Outcome(int(result))
     except KeyboardInterrupt:
@@ -190,6 +197,23 @@ def _job(state: AppState, cfg: Any) -> Outcome:
         outcome = Outcome(_report(exc, state.io, overrides))
     state.outcomes.append((overrides, outcome))
     return outcome
+
+
+def _check_launch(analysis: Any, command: str) -> None:
+    """Under torchrun, every command needs the world the ``parallel`` sizes ask for (each rank runs this
+    app on the same config). ``run``, ``train`` and ``bench`` also refuse sizes above 1 without torchrun,
+    when they start the process groups (``parallel/runtime.py``)."""
+    from te_assembly.parallel.launch import current_launch
+
+    launch = current_launch()
+    settings = analysis.sections.get("parallel")
+    if not launch.under_torchrun or settings is None:
+        return
+    from te_assembly.parallel.checks import launch_diagnostics
+
+    found = launch_diagnostics(settings, launch, command)
+    if found:
+        raise ConfigError([*analysis.diagnostics, *found])
 
 
 # ------------------------------------------------------------------------------------------- flags

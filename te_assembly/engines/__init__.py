@@ -16,6 +16,7 @@ from te_assembly.plan import Plan
 from te_assembly.settings import ENGINES, KERNELS
 
 if TYPE_CHECKING:
+    from te_assembly.parallel.context import ParallelContext
     from te_assembly.validate.analysis import Analysis
 
 
@@ -64,6 +65,7 @@ def build(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     recipe: Mapping[str, Any] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> AssembledModel:
     """Build a model. ``config``: a plan, an analysis (``te_assembly.load``), a model mapping, a model
     name (shipped or in ``config_dirs``) or a model file; names, files and mappings go through
@@ -71,7 +73,9 @@ def build(
     ``engine``: ``reference`` (pure PyTorch, any machine), ``te`` (Transformer Engine fusers, locked at
     build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our reference math inside TE's
     real ``OperationFuser``. ``recipe``: the TE engine's quantization recipe (a recipe config, see
-    recipes.py; default: the config's own ``recipe``); the reference engine computes in ``dtype``."""
+    recipes.py; default: the config's own ``recipe``); the reference engine computes in ``dtype``.
+    ``parallel``: this rank's part of a parallel layout (``te_assembly.parallel``): the model holds this
+    rank's slices of the weights a single process would draw with the same seed."""
     if isinstance(config, Plan):
         plan, config_recipe = config, None
     elif config is None:
@@ -83,7 +87,12 @@ def build(
         plan, config_recipe = analysis.checked_plan(), analysis.recipe
     chosen, _ = resolve_engine(engine, kernels)
     dev = torch.device(device) if device is not None else torch.device("cpu")
+    split = parallel if parallel is not None and parallel.is_parallel else None
     if chosen == "reference":
+        if split is not None:
+            from te_assembly.parallel.build import build_parallel
+
+            return build_parallel(plan, split, chosen, kernels=kernels, device=dev, dtype=dtype)
         from te_assembly.engines.reference import build_reference
 
         return build_reference(plan, device=dev, dtype=dtype)
@@ -96,6 +105,10 @@ def build(
     from te_assembly.recipes import checked_recipe
 
     te_recipe = checked_recipe(recipe) if recipe is not None else config_recipe  # validated once, here
+    if split is not None:
+        from te_assembly.parallel.build import build_parallel
+
+        return build_parallel(plan, split, chosen, kernels=kernels, device=dev, dtype=dtype, recipe=te_recipe)
     return build_te(plan, kernels=kernels, device=dev, dtype=dtype, recipe=te_recipe)
 
 

@@ -13,7 +13,8 @@ from te_assembly.plan import Plan, PlannedStep, PublicTensor
 
 def rows_per_step(plan: Plan, tokens: int) -> dict[int, int]:
     """Rows of the main tensor arriving at each step (by step index). Only the MoE permutation ops
-    change the row count: Dispatch copies each token top_k times, Combine sums them back."""
+    change the row count: Dispatch copies each token top_k times, Combine sums them back. Behind a
+    Dispatch with ``align > 1`` this counts the real rows; the padding varies with the routing."""
     rows: dict[int, int] = {}
     current = tokens
     for step in plan.steps:
@@ -46,12 +47,31 @@ def sample_public_inputs(
     expert ids, a row permutation). Integer tensors are int64."""
     rows = rows_per_step(plan, tokens)
     steps = plan.steps_by_index
+    padded = _behind_aligned_dispatch(plan)
     out: dict[str, torch.Tensor] = {}
     for tensor in plan.public_inputs:
         step = steps[tensor.ref.step]
+        if step.index in padded:
+            raise ValueError(
+                f"cannot sample public input {tensor.name!r}: step {step.name!r} receives the rows of a "
+                "Dispatch with align > 1, whose count depends on the routing; feed it from a channel"
+            )
         value = _sample(step, tensor, rows[step.index], generator)
         out[tensor.name] = value.to(device=device, dtype=dtype if value.is_floating_point() else torch.int64)
     return out
+
+
+def _behind_aligned_dispatch(plan: Plan) -> set[int]:
+    """Indices of the steps that receive rows from a Dispatch with ``align > 1`` (up to its Combine)."""
+    inside, depth = set(), 0
+    for step in plan.steps:
+        if depth:
+            inside.add(step.index)
+        if step.kind == "op" and step.type == "Dispatch" and int(step.args.get("align", 1)) > 1:
+            depth += 1
+        elif step.kind == "op" and step.type == "Combine" and depth:
+            depth -= 1
+    return inside
 
 
 def _sample(step: PlannedStep, tensor: PublicTensor, rows: int, generator: torch.Generator) -> torch.Tensor:

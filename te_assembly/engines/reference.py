@@ -7,12 +7,16 @@ of every consumer (and the caller's, for a public channel) into the producer, as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from te_assembly.catalog import ModuleSpec, OpSpec, load_object
 from te_assembly.engines.base import AssembledModel, CallError
 from te_assembly.plan import Plan, PlannedStep
+
+if TYPE_CHECKING:
+    from te_assembly.parallel.context import ParallelContext
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,13 @@ class ReferenceModel(AssembledModel):
 
     engine = "reference"
 
-    def __init__(self, plan: Plan, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, plan: Plan, device: torch.device, dtype: torch.dtype, parallel: ParallelContext | None = None
+    ) -> None:
         super().__init__(plan)
         for step in plan.steps:
-            add_step(self.steps, step.name, _instantiate(step, device, dtype))
+            split = parallel.reference_module(step, device, dtype) if parallel is not None else None
+            add_step(self.steps, step.name, split if split is not None else _instantiate(step, device, dtype))
         self._program, self._num_registers, self._input_registers, self._output_registers = _compile(
             plan, self.steps
         )
@@ -160,11 +167,15 @@ def _compile(
 
 
 def build_reference(
-    plan: Plan, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    plan: Plan,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    parallel: ParallelContext | None = None,
 ) -> ReferenceModel:
     """The plan as a ``ReferenceModel``. Initialisation draws from torch's global RNG: seed it with
-    ``torch.manual_seed`` before building for reproducible weights."""
-    return ReferenceModel(plan, torch.device(device), dtype)
+    ``torch.manual_seed`` before building for reproducible weights. ``parallel``: build this rank's
+    split ops (``te_assembly.parallel``); their weights are then loaded by ``parallel.build``."""
+    return ReferenceModel(plan, torch.device(device), dtype, parallel)
 
 
 __all__ = ["ReferenceModel", "add_step", "build_reference"]

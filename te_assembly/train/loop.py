@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,14 +17,14 @@ from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.errors import NonFiniteError
 from te_assembly.outputs import prepare_out_dir
+from te_assembly.parallel import checkpoint as parallel_checkpoint
+from te_assembly.parallel.context import ParallelContext
 from te_assembly.plan import Plan
 from te_assembly.train.checkpoint import (
     list_checkpoints,
-    load_checkpoint,
     prune,
     read_meta,
     remove_stale_temp,
-    save_checkpoint,
     write_text_atomic,
 )
 from te_assembly.train.optim import lr_at, make_optimizer, set_lr
@@ -95,6 +96,7 @@ def train(
     seed: int = 0,
     recipe: Mapping[str, Any] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> TrainResult:
     """Train ``plan`` to regress a teacher built from the same plan with seed ``seed + offset``.
 
@@ -103,20 +105,37 @@ def train(
     NaN/Inf; ``CheckpointError`` when resuming from a checkpoint that does not fit or whose run had
     other settings (``run_record``). Before anything is built: ``OutputPathError`` when
     ``settings.out_dir`` cannot be written, ``ExistingRunError`` when it holds checkpoints and neither
-    ``resume`` nor ``overwrite`` is set."""
+    ``resume`` nor ``overwrite`` is set.
+
+    ``parallel`` (``te_assembly.parallel``, under torchrun): every rank trains its slices on its rows of
+    each batch (``batch_tokens`` is the whole batch); losses are means over ranks; rank 0 alone writes."""
+    par = parallel if parallel is not None else ParallelContext.single(plan)
     dev = torch.device(device)
     out_dir = prepare_out_dir(settings.out_dir)
     check_fresh_start(out_dir, settings)
-    notes: list[str] = [f"removed stale temp file {p}" for p in remove_stale_temp(out_dir)]
+    notes: list[str] = (
+        [f"removed stale temp file {p}" for p in remove_stale_temp(out_dir)] if par.is_main else []
+    )
 
     torch.manual_seed(seed + settings.teacher_seed_offset)
     teacher = build(plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
     perturb_constant_parameters(teacher)
     torch.manual_seed(seed)
-    student = build(plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
+    student = build(
+        plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe, parallel=parallel
+    )
     student.train()
+    model = par.wrap(student)
     optimizer = make_optimizer(student.parameters(), settings)
-    task = TeacherTask(plan, teacher, seed=seed, tokens=settings.batch_tokens, device=dev, dtype=dtype)
+    task = TeacherTask(
+        plan,
+        teacher,
+        seed=seed,
+        tokens=settings.batch_tokens,
+        device=dev,
+        dtype=dtype,
+        rows=(lambda x, inputs: (par.local_rows(x), par.local_inputs(inputs))) if par.is_parallel else None,
+    )
     loss_names = loss_output_names(plan)
 
     run = run_record(
@@ -131,11 +150,13 @@ def train(
     losses: list[float] = []
     start = 0
     existing = list_checkpoints(out_dir)
+    par.barrier()  # every rank has listed the directory before rank 0 may delete anything in it
     if settings.resume and existing:
         latest = existing[-1][1]
         # Compared before loading: another optimizer's state would not even load cleanly.
         check_resumable(latest, read_meta(latest), run)
-        ckpt = load_checkpoint(latest, student, optimizer)
+        ckpt, layout_note = parallel_checkpoint.load(par, latest, student, optimizer)
+        notes.extend([layout_note] if layout_note else [])
         meta = ckpt.meta
         if meta.get("planned_steps") != settings.steps and settings.schedule == "cosine":
             notes.append(
@@ -148,7 +169,7 @@ def train(
     elif settings.resume:
         notes.append(f"no checkpoint in {out_dir}: starting from step 1")
     elif existing:
-        for _, p in existing:
+        for _, p in existing if par.is_main else ():
             p.unlink()
         notes.append(
             f"removed {len(existing)} checkpoint(s) of an earlier run in {out_dir} (train.overwrite=true)"
@@ -173,14 +194,18 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         _sync(dev)
         began = time.perf_counter()
-        y, extras = student(batch.x, **batch.inputs)
+        y, extras = model(batch.x, **batch.inputs)
         terms = loss_terms(y, batch.target, extras, loss_names)
         loss = torch.stack(list(terms.values())).sum()
         inject = settings.inject_nan_at_step == step
         if inject and settings.inject_nan_into == "loss":
             loss = loss * float("nan")
+        value = par.mean(loss.item())  # every rank agrees on the loss, and on whether it is finite
         _check_loss(step, loss, terms)
+        if not math.isfinite(value):
+            raise NonFiniteError(step, "loss", f"non-finite loss on another rank at step {step}: {value}")
         loss.backward()
+        par.finish_grads(student)
         if inject and settings.inject_nan_into == "grad":
             first = next(p for p in student.parameters() if p.grad is not None)
             first.grad.view(-1)[0] = float("nan")  # type: ignore[union-attr]
@@ -188,7 +213,6 @@ def train(
         optimizer.step()
         _sync(dev)
         seconds = time.perf_counter() - began
-        value = loss.item()
         losses.append(value)
         if on_step is not None:
             record = StepRecord(
@@ -204,11 +228,13 @@ def train(
         every = settings.checkpoint_every
         if step == end or (every and step % every == 0):
             meta = {**meta_base, "losses": losses}
-            checkpoints.append(save_checkpoint(out_dir, step, student, optimizer, meta))
-            prune(out_dir, settings.keep_checkpoints)
+            written = parallel_checkpoint.save(par, out_dir, step, student, optimizer, meta)
+            if written is not None:
+                checkpoints.append(written)
+                prune(out_dir, settings.keep_checkpoints)
 
     result = TrainResult(losses, start, max(start, end), checkpoints, notes=notes, model=student)
-    if losses:
+    if losses and par.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         result.losses_file = out_dir / "losses.json"
         write_text_atomic(result.losses_file, json.dumps({"plan": plan.name, "losses": losses}, indent=1))

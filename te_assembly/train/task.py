@@ -6,7 +6,7 @@ uninterrupted one would, without replaying any random stream.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +14,8 @@ import torch
 from te_assembly.engines.base import AssembledModel, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.plan import Plan
+
+RowSelector = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass
@@ -40,8 +42,11 @@ class TeacherTask:
         tokens: int,
         device: torch.device,
         dtype: torch.dtype,
+        rows: RowSelector | None = None,
     ) -> None:
         self.plan = plan
+        self.rows = rows
+        """Parallel runs: this rank's rows of each batch (x and public inputs), before the teacher runs."""
         self.teacher = teacher.eval().requires_grad_(False)
         self.seed = seed
         self.tokens = tokens
@@ -54,6 +59,8 @@ class TeacherTask:
         inputs = sample_public_inputs(
             self.plan, self.tokens, generator=generator, device=self.device, dtype=self.dtype
         )
+        if self.rows is not None:
+            x, inputs = self.rows(x, inputs)
         with torch.no_grad():
             target = self.teacher(x, **inputs).y.detach()
         return Batch(x, inputs, target)

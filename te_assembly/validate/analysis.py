@@ -2,7 +2,8 @@
 
 ``analyze_resolved`` takes the resolved config (``config/resolved.py``) and runs, in this order and each
 on the previous one's output, the model passes (``steps`` -> ``fusers`` -> ``widths`` -> ``channels``),
-the recipe's fields, the settings sections (one field checker for all) and the recipe-aware shape rules.
+the recipe's fields, the settings sections (one field checker for all), then the checks of the model
+against other sections: the recipe-aware shape rules and the parallel layout.
 Every diagnostic, from loading onwards, is located (file:line), sorted and deduplicated here, once; the
 ``Analysis`` is frozen and is what every command, ``build()``, ``graph`` and ``explain`` read.
 
@@ -20,6 +21,8 @@ from te_assembly.collector import paused
 from te_assembly.config.resolved import ResolvedConfig
 from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_diagnostics
 from te_assembly.errors import ConfigError
+from te_assembly.parallel.layout import ShardPlan, shard_plan
+from te_assembly.parallel.settings import ParallelSettings
 from te_assembly.plan import FuserGroup, Plan, PlannedStep
 from te_assembly.recipes import Recipe, validate_recipe
 from te_assembly.schema import ModelConfig, check_structure
@@ -34,8 +37,12 @@ from te_assembly.validate.widths import check_widths
 COMMON = ""
 """Section name of the top-level settings (engine, kernels, device, dtype, seed)."""
 
-COMMON_SECTIONS: dict[str, type] = {COMMON: CommonSettings}
-"""What every command checks: the top-level keys."""
+PARALLEL = "parallel"
+"""Section name of the parallel layout (``torchrun``'s processes)."""
+
+COMMON_SECTIONS: dict[str, type] = {COMMON: CommonSettings, PARALLEL: ParallelSettings}
+"""What every command checks: the top-level keys and the parallel layout (the model must split as it
+says, whatever the command)."""
 DEFAULT_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "run": RunSettings}
 """What ``validate``, ``run`` and ``build()`` check; other commands check the top-level keys and their
 own section (``train``, ``bench``, ``graph``)."""
@@ -64,6 +71,9 @@ class Analysis:
     """Section name -> its settings dataclass, for each checked section that is valid."""
     diagnostics: tuple[Diagnostic, ...]
     plan: Plan | None = None
+    layout: ShardPlan | None = None
+    """Which rank holds which slice under the ``parallel`` sizes (one process: every step whole); None
+    when the section was not checked, or the model or layout has errors."""
     warnings: tuple[Diagnostic, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -183,21 +193,30 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     # The model as a plan as soon as the model itself is sound: checks across sections read it.
     sound = model is not None and result.graph is not None and not has_errors(result.diagnostics)
     candidate = _plan(model, result, []) if sound and model is not None else None
-    diags.extend(_cross_checks(resolved, candidate, recipe))
+    cross, layout = _cross_checks(candidate, recipe, parsed.get(PARALLEL))
+    diags.extend(cross)
     final = _finish(diags, resolved)
-    plan = None
-    if candidate is not None and not has_errors(final):
-        plan = dataclasses.replace(candidate, warnings=[d for d in final if not d.is_error])
-    return Analysis(resolved, result, recipe, parsed, tuple(final), plan)
+    if candidate is None or has_errors(final):
+        return Analysis(resolved, result, recipe, parsed, tuple(final))
+    plan = dataclasses.replace(candidate, warnings=[d for d in final if not d.is_error])
+    return Analysis(resolved, result, recipe, parsed, tuple(final), plan, layout)
 
 
-def _cross_checks(resolved: ResolvedConfig, plan: Plan | None, recipe: Recipe | None) -> list[Diagnostic]:
+def _cross_checks(
+    plan: Plan | None, recipe: Recipe | None, parallel: ParallelSettings | None
+) -> tuple[list[Diagnostic], ShardPlan | None]:
     """Checks of the model against another section, run once the model plans: the recipe's shape rules
-    (``recipe_shapes.py``). A section that constrains the model (a parallel layout) adds its check here."""
+    (``recipe_shapes.py``) and the parallel layout (``parallel/layout.py``: divisibility, tensor-parallel
+    regions, expert rules, at every size once a step is marked). Whether this process was launched with
+    the layout's ranks is no property of the config: the commands check that (``parallel/runtime.py``)."""
     out: list[Diagnostic] = []
+    layout = None
     if plan is not None and recipe is not None:
         out.extend(recipe_shape_diagnostics(plan.steps, recipe))
-    return out
+    if plan is not None and parallel is not None:
+        layout, found = shard_plan(plan, parallel)
+        out.extend(found)
+    return out, layout
 
 
 def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:
@@ -220,6 +239,7 @@ __all__ = [
     "COMMON",
     "COMMON_SECTIONS",
     "DEFAULT_SECTIONS",
+    "PARALLEL",
     "Analysis",
     "ModelAnalysis",
     "analyze_model",

@@ -8,6 +8,7 @@ must agree in float64.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -19,8 +20,8 @@ from tests.engines._helpers import F64, randomize
 TOKENS = 12
 
 
-def _moe_block(hidden: int, ffn: int, experts: int, top_k: int) -> ReferenceModel:
-    dims = {"hidden": hidden, "ffn": ffn, "experts": experts, "top_k": top_k}
+def _moe_block(hidden: int, ffn: int, experts: int, top_k: int, align: int = 1) -> ReferenceModel:
+    dims = {"hidden": hidden, "ffn": ffn, "experts": experts, "top_k": top_k, "align": align}
     loaded = load("moe_block", [f"model.dims.{k}={v}" for k, v in dims.items()])
     torch.manual_seed(0)
     model = build(loaded.checked_plan(), engine="reference", dtype=F64)
@@ -84,14 +85,21 @@ def _compare(model: ReferenceModel, x: torch.Tensor) -> None:
     assert grads[names.index("steps.router.weight") + 1].abs().sum() > 0
 
 
-def test_moe_block_matches_dense_mixture() -> None:
-    model = _moe_block(hidden=8, ffn=6, experts=4, top_k=2)
+# align pads each expert's group with zero rows of probability 0, which Combine drops: the block is
+# the same function with the same gradients at every alignment (16 is FP8's, 5 divides nothing).
+ALIGNS = [1, 5, 16]
+
+
+@pytest.mark.parametrize("align", ALIGNS)
+def test_moe_block_matches_dense_mixture(align: int) -> None:
+    model = _moe_block(hidden=8, ffn=6, experts=4, top_k=2, align=align)
     x = torch.randn(TOKENS, 8, generator=torch.Generator().manual_seed(3), dtype=F64)
     _compare(model, x)
 
 
-def test_moe_block_expert_without_tokens() -> None:
-    model = _moe_block(hidden=8, ffn=6, experts=4, top_k=2)
+@pytest.mark.parametrize("align", ALIGNS)
+def test_moe_block_expert_without_tokens(align: int) -> None:
+    model = _moe_block(hidden=8, ffn=6, experts=4, top_k=2, align=align)
     with torch.no_grad():
         model.steps["norm"].weight.copy_(torch.ones(8, dtype=F64))
         weight = model.steps["router"].weight
@@ -102,8 +110,11 @@ def test_moe_block_expert_without_tokens() -> None:
     x[:, 0] += 10.0
     model.record_channels()
     _compare(model, x)
-    split_sizes = model.channel_tensors["split_sizes"]
-    assert split_sizes[3].item() == 0 and split_sizes.sum().item() == TOKENS * 2
+    split_sizes, row_map = model.channel_tensors["split_sizes"], model.channel_tensors["row_map"]
+    assert split_sizes[3].item() == 0 and all(int(s) % align == 0 for s in split_sizes)
+    assert split_sizes.sum().item() == row_map.numel() and int((row_map >= 0).sum()) == TOKENS * 2
+    if align > 1:
+        assert int((row_map < 0).sum()) > 0, "the routing should need padding at this alignment"
 
 
 def test_moe_block_top_k_equals_num_experts() -> None:

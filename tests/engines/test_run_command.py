@@ -209,6 +209,16 @@ def test_sample_public_inputs_fit_their_slots() -> None:
     assert y.shape == (tokens, 4)
 
 
+def test_public_inputs_behind_an_aligned_dispatch_cannot_be_sampled() -> None:
+    # With align > 1 the rows between Dispatch and Combine depend on the routing: no fixed-size sample
+    # can fit them, so sampling says so instead of producing tensors the ops would reject.
+    plan = plan_from_yaml(
+        SAMPLED.replace("args: {num_experts: 3, top_k: 2}", "args: {num_experts: 3, top_k: 2, align: 4}")
+    )
+    with pytest.raises(ValueError, match=r"'fc_split_sizes'.*align > 1.*feed it from a channel"):
+        sample_public_inputs(plan, 10, generator=torch.Generator(), device=CPU, dtype=torch.float64)
+
+
 @pytest.mark.parametrize("rows, groups", [(0, 3), (1, 4), (37, 5)])
 def test_split_sizes_sum_to_rows(rows: int, groups: int) -> None:
     sizes = split_sizes(rows, groups, torch.Generator().manual_seed(rows))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from te_assembly.reference.ops.linear import GroupedLinear
 from te_assembly.reference.ops.moe import Combine, Dispatch, TopKRouter
@@ -158,3 +160,73 @@ def test_moe_pipeline_in_low_precision(dtype: torch.dtype) -> None:
     assert out.dtype == dtype and int(split_sizes.sum()) == 10
     (out.float().sum() + aux).backward()
     assert x.grad is not None and router.weight.grad is not None and torch.isfinite(x.grad.float()).all()
+
+
+def test_dispatch_pads_each_expert_group_to_the_alignment() -> None:
+    routing = [[2, 0], [0, 3], [2, 3], [0, 2]]  # counts [3, 0, 3, 2]; expert 1 gets no tokens
+    x, probs, routing_map = _route(routing)
+    rows, (split_sizes, row_probs, row_map) = Dispatch(num_experts=4, top_k=2, align=4)(
+        x, (probs, routing_map)
+    )
+    assert split_sizes.tolist() == [4, 0, 4, 4]  # an empty group stays empty
+    sources = [t * 2 + j for e in range(4) for t in range(4) for j in range(2) if routing[t][j] == e]
+    pad = -1
+    expected_map = [*sources[:3], pad, *sources[3:6], pad, *sources[6:], pad, pad]
+    assert row_map.tolist() == expected_map
+    real = row_map >= 0
+    torch.testing.assert_close(rows[real], x[row_map[real] // 2], rtol=0, atol=0)
+    torch.testing.assert_close(row_probs[real], probs.reshape(-1)[row_map[real]], rtol=0, atol=0)
+    assert torch.count_nonzero(rows[~real]) == 0 and torch.count_nonzero(row_probs[~real]) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tokens=st.integers(0, 12),
+    num_experts=st.integers(1, 5),
+    data=st.data(),
+    align=st.integers(1, 9),
+)
+def test_padding_changes_nothing_but_the_row_count(
+    tokens: int, num_experts: int, data: st.DataObject, align: int
+) -> None:
+    """Dispatch(align) -> a per-row expert function scaled by row_probs -> Combine equals the unpadded
+    block exactly, and so do the gradients of x and of the probabilities (float64, any routing)."""
+    top_k = data.draw(st.integers(1, num_experts))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    routing_map = torch.rand(tokens, num_experts, generator=gen).argsort(dim=-1)[:, :top_k]
+    scale = torch.randn(3, dtype=F64, generator=gen)
+
+    def block(a: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = torch.randn(tokens, 3, dtype=F64, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        probs = torch.rand(
+            tokens, top_k, dtype=F64, generator=torch.Generator().manual_seed(2)
+        ).requires_grad_(True)
+        rows, (split_sizes, row_probs, row_map) = Dispatch(num_experts, top_k, align=a)(
+            x, (probs, routing_map)
+        )
+        assert all(int(s) % a == 0 for s in split_sizes) and int(split_sizes.sum()) == rows.shape[0]
+        y, _ = Combine(top_k)(torch.tanh(rows * scale) * row_probs[:, None], (row_map,))
+        (gx, gp) = torch.autograd.grad((y * y).sum(), (x, probs), allow_unused=True)
+        return (
+            y,
+            gx if gx is not None else torch.zeros_like(x),
+            gp if gp is not None else torch.zeros_like(probs),
+            split_sizes,
+        )
+
+    y1, gx1, gp1, _ = block(1)
+    ya, gxa, gpa, sizes = block(align)
+    assert sizes.tolist() == [-(-int((routing_map == e).sum()) // align) * align for e in range(num_experts)]
+    for got, want in ((ya, y1), (gxa, gx1), (gpa, gp1)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_combine_and_dispatch_reject_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="align"):
+        Dispatch(num_experts=2, top_k=1, align=0)
+    x, probs, routing_map = _route([[0], [1], [1]])
+    rows, (_, _, row_map) = Dispatch(num_experts=2, top_k=1, align=4)(x, (probs, routing_map))
+    with pytest.raises(ValueError, match="one per row_map entry"):
+        Combine(top_k=1)(rows[:-1], (row_map,))
+    with pytest.raises(ValueError, match="multiple of top_k=2"):
+        Combine(top_k=2)(rows, (row_map,))

@@ -42,8 +42,34 @@ def test_tolerance_class_follows_recipe_then_dtype() -> None:
     assert precision_class(torch.bfloat16, {"kind": "MXFP8BlockScaling"}) == "fp8"
     assert precision_class(torch.bfloat16, {"kind": "NVFP4BlockScaling"}) == "fp4"
     assert precision_class(torch.float64) == "float64"
-    ordered = [TOLERANCES[k].rtol for k in ("float64", "float32", "bfloat16", "fp8", "fp4")]
-    assert ordered == sorted(ordered)
+    # float32 through TE's GEMMs on a GPU is TF32; on the reference kernels it stays float32.
+    assert precision_class(torch.float32, {"kind": "none"}, te_gemms=True) == "tf32"
+    assert precision_class(torch.float32, te_gemms=False) == "float32"
+    assert precision_class(torch.bfloat16, te_gemms=True) == "bfloat16"
+    assert precision_class(torch.float32, {"kind": "DelayedScaling"}, te_gemms=True) == "fp8"
+    ordered = [TOLERANCES[k].rtol for k in ("float64", "float32", "tf32", "bfloat16", "fp8", "fp4")]
+    assert ordered == sorted(ordered) and len(set(ordered)) == len(ordered)
+
+
+def test_tf32_tolerance_admits_tf32_operands_and_rejects_coarser_ones() -> None:
+    """A float32 GEMM whose operands are cut to TF32 (rounded or truncated, as tensor cores may do)
+    passes the tf32 class and fails the float32 one; operands truncated to bfloat16's 7 bits fail it."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(256, 512, generator=gen)
+    b = torch.randn(512, 128, generator=gen)
+
+    def cut(t: torch.Tensor, bits: int, truncate: bool) -> torch.Tensor:  # keep `bits` mantissa bits
+        drop = 23 - bits
+        half = 0 if truncate else 1 << (drop - 1)
+        return ((t.view(torch.int32) + half) & ~((1 << drop) - 1)).view(torch.float32)
+
+    exact = a.double() @ b.double()
+    for truncate in (False, True):
+        tf32 = (cut(a, 10, truncate).double() @ cut(b, 10, truncate).double()).float()
+        assert compare("y", "output", tf32, exact, TOLERANCES["tf32"]).passed
+        assert not compare("y", "output", tf32, exact, TOLERANCES["float32"]).passed
+    bf16 = (cut(a, 7, True).double() @ cut(b, 7, True).double()).float()
+    assert not compare("y", "output", bf16, exact, TOLERANCES["tf32"]).passed
 
 
 def test_verify_without_te_exits_1_with_install_hint(

@@ -112,7 +112,7 @@ def test_shell_completion_installs_and_completes_models(tmp_path: Path) -> None:
     line = f"te-assembly validate -cd {tmp_path} model=m"
     done = _cli("-sc", "query=bash", env={"COMP_LINE": line, "COMP_POINT": str(len(line))})
     _clean(done)
-    assert set(done.stdout.split()) == {"model=moe_block", "model=my_block"}
+    assert set(done.stdout.split()) == {"model=moe_block", "model=moe_block_wide", "model=my_block"}
 
 
 def test_hydra_help_and_version() -> None:

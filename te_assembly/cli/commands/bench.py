@@ -8,7 +8,10 @@ with the crossing channels returned and passed back by the caller (TE's way befo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -30,10 +33,14 @@ from te_assembly.bench import (
 from te_assembly.bench.runner import process_peak_rss_mib
 from te_assembly.bench.split import split_points
 from te_assembly.cli.commands import Outcome
-from te_assembly.cli.commands.session import start
+from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.errors import ConfigError
+from te_assembly.outputs import write_error
+from te_assembly.parallel.collectives import TIMER
+from te_assembly.parallel.context import ParallelContext
+from te_assembly.parallel.throughput import gather_rank_results, rank_table
 from te_assembly.plan import Plan
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
@@ -112,9 +119,26 @@ def check_split_at(plan: Plan, split_at: str | None) -> None:
 
 def main(analysis: Analysis, console: Console) -> Outcome:
     session = start(analysis, console)
-    plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
     settings: BenchSettings = session.section("bench")
-    check_split_at(plan, settings.split_at)
+    check_split_at(session.plan, settings.split_at)
+    with session.parallel("bench", ("bench.tokens", settings.tokens)) as par:
+        if par.is_parallel and settings.compare:
+            raise ConfigError(
+                [
+                    error(
+                        "bench.compare",
+                        "conflicting-settings",
+                        "bench.compare times variants in one process, but the parallel sizes ask for "
+                        f"{par.settings.world_size} processes",
+                        "drop it under torchrun",
+                    )
+                ]
+            )
+        return _bench(session, settings, console, par)
+
+
+def _bench(session: Session, settings: BenchSettings, console: Console, par: ParallelContext) -> Outcome:
+    plan, device, dtype, seed = session.plan, par.device(session.device), session.dtype, session.seed
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
 
@@ -130,14 +154,27 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         compare=settings.compare,
         split_at=settings.split_at,
         recipe=session.engine_recipe,
+        parallel=par,
     )
     generator = torch.Generator().manual_seed(seed)
     x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
     inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
+    x, inputs = par.local_rows(x), par.local_inputs(inputs)
+    tokens = int(x.shape[0])  # this rank's rows
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    # TE runs float32 GEMMs as TF32 on a GPU: say so, since float32 is the default dtype.
+    te_gemms = session.engine == "te" and session.kernels == "te" and device.type == "cuda"
+    dtype_name = str(dtype).removeprefix("torch.") + (
+        " (TF32 GEMMs in TE)" if dtype == torch.float32 and te_gemms else ""
+    )
+    if par.is_parallel:
+        console.print(
+            f"parallel: {par.settings.describe()}; {settings.tokens} tokens per step in all, rank 0 reads "
+            f"{tokens}; rank 0's phases first, then every rank's steps",
+            markup=False,
+        )
     console.print(
-        f"{printable(plan.name)}: {dev_name}, dtype {str(dtype).removeprefix('torch.')}, "
-        f"{settings.tokens} tokens, "
+        f"{printable(plan.name)}: {dev_name}, dtype {dtype_name}, {tokens} tokens, "
         f"{settings.warmup} warm-up + {settings.repeats} timed repeats per phase, "
         f"optimizer {settings.optimizer}, "
         f"{torch.get_num_threads()} CPU thread(s)",
@@ -148,6 +185,7 @@ def main(analysis: Analysis, console: Console) -> Outcome:
 
     total = len(PHASES) * settings.repeats * len(variants)
     columns = (TextColumn("timing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    TIMER.enabled = par.is_parallel
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("timing", total=total)
         results = run_benchmark(
@@ -158,11 +196,17 @@ def main(analysis: Analysis, console: Console) -> Outcome:
             warmup=settings.warmup,
             repeats=settings.repeats,
             on_sample=lambda: progress.advance(task),
+            comm_clock=(lambda: TIMER.seconds) if par.is_parallel else None,
         )
+    TIMER.enabled = False
 
-    flops = forward_flops(plan, settings.tokens)
-    peak = peak_tflops(device, dtype)
-    console.print(single_table(results[0], settings.tokens, flops, peak))
+    flops = forward_flops(plan, tokens)
+    peak = peak_tflops(device, dtype, tf32=te_gemms)
+    console.print(single_table(results[0], tokens, flops, peak))
+    if par.is_parallel:
+        rows = gather_rank_results(par, results[0], tokens)
+        if rows is not None:
+            console.print(rank_table(rows, settings.tokens))
     if settings.compare:
         console.print(compare_table(results, settings.tokens))
     if device.type == "cuda":
@@ -175,12 +219,46 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         )
     where = f"peak: {PEAK_SOURCE}" if peak is not None else "TFLOP/s: n/a (CPU or a GPU without a peak entry)"
     console.print(f"forward GEMM FLOPs per call: {flops:,} (backward 2x, step 3x); {where}", markup=False)
-    return Outcome(0, sweep_summary(results, settings.tokens))
+    if settings.report is not None and par.is_main:
+        write_report(settings.report, plan, par, results[0], tokens, rows if par.is_parallel else None)
+    return Outcome(0, sweep_summary(results, tokens))
 
 
 def sweep_summary(results: Sequence[VariantResult], tokens: int) -> dict[str, float | str]:
-    """This job's numbers for the table that ends a sweep (``bench -m ...``): (a)'s median per phase."""
+    """This job's numbers for the table that ends a sweep (``bench -m ...``): (a)'s median per phase
+    (``tokens``: the rows this process read)."""
     first = results[0]
     out: dict[str, float | str] = {f"{phase} ms": first.stats[phase].median * 1e3 for phase in PHASES}
     out["step tokens/s"] = tokens / first.stats["step"].median
     return out
+
+
+def write_report(
+    path: str,
+    plan: Plan,
+    par: ParallelContext,
+    result: VariantResult,
+    tokens: int,
+    rows: list[dict[str, Any]] | None,
+) -> None:
+    """``bench.report``: the numbers as JSON, for scripts (``bench/parallel_scaling.py``)."""
+    from te_assembly.parallel.throughput import aggregate
+    from te_assembly.train.checkpoint import write_text_atomic
+
+    report: dict[str, Any] = {
+        "model": plan.name,
+        "parallel": par.settings.sizes(),
+        "world_size": par.settings.world_size,
+        "rank0": {"tokens": tokens, "phases": {p: s.median for p, s in result.stats.items()}},
+    }
+    if rows is not None:
+        report["ranks"] = rows
+        report["job"] = aggregate(rows, tokens * par.settings.row_shards)
+    else:
+        step = result.stats["step"].median
+        report["job"] = {"step_s": step, "tokens_per_s": tokens / step, "comm_share": 0.0}
+    target = Path(path)
+    try:
+        write_text_atomic(target, json.dumps(report, indent=1))
+    except OSError as exc:
+        raise write_error(target, exc) from None

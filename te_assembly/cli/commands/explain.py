@@ -1,4 +1,4 @@
-"""``explain``: the resolved plan as tables."""
+"""``explain``: the resolved plan as tables (and, under parallel sizes, each rank's slices)."""
 
 from __future__ import annotations
 
@@ -15,4 +15,11 @@ def main(analysis: Analysis, console: Console) -> int:
     plan = checked_plan(analysis, console)
     for table in plan_tables(plan):
         console.print(table)
+    layout = analysis.layout
+    if layout is not None and layout.settings.is_parallel:
+        # Each rank's local shapes and parameter counts, when the ``parallel`` sizes split the model.
+        from te_assembly.parallel.report import layout_tables
+
+        for table in layout_tables(plan, layout):
+            console.print(table)
     return 0

@@ -18,6 +18,7 @@ norm and the median step time (first step excluded when there are several).
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,13 +30,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from te_assembly.cli.commands.session import start
+from te_assembly.cli.commands.session import Session, start
 from te_assembly.cli.report import plan_tables
 from te_assembly.diagnostics import printable
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.errors import NonFiniteError
+from te_assembly.parallel.context import ParallelContext
 from te_assembly.plan import Plan
 from te_assembly.settings import RunSettings
 from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
@@ -80,32 +82,42 @@ def run_steps(
     device: torch.device,
     dtype: torch.dtype,
     progress: Progress | None = None,
+    parallel: ParallelContext | None = None,
 ) -> list[StepResult]:
-    """``steps`` forward+backward passes on fresh synthetic data; gradients are left from the last."""
+    """``steps`` forward+backward passes on fresh synthetic data; gradients are left from the last.
+    ``parallel``: each rank runs its rows of every batch (``tokens`` is the whole batch); the loss shown
+    is the mean over ranks."""
     generator = torch.Generator().manual_seed(seed)
     loss_names = loss_output_names(plan)
     results: list[StepResult] = []
     task = progress.add_task("forward+backward", total=steps) if progress is not None else None
+    forward = parallel.wrap(model) if parallel is not None else model
     for step in range(steps):
-        x = sample_x(plan, tokens, generator=generator, device=device, dtype=dtype).requires_grad_(True)
+        x = sample_x(plan, tokens, generator=generator, device=device, dtype=dtype)
         inputs = sample_public_inputs(plan, tokens, generator=generator, device=device, dtype=dtype)
-        for value in inputs.values():
-            if value.is_floating_point():
-                value.requires_grad_(True)
+        if parallel is not None:
+            x, inputs = parallel.local_rows(x), parallel.local_inputs(inputs)
+        x.requires_grad_(True)
+        for tensor in inputs.values():
+            if tensor.is_floating_point():
+                tensor.requires_grad_(True)
         model.zero_grad(set_to_none=True)
         _sync(device)
         start = time.perf_counter()
-        y, extras = model(x, **inputs)
+        y, extras = forward(x, **inputs)
         loss = loss_of(y, extras, loss_names)
         loss.backward()
+        if parallel is not None:
+            parallel.finish_grads(model)
         _sync(device)
         seconds = time.perf_counter() - start
-        if not torch.isfinite(loss):
+        value = parallel.mean(loss.item()) if parallel is not None else loss.item()
+        if not math.isfinite(value):
             raise NonFiniteError(step, "loss")
         detached = {k: v.detach() for k, v in extras.items()}
-        results.append(StepResult(y.detach(), detached, loss.item(), seconds))
+        results.append(StepResult(y.detach(), detached, value, seconds))
         if progress is not None and task is not None:
-            progress.update(task, advance=1, description=f"forward+backward  loss {loss.item():.4g}")
+            progress.update(task, advance=1, description=f"forward+backward  loss {value:.4g}")
     return results
 
 
@@ -178,10 +190,14 @@ def _progress(console: Console) -> Iterator[Progress]:
 
 def main(analysis: Analysis, console: Console) -> int:
     session = start(analysis, console)
-    plan, engine, kernels = session.plan, session.engine, session.kernels
-    device, dtype, seed, recipe = session.device, session.dtype, session.seed, session.recipe
     run: RunSettings = session.section("run")
-    steps, tokens = run.steps, run.tokens
+    with session.parallel("run", ("run.tokens", run.tokens)) as par:
+        return _run(session, run.steps, run.tokens, console, par)
+
+
+def _run(session: Session, steps: int, tokens: int, console: Console, par: ParallelContext) -> int:
+    plan, engine, kernels = session.plan, session.engine, session.kernels
+    device, dtype, seed, recipe = par.device(session.device), session.dtype, session.seed, session.recipe
     header = (
         f"{printable(plan.name)}: device {device}, dtype {str(dtype).removeprefix('torch.')}, seed {seed}"
     )
@@ -190,10 +206,18 @@ def main(analysis: Analysis, console: Console) -> int:
     elif recipe.kind != "none":
         header += f"; recipe {printable(recipe.name)} ignored by the reference engine"
     console.print(header, markup=False)
+    if par.is_parallel:
+        console.print(f"parallel: {par.settings.describe()}; tables show rank 0", markup=False)
     # Build before printing the plan, so an engine that cannot run here says so first.
     torch.manual_seed(seed)
     model = build(
-        plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=session.engine_recipe
+        plan,
+        engine=engine,
+        kernels=kernels,
+        device=device,
+        dtype=dtype,
+        recipe=session.engine_recipe,
+        parallel=par,
     )
     for table in plan_tables(plan):
         console.print(table)
@@ -210,6 +234,7 @@ def main(analysis: Analysis, console: Console) -> int:
             device=device,
             dtype=dtype,
             progress=progress,
+            parallel=par,
         )
 
     last = results[-1]
@@ -219,9 +244,10 @@ def main(analysis: Analysis, console: Console) -> int:
             console.print(channel_grad_table(plan, getattr(model, "channel_tensors", {})))
         else:
             console.print(f"per-channel gradients are recorded by the reference engine only ({model.engine})")
+    grad_norm = par.grad_norm(model) if par.is_parallel else parameter_grad_norm(model)
     console.print(
         f"engine {model.engine}: loss {last.loss:.6g}, parameter-gradient norm "
-        f"{parameter_grad_norm(model):.6g}, step time {median_step_time(results) * 1e3:.2f} ms "
+        f"{grad_norm:.6g}, step time {median_step_time(results) * 1e3:.2f} ms "
         f"({step_time_note(len(results))})",
         markup=False,
     )

@@ -5,8 +5,9 @@ Kept apart from ``common`` because it imports torch, which ``validate`` must nev
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
@@ -17,7 +18,10 @@ from te_assembly.errors import EngineUnavailableError
 from te_assembly.plan import Plan
 from te_assembly.recipes import Recipe
 from te_assembly.settings import CommonSettings
-from te_assembly.validate.analysis import COMMON, Analysis
+from te_assembly.validate.analysis import COMMON, PARALLEL, Analysis
+
+if TYPE_CHECKING:
+    from te_assembly.parallel.context import ParallelContext
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -64,6 +68,15 @@ class Session:
         """The recipe to hand to ``build``: the TE engine runs its forwards under its ``te.autocast``;
         the reference engine has none."""
         return self.recipe if self.engine == "te" else None
+
+    def parallel(self, command: str, tokens: tuple[str, int]) -> AbstractContextManager[ParallelContext]:
+        """This process's part of the ``parallel`` layout, for the duration of ``command`` (process
+        groups started and torn down; launch and ``tokens``, (key, rows per batch), checked first)."""
+        from te_assembly.parallel.runtime import parallel_run
+
+        settings = self.section(PARALLEL)
+        layout = self.analysis.layout
+        return parallel_run(self.plan, settings, self.device, command=command, tokens=tokens, layout=layout)
 
 
 def start(analysis: Analysis, console: Console) -> Session:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from te_assembly.cli.commands.session import start
+from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
 from te_assembly.outputs import prepare_out_dir
+from te_assembly.parallel.context import ParallelContext
 from te_assembly.train import StepRecord, TrainSettings, train
 from te_assembly.train.run_record import check_fresh_start
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
@@ -23,10 +24,19 @@ SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings}
 
 def main(analysis: Analysis, console: Console) -> int:
     session = start(analysis, console)
-    plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
     settings: TrainSettings = session.section("train")
+    with session.parallel("train", ("train.batch_tokens", settings.batch_tokens)) as par:
+        return _train(session, settings, console, par)
+
+
+def _train(session: Session, settings: TrainSettings, console: Console, par: ParallelContext) -> int:
+    plan, device, dtype, seed = session.plan, par.device(session.device), session.dtype, session.seed
     # Before the progress bar: a bad path, or an earlier run in the way, fails first and alone.
     check_fresh_start(prepare_out_dir(settings.out_dir), settings)
+    if par.is_parallel:
+        console.print(
+            f"parallel: {par.settings.describe()}; each rank trains on its rows of every batch", markup=False
+        )
     console.print(
         f"{printable(plan.name)}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "
@@ -60,6 +70,7 @@ def main(analysis: Analysis, console: Console) -> int:
             seed=seed,
             recipe=session.engine_recipe,
             on_step=on_step,
+            parallel=par,
         )
     for note in result.notes:
         console.print(note, style="yellow", markup=False)

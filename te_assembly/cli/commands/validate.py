@@ -7,7 +7,8 @@ from rich.console import Console
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.diagnostics import printable
-from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+from te_assembly.parallel.settings import ParallelSettings
+from te_assembly.validate.analysis import DEFAULT_SECTIONS, PARALLEL, Analysis
 
 SECTIONS = DEFAULT_SECTIONS
 
@@ -31,4 +32,10 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         markup=False,
         soft_wrap=True,
     )
+    parallel: ParallelSettings = analysis.section(PARALLEL)
+    if parallel.is_parallel:
+        from te_assembly.parallel.launch import torchrun_command
+
+        launch = torchrun_command(parallel.world_size)
+        console.print(f"parallel: {parallel.describe()}; launch {launch}", markup=False)
     return Outcome(0, summary)

@@ -49,7 +49,7 @@ def report_table(report: VerifyReport) -> Table:
     table = Table(
         title=f"{printable(report.model)}: engine=te kernels={report.kernels} vs reference, "
         "both in eval mode "
-        f"({report.device}, {report.dtype}, recipe {report.recipe or 'none'}; "
+        f"({report.device}, {report.dtype}, recipe {report.recipe or 'none'}; precision {report.precision}, "
         f"pass: max abs <= {tol.atol:g} + {tol.rtol:g} * max|ref|, int tensors exact)",
         title_justify="left",
     )

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from te_assembly.engines.te.model import TEModel
+    from te_assembly.parallel.context import ParallelContext
     from te_assembly.plan import Plan
 
 
@@ -24,13 +25,16 @@ def build_te(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     recipe: Mapping[str, Any] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> TEModel:
     """See ``te_assembly.engines.te.builder.build_te``."""
     import torch
 
     from te_assembly.engines.te.builder import build_te as build
 
-    return build(plan, kernels=kernels, device=device, dtype=dtype or torch.float32, recipe=recipe)
+    return build(
+        plan, kernels=kernels, device=device, dtype=dtype or torch.float32, recipe=recipe, parallel=parallel
+    )
 
 
 __all__ = ["SET_INPUT", "SET_OUTPUT", "BindingCall", "binding_calls", "build_te", "gpu_only_steps"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformer_engine.pytorch.ops import FusibleOperation
@@ -20,8 +20,11 @@ from te_assembly.engines.reference import add_step
 from te_assembly.engines.te.adapter import reference_op
 from te_assembly.engines.te.bindings import binding_calls, gpu_only_steps
 from te_assembly.engines.te.model import TEModel
-from te_assembly.errors import EngineUnavailableError
+from te_assembly.errors import ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan, PlannedStep
+
+if TYPE_CHECKING:
+    from te_assembly.parallel.context import ParallelContext
 
 KERNELS = ("te", "reference")
 
@@ -32,16 +35,23 @@ def build_te(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     recipe: Mapping[str, Any] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> TEModel:
     """The plan as TE fusers. ``kernels=te``: TE's own ops (our MoE ops through the reference adapter);
     ``kernels=reference``: every op through the adapter, so the whole model runs on CPU. ``recipe``: a
-    recipe config (``recipes.py``), checked against this machine before anything is built."""
+    recipe config (``recipes.py``), checked against this machine before anything is built.
+    ``parallel``: this rank's split ops (``te_assembly.parallel.context.ParallelContext.te_op``)."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     _check_machine(plan, kernels, dev)
-    te_recipe = _prepare_recipe(recipe)
+    te_recipe = _prepare_recipe(plan, recipe)
     model = TEModel(plan, kernels, recipe, te_recipe)
     for step in plan.steps:
-        add_step(model.steps, step.name, _construct(step, kernels, dev, dtype))
+        split = parallel.te_op(step, kernels, dev, dtype) if parallel is not None else None
+        if split is not None:
+            _check_slots(step, split)
+        add_step(
+            model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype)
+        )
     for call in binding_calls(plan):
         call.apply(model.steps[call.step])
     model.groups = _fuse(plan, model)
@@ -62,13 +72,18 @@ def _check_machine(plan: Plan, kernels: str, device: torch.device) -> None:
             )
 
 
-def _prepare_recipe(recipe: Mapping[str, Any] | None) -> object | None:
+def _prepare_recipe(plan: Plan, recipe: Mapping[str, Any] | None) -> object | None:
     if recipe is None:
         return None
     from te_assembly.recipes import check_recipe_on_current_device, to_te_recipe
+    from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
 
     te_recipe = to_te_recipe(recipe)
     if te_recipe is not None:
+        # Before the GPU check: a model the recipe cannot run is a config error on any machine.
+        shape_errors = [d for d in recipe_shape_diagnostics(plan.steps, recipe) if d.is_error]
+        if shape_errors:
+            raise ConfigError(shape_errors, summary=f"{plan.name} does not fit the quantization recipe")
         check_recipe_on_current_device(recipe)
     return te_recipe
 

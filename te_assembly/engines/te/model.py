@@ -37,6 +37,10 @@ class TEModel(AssembledModel):
         self.te_recipe = te_recipe
         self.groups: list[OperationFuser | str] = []
         """In plan order: a fuser, or the name of the module step between two fusers."""
+        from te_assembly.validate.recipe_shapes import token_multiple
+
+        self.token_rule = token_multiple(plan.steps, recipe) if te_recipe is not None else None
+        """(multiple, step): the recipe quantizes a GEMM over the caller's token rows."""
 
     @property
     def fusers(self) -> list[OperationFuser]:
@@ -59,6 +63,7 @@ class TEModel(AssembledModel):
             raise CallError(
                 f"{self.plan.name} takes {expected} public extra input(s) ({names}), got {len(extra_inputs)}"
             )
+        self._check_token_rows(x)
         outputs: list[torch.Tensor] = []
         remaining = tuple(extra_inputs)
         with self.quantization():
@@ -75,6 +80,19 @@ class TEModel(AssembledModel):
                 else:
                     x = group(x)
         return (x, *outputs) if outputs else x
+
+    def _check_token_rows(self, x: torch.Tensor) -> None:
+        if self.token_rule is None or x.dim() == 0 or not x.shape[-1]:
+            return
+        multiple, step = self.token_rule
+        rows = x.numel() // x.shape[-1]
+        if rows % multiple:
+            name = (self.recipe or {}).get("name") or (self.recipe or {}).get("kind")
+            padded = -(-rows // multiple) * multiple
+            raise CallError(
+                f"recipe {name} quantizes step {step!r}, a GEMM over all {rows} token rows of x; its "
+                f"GEMMs need a multiple of {multiple} rows (pad the batch to {padded} rows)"
+            )
 
     def _iter_groups(self) -> Iterator[OperationFuser | torch.nn.Module]:
         for group in self.groups:

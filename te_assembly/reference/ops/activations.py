@@ -1,4 +1,6 @@
-"""Activation reference ops, with TE's conventions: tanh GELU, gate on the first half of a GLU input."""
+"""Activation reference ops, with TE's conventions: tanh GELU, gate on the first half of a GLU input.
+
+Each computes in at least float32 and rounds its output once, as TE's activation kernels do."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from te_assembly.reference.ops.base import ReferenceOp
+from te_assembly.reference.ops.base import ReferenceOp, compute_dtype
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -43,7 +45,8 @@ class _Activation(ReferenceOp):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        return (glu(self.fn, x) if self.gated else self.fn(x)), ()
+        x_c = x.to(compute_dtype(x.dtype))
+        return (glu(self.fn, x_c) if self.gated else self.fn(x_c)).to(x.dtype), ()
 
 
 class _Gated(_Activation):
@@ -99,5 +102,7 @@ class ScaledSwiGLU(ReferenceOp):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        scales = extra_inputs[0].reshape(x.shape[:-1]).to(x.dtype)
-        return glu(F.silu, x) * scales[..., None], ()
+        # TE rounds the scales to x's dtype first, then computes in float32 and rounds once.
+        dtype = compute_dtype(x.dtype)
+        scales = extra_inputs[0].reshape(x.shape[:-1]).to(x.dtype).to(dtype)
+        return (glu(F.silu, x.to(dtype)) * scales[..., None]).to(x.dtype), ()

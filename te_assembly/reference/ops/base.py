@@ -21,3 +21,10 @@ class ReferenceOp(torch.nn.Module):
         self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         raise NotImplementedError
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least float32: TE's norm and activation kernels compute in float32 and round their output
+    to the tensor's dtype once; rounding each bfloat16 intermediate instead made the reference
+    engine's RMSNorm flip MoE routing choices against TE's on correct code."""
+    return torch.promote_types(dtype, torch.float32)

@@ -26,7 +26,8 @@ def _new_bias(size: int, device: torch.device | str | None, dtype: torch.dtype |
 
 
 class BasicLinear(ReferenceOp):
-    """y = x W^T."""
+    """y = x W^T. ``tensor_parallel_mode`` is accepted for the catalog's sake and acts only under a
+    tensor-parallel layout, where ``te_assembly.parallel`` builds the split op instead of this one."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class BasicLinear(ReferenceOp):
         out_features: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        tensor_parallel_mode: str | None = None,
     ) -> None:
         super().__init__()
         self.in_features = in_features
@@ -63,7 +65,8 @@ class Bias(ReferenceOp):
 
 
 class Linear(ReferenceOp):
-    """BasicLinear then Bias, held in ``basic_ops`` so parameter names match TE's te.ops.Linear."""
+    """BasicLinear then Bias, held in ``basic_ops`` so parameter names match TE's te.ops.Linear.
+    ``tensor_parallel_mode``: see ``BasicLinear``."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class Linear(ReferenceOp):
         bias: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        tensor_parallel_mode: str | None = None,
     ) -> None:
         super().__init__()
         ops: list[ReferenceOp] = [BasicLinear(in_features, out_features, device=device, dtype=dtype)]

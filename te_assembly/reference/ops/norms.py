@@ -1,4 +1,6 @@
-"""Normalization reference ops over the last dimension, with TE's zero-centred-gamma option."""
+"""Normalization reference ops over the last dimension, with TE's zero-centred-gamma option.
+
+Both compute in at least float32 and round once to the input's dtype, as TE's kernels do."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from te_assembly.reference.ops.base import ReferenceOp
+from te_assembly.reference.ops.base import ReferenceOp, compute_dtype
 
 
 class _Norm(ReferenceOp):
@@ -29,8 +31,9 @@ class _Norm(ReferenceOp):
         if with_bias:
             self.bias = torch.nn.Parameter(torch.zeros(normalized_shape, device=device, dtype=dtype))
 
-    def _gamma(self) -> torch.Tensor:
-        return self.weight + 1 if self.zero_centered_gamma else self.weight
+    def _gamma(self, dtype: torch.dtype) -> torch.Tensor:
+        weight = self.weight.to(dtype)
+        return weight + 1 if self.zero_centered_gamma else weight
 
 
 class LayerNorm(_Norm):
@@ -49,8 +52,11 @@ class LayerNorm(_Norm):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        y = torch.nn.functional.layer_norm(x, (self.normalized_shape,), self._gamma(), self.bias, self.eps)
-        return y, ()
+        dtype = compute_dtype(x.dtype)
+        y = torch.nn.functional.layer_norm(
+            x.to(dtype), (self.normalized_shape,), self._gamma(dtype), self.bias.to(dtype), self.eps
+        )
+        return y.to(x.dtype), ()
 
 
 class RMSNorm(_Norm):
@@ -69,5 +75,7 @@ class RMSNorm(_Norm):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return x * rstd * self._gamma(), ()
+        dtype = compute_dtype(x.dtype)
+        x_c = x.to(dtype)
+        rstd = torch.rsqrt(x_c.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x_c * rstd * self._gamma(dtype)).to(x.dtype), ()

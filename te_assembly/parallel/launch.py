@@ -1,0 +1,74 @@
+"""What ``torchrun`` tells each process, and printing from one rank only. Pure Python: no torch import.
+
+``torchrun --nproc_per_node=N -m te_assembly ...`` starts N processes and sets ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` in each; ``torch.distributed`` reads them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+
+@dataclass(frozen=True)
+class Launch:
+    rank: int
+    world_size: int
+    local_rank: int
+    under_torchrun: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def tag(self) -> str:
+        """``[rank 1/2] `` under torchrun (every line a rank prints says who it is), else empty."""
+        return f"[rank {self.rank}/{self.world_size}] " if self.under_torchrun else ""
+
+
+def current_launch(env: Mapping[str, str] | None = None) -> Launch:
+    """This process's place in the job from torchrun's environment; a single process when unset."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" not in env or "RANK" not in env:
+        return Launch(0, 1, 0, under_torchrun=False)
+    return Launch(
+        int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"])), under_torchrun=True
+    )
+
+
+def torchrun_command(world_size: int, command: str = "run") -> str:
+    return f"torchrun --nproc_per_node={world_size} -m te_assembly {command} ..."
+
+
+class RankConsole(Console):
+    """A console whose every printed string starts with this rank's tag, so the lines of several ranks
+    interleaved in one terminal (or torchrun's log) stay attributable."""
+
+    def __init__(self, tag: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._tag = tag
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        if objects and isinstance(objects[0], str):
+            objects = (self._tag + objects[0], *objects[1:])
+        super().print(*objects, **kwargs)
+
+
+def rank_consoles(console: Console, err: Console, launch: Launch | None = None) -> tuple[Console, Console]:
+    """(stdout, stderr) consoles for this rank: under torchrun only rank 0 prints tables and progress;
+    every rank prints its errors, tagged with its rank."""
+    launch = current_launch() if launch is None else launch
+    if not launch.under_torchrun:
+        return console, err
+    out = console if launch.is_main else Console(file=io.StringIO(), quiet=True)
+    tagged = RankConsole(launch.tag, stderr=True, highlight=False, width=err.width)
+    return out, tagged
+
+
+__all__ = ["Launch", "RankConsole", "current_launch", "rank_consoles", "torchrun_command"]

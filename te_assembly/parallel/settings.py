@@ -1,0 +1,123 @@
+"""The ``parallel:`` config section as a checked dataclass. Pure Python: no torch import.
+
+World size = ``data * tensor * expert`` processes. Ranks are laid out tensor-fastest:
+``rank = (data_rank * expert + expert_rank) * tensor + tensor_rank``, so the ranks of one tensor-parallel
+group are neighbours (one machine, NVLink) as Megatron-LM places them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from te_assembly.diagnostics import error
+from te_assembly.errors import ConfigError
+from te_assembly.sections import read_section, setting
+
+BACKENDS = ("auto", "gloo", "nccl")
+SIZES = ("data", "tensor", "sequence", "expert")
+MAX_TIMEOUT_S = 10**9
+"""Longer is no timeout at all (and beyond about 8.6e13 s Python's ``timedelta`` overflows)."""
+
+
+@dataclass(frozen=True)
+class ParallelSettings:
+    """``parallel:``: how ``torchrun``'s processes split the model (README: "Parallel runs")."""
+
+    data: int = setting(
+        1,
+        minimum=1,
+        doc="data-parallel replicas (DistributedDataParallel): each reads its own rows; gradients averaged",
+    )
+    tensor: int = setting(
+        1, minimum=1, doc="tensor-parallel ranks: Linear steps marked tensor_parallel_mode column/row split"
+    )
+    sequence: int = setting(
+        1,
+        minimum=1,
+        doc="1, or = tensor: token rows outside tensor-parallel regions split across those ranks (TE's "
+        "sequence_parallel); adds no processes",
+    )
+    expert: int = setting(
+        1,
+        minimum=1,
+        doc="expert-parallel ranks: experts / expert per rank, dispatched rows exchanged "
+        "(all_to_all_single); each reads its own rows",
+    )
+    backend: str = setting("auto", choices=BACKENDS, doc="auto: NCCL on CUDA devices, gloo on CPU")
+    timeout_s: float = setting(
+        300.0,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=MAX_TIMEOUT_S,
+        doc="a collective (or the start-up rendezvous) waiting longer fails the job instead of hanging",
+    )
+    fail_on_rank: int | None = setting(
+        None, minimum=0, doc="testing aid: this rank raises at its first forward (the job must exit non-zero)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.sequence not in (1, self.tensor):
+            raise ConfigError(
+                [
+                    error(
+                        "parallel.sequence",
+                        "conflicting-settings",
+                        f"parallel.sequence={self.sequence} but parallel.tensor={self.tensor}: sequence "
+                        "parallelism splits token rows across the tensor-parallel ranks, so it is 1 (off) or "
+                        "equal to parallel.tensor",
+                        f"set parallel.tensor={self.sequence} too, or parallel.sequence=1",
+                    )
+                ]
+            )
+        if self.fail_on_rank is not None and self.fail_on_rank >= self.world_size:
+            raise ConfigError(
+                [
+                    error(
+                        "parallel.fail_on_rank",
+                        "conflicting-settings",
+                        f"fail_on_rank={self.fail_on_rank} but the layout has only {self.world_size} rank(s)",
+                    )
+                ]
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.data * self.tensor * self.expert
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.sequence > 1
+
+    @property
+    def data_shards(self) -> int:
+        """How many ranks read distinct rows of a batch: data and expert ranks (tensor-parallel ranks
+        share theirs, or split it further under sequence parallelism)."""
+        return self.data * self.expert
+
+    @property
+    def row_shards(self) -> int:
+        """Into how many pieces a batch's rows are cut (``data_shards``, times ``tensor`` under sequence
+        parallelism)."""
+        return self.data_shards * (self.sequence if self.sequence_parallel else 1)
+
+    @property
+    def is_parallel(self) -> bool:
+        return self.world_size > 1
+
+    def describe(self) -> str:
+        sizes = " x ".join(f"{name} {getattr(self, name)}" for name in ("data", "tensor", "expert"))
+        seq = ", sequence parallel" if self.sequence_parallel else ""
+        return f"{sizes} = {self.world_size} process(es){seq}"
+
+    def sizes(self) -> dict[str, int]:
+        return {name: int(getattr(self, name)) for name in SIZES}
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "parallel") -> ParallelSettings:
+        """Check every key at once; raise ``ConfigError`` listing all problems."""
+        return read_section(cls, raw, prefix)
+
+
+__all__ = ["BACKENDS", "SIZES", "ParallelSettings"]
