@@ -19,9 +19,11 @@ this job's overrides from ``HydraConfig``, runs the pipeline (``resolve_composed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +134,8 @@ def _report(exc: BaseException, io: Consoles, overrides: Sequence[str]) -> int:
 
         if current_launch().is_main:  # every rank reads the same config: one copy of its findings
             print_diagnostics(exc.diagnostics, io.err)
+        else:
+            io.err.print(f"error: {len(exc.diagnostics)} config finding(s), listed by rank 0", markup=False)
         return 2
     if isinstance(exc, CompositionError):
         io.err.print(f"error: {printable(str(exc), keep_newlines=True)}", markup=False)
@@ -296,9 +300,15 @@ def _run(hydra: Any, state: AppState, config_name: str, overrides: list[str]) ->
         hydra.run(config_name=config_name, task_function=task, overrides=overrides)
         return state.outcomes[-1][1].code if state.outcomes else 2
     from te_assembly.cli.report import sweep_table
+    from te_assembly.parallel.launch import current_launch
 
     try:
-        hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
+        with contextlib.ExitStack() as stack:
+            if not current_launch().is_main:
+                # Under torchrun every rank runs the sweep; rank 0 alone records it (multirun.yaml).
+                scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="te_assembly_sweep_"))
+                overrides = [*overrides, f"hydra.sweep.dir={scratch}"]
+            hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
     finally:  # also when a later job's config does not compose: the jobs that ran are still reported
         if state.outcomes:
             state.io.out.print(sweep_table(state.command, state.outcomes))

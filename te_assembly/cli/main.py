@@ -66,6 +66,10 @@ def run() -> None:
     The objects still alive at exit (a parsed 10,000-step model, Hydra's config) are frozen first: the
     interpreter's final collector passes over them otherwise cost more than validating the model."""
     code = main()
+    if code == 2:  # a config error: under torchrun, rank 0 reports it (parallel/launch.py)
+        from te_assembly.parallel.launch import let_main_rank_report
+
+        let_main_rank_report()
     import gc
 
     gc.freeze()

@@ -42,6 +42,25 @@ def current_launch(env: Mapping[str, str] | None = None) -> Launch:
     )
 
 
+REPORT_GRACE_S = 10.0
+"""How long a rank other than 0 that failed on the config waits before it exits (see
+``let_main_rank_report``)."""
+
+
+def let_main_rank_report(launch: Launch | None = None, grace_s: float = REPORT_GRACE_S) -> None:
+    """Under torchrun, before a rank other than 0 exits on a config error: wait until torchrun stops it.
+
+    Every rank reads the same config and finds the same errors; rank 0 alone prints them. torchrun stops
+    every rank as soon as the first one exits, so a rank that exits before rank 0 has printed would
+    silence the report. Rank 0's own exit ends the wait (torchrun stops this rank); ``grace_s`` bounds
+    it should rank 0 not fail at all."""
+    launch = current_launch() if launch is None else launch
+    if launch.under_torchrun and not launch.is_main:
+        import time
+
+        time.sleep(grace_s)
+
+
 def torchrun_command(world_size: int, command: str = "run") -> str:
     return f"torchrun --nproc_per_node={world_size} -m te_assembly {command} ..."
 
@@ -71,4 +90,12 @@ def rank_consoles(console: Console, err: Console, launch: Launch | None = None) 
     return out, tagged
 
 
-__all__ = ["Launch", "RankConsole", "current_launch", "rank_consoles", "torchrun_command"]
+__all__ = [
+    "REPORT_GRACE_S",
+    "Launch",
+    "RankConsole",
+    "current_launch",
+    "let_main_rank_report",
+    "rank_consoles",
+    "torchrun_command",
+]

@@ -158,3 +158,24 @@ def test_bench_reports_every_rank_and_run_prints_once(tmp_path: Path) -> None:
     _ok(run)
     assert run.stdout.count("residual_mlp: steps") == 1  # the plan table, printed by rank 0 only
     assert "parallel: data 1 x tensor 2 x expert 1 = 2 process(es)" in run.stdout
+
+
+def test_every_rank_runs_the_hydra_app_without_racing_on_files(tmp_path: Path) -> None:
+    """A run writes nothing where it is launched; a sweep is recorded once, by rank 0; a config error is
+    listed once, by rank 0, and the other ranks wait for it instead of exiting first (torchrun would stop
+    rank 0 before it printed)."""
+    run = torchrun(["validate", "model=residual_mlp", "parallel.tensor=2"], tmp_path)
+    _ok(run)
+    assert run.stdout.count("residual_mlp (") == 1 and "parallel: data 1 x tensor 2" in run.stdout
+    assert list(tmp_path.iterdir()) == []
+
+    sweep = torchrun(["validate", "-m", "model.dims.hidden=32,64", "parallel.data=2"], tmp_path)
+    _ok(sweep)
+    assert sweep.stdout.count("validate sweep: 2 job(s)") == 1
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["multirun.yaml"]
+
+    wrong = torchrun(["validate", "parallel.expert=4"], tmp_path)
+    assert wrong.returncode != 0
+    assert wrong.stderr.count("torchrun started 2 process(es)") == 1, wrong.stderr
+    assert "[rank 0/2] error: parallel: torchrun started 2 process(es)" in wrong.stderr
+    assert "[rank 1/2] error: 1 config finding(s), listed by rank 0" in wrong.stderr
