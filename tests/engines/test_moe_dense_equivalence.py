@@ -78,7 +78,8 @@ def dense_moe(
 
 def _dense_args(model: AssembledModel) -> tuple[int, int, float, float]:
     router = model.plan.step("router").args
-    return router["num_experts"], router["top_k"], router["aux_loss_coeff"], model.plan.step("norm").args["eps"]
+    eps = model.plan.step("norm").args["eps"]
+    return router["num_experts"], router["top_k"], router["aux_loss_coeff"], eps
 
 
 def _compare(model: AssembledModel, x: torch.Tensor) -> dict[str, torch.Tensor]:
