@@ -50,3 +50,4 @@ class VerificationError(TeAssemblyError):
 
 class OutputPathError(TeAssemblyError):
     """A directory that results go to cannot be created or written (``cannot write to ...``)."""
+

@@ -7,6 +7,7 @@ than lazily at the first forward as ``te.ops.Sequential`` does.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -44,7 +45,7 @@ def build_te(
         add_step(model.steps, step.name, _construct(step, kernels, dev, dtype))
     for call in binding_calls(plan):
         call.apply(model.steps[call.step])
-    model.groups = _fuse(plan, model)
+    model.attach(_fuse(plan, model))
     return model
 
 
@@ -73,15 +74,23 @@ def _prepare_recipe(recipe: Mapping[str, Any] | None) -> object | None:
     return te_recipe
 
 
+@functools.cache
+def _placement_args(cls: Any) -> tuple[bool, bool]:
+    # One signature inspection per class, not per step: on 10k-op models inspect.signature was a third
+    # of the build.
+    params = inspect.signature(cls).parameters
+    return "device" in params, "dtype" in params
+
+
 def _with_placement(
     cls: Any, kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype
 ) -> dict[str, Any]:
     # TE's pure ops (ConstantScale, MakeExtraOutput...) and torch's activations take no device/dtype.
-    params = inspect.signature(cls).parameters
+    takes_device, takes_dtype = _placement_args(cls)
     out = dict(kwargs)
-    if "device" in params:
+    if takes_device:
         out["device"] = device
-    if "dtype" in params:
+    if takes_dtype:
         out["dtype"] = dtype
     return out
 
@@ -120,8 +129,10 @@ def _check_slots(step: PlannedStep, op: FusibleOperation) -> None:
 
 def _fuse(plan: Plan, model: TEModel) -> list[OperationFuser | str]:
     fusers = {}
+    # Built once: Plan.steps_by_index makes a new dict on every access (quadratic inside this loop).
+    names = {s.index: s.name for s in plan.steps}
     for group in plan.fusers:
-        ops = [model.steps[plan.steps_by_index[i].name] for i in group.steps]
+        ops = [model.steps[names[i]] for i in group.steps]
         fuser = OperationFuser(ops)
         expected = sum(1 for t in plan.public_inputs if t.fuser == group.index)
         if fuser.num_extra_inputs != expected:
