@@ -51,3 +51,12 @@ class VerificationError(TeAssemblyError):
 class OutputPathError(TeAssemblyError):
     """A directory that results go to cannot be created or written (``cannot write to ...``)."""
 
+
+class ArgumentError(TeAssemblyError, TypeError, ValueError):
+    """A library function was given an argument of the wrong type or value (``build(None)``, an integer
+    dtype, an unknown device...). Both a ``TypeError`` and a ``ValueError``, as callers may expect either."""
+
+
+class ResourceError(TeAssemblyError):
+    """The work cannot fit this machine: the memory it needs (estimated from the plan before anything is
+    allocated) is more than is available."""

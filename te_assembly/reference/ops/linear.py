@@ -166,6 +166,10 @@ class _GroupedMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, *weights = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # backward(create_graph=True): the ``out=`` kernels below are not differentiable, so build
+            # the same gradients from differentiable ops and let autograd take second derivatives.
+            return _differentiable_grads(ctx.sizes, ctx.num_biases, x, weights, grad_out)
         grad_out = grad_out.contiguous()
         grad_x = torch.empty_like(x)
         grad_w, grad_b = [], []
@@ -176,6 +180,18 @@ class _GroupedMatmul(torch.autograd.Function):
             if ctx.num_biases:
                 grad_b.append(grad_out[rows].sum(0))
         return (grad_x, None, None, *grad_w, *grad_b)
+
+
+def _differentiable_grads(
+    sizes: list[int], num_biases: int, x: torch.Tensor, weights: list[torch.Tensor], grad_out: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
+    grad_x, grad_w, grad_b = [], [], []
+    for g, (x_g, dy_g) in enumerate(zip(x.split(sizes), grad_out.split(sizes), strict=True)):
+        grad_x.append(dy_g @ weights[g])
+        grad_w.append(dy_g.T @ x_g)
+        if num_biases:
+            grad_b.append(dy_g.sum(0))
+    return (torch.cat(grad_x), None, None, *grad_w, *grad_b)
 
 
 def _offsets(sizes: list[int]) -> list[int]:
