@@ -60,3 +60,7 @@ class ArgumentError(TeAssemblyError, TypeError, ValueError):
 class ResourceError(TeAssemblyError):
     """The work cannot fit this machine: the memory it needs (estimated from the plan before anything is
     allocated) is more than is available."""
+
+
+class RunDirectoryInUseError(TeAssemblyError):
+    """Another process holds the lock of a run directory (``train.out_dir``): two runs never share one."""

@@ -33,6 +33,7 @@ from te_assembly.cli.commands.common import section
 from te_assembly.cli.commands.session import start
 from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.memory import check_fits, estimate
 from te_assembly.errors import ConfigError
 from te_assembly.plan import Plan
 
@@ -113,6 +114,12 @@ def main(overrides: Sequence[str], console: Console) -> int:
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
 
+    count = 3 if settings.compare else 1
+    needed = estimate(
+        plan, dtype, tokens=settings.tokens, models=count, trained=count, optimizer=settings.optimizer
+    )
+    check_fits(needed, device, f"benchmarking {plan.name}", "lower bench.tokens or make the model smaller")
+
     torch.manual_seed(seed)
     variants, split = build_variants(
         plan,
@@ -129,6 +136,14 @@ def main(overrides: Sequence[str], console: Console) -> int:
     generator = torch.Generator().manual_seed(seed)
     x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
     inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
+    if plan.num_params == 0:
+        # Without parameters only the input's gradient gives backward something to compute.
+        x.requires_grad_(True)
+        console.print(
+            f"{plan.name} has no parameters: backward computes the gradient of x, and the step phase "
+            "has no optimizer update",
+            markup=False,
+        )
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     console.print(
         f"{plan.name}: {dev_name}, dtype {str(dtype).removeprefix('torch.')}, {settings.tokens} tokens, "

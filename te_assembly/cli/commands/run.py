@@ -33,6 +33,7 @@ from te_assembly.cli.report import plan_tables
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.memory import check_fits, estimate
 from te_assembly.errors import NonFiniteError
 from te_assembly.plan import Plan
 
@@ -181,6 +182,9 @@ def main(overrides: Sequence[str], console: Console) -> int:
     elif recipe.get("kind") != "none":
         header += f"; recipe {recipe.get('name')} ignored by the reference engine"
     console.print(header, markup=False)
+    # Before anything is allocated: sizes that cannot fit are refused with the estimate.
+    needed = estimate(plan, dtype, tokens=tokens, trained=1)
+    check_fits(needed, device, f"running {plan.name}", "lower run.tokens or make the model smaller")
     # Build before printing the plan, so an engine that cannot run here says so first.
     torch.manual_seed(seed)
     model = build(

@@ -3,7 +3,8 @@
 Prints a progress bar with loss and tokens/s, writes checkpoints, ``losses.json`` and
 ``loss_curve.png`` to ``train.out_dir``. A NaN/Inf loss or gradient stops the run with the step and the
 tensor's name (exit 1). Checkpoints of an earlier run in ``train.out_dir`` stop it before it starts
-(exit 1) unless ``train.resume=true`` continues that run or ``train.overwrite=true`` deletes it.
+(exit 1) unless ``train.resume=true`` continues that run or ``train.overwrite=true`` replaces it; a
+directory another run holds (its lock) stops it too, naming the holder.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from te_assembly.cli.commands.common import section
 from te_assembly.cli.commands.session import start
-from te_assembly.outputs import prepare_out_dir
 from te_assembly.train import StepRecord, TrainSettings, train
+from te_assembly.train.loop import check_can_train
+from te_assembly.train.run_dir import check_unlocked, out_dir_of
 from te_assembly.train.run_record import check_fresh_start
 
 
@@ -24,8 +26,12 @@ def main(overrides: Sequence[str], console: Console) -> int:
     session = start(overrides, console)
     plan, device, dtype, seed = session.plan, session.device, session.dtype, session.seed
     settings = TrainSettings.from_mapping(section(session.cfg, "train"))
-    # Before the progress bar: a bad path, or an earlier run in the way, fails first and alone.
-    check_fresh_start(prepare_out_dir(settings.out_dir), settings)
+    # Before the progress bar: a bad path, a directory another run holds, or an earlier run in the way
+    # fails first and alone (train() checks all of it again under the lock).
+    check_can_train(plan, settings, device, dtype)
+    out_dir = out_dir_of(settings)
+    check_unlocked(out_dir)
+    check_fresh_start(out_dir, settings)
     console.print(
         f"{plan.name}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "
@@ -58,6 +64,7 @@ def main(overrides: Sequence[str], console: Console) -> int:
             dtype=dtype,
             seed=seed,
             recipe=session.engine_recipe,
+            recipe_config=session.recipe,
             on_step=on_step,
         )
     for note in result.notes:
