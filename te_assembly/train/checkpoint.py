@@ -305,9 +305,10 @@ def _write_problem(exc: BaseException) -> str | None:
     if isinstance(exc, OSError):
         return exc.strerror or str(exc)
     if isinstance(exc, SafetensorError):
-        # safetensors reports the OS error inside its own message: "... IoError(Os { code: 28, ... })".
+        # safetensors reports the OS error inside its own message: "I/O error: File too large (os error
+        # 27)" or "IoError(Os { code: 28, ... })". A full disk is not an OSError here.
         text = str(exc)
-        code = re.search(r"code: (\d+)", text)
+        code = re.search(r"(?:code: |os error )(\d+)", text)
         return os.strerror(int(code.group(1))) if code else text.splitlines()[0] if text else "write failed"
     return None
 
