@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
@@ -154,6 +155,25 @@ def build(
     check_fits(
         estimate(plan, dtype), dev, f"building {plan.name}", "make the model smaller (model.dims, widths)"
     )
+    # A build allocates many small, acyclic module objects; the cyclic collector's full passes over
+    # them made builds of 10k-op models grow quadratically (TE's own construction does the same).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(plan, chosen, kernels, dev, dtype, recipe)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(
+    plan: Plan,
+    chosen: str,
+    kernels: str,
+    dev: torch.device,
+    dtype: torch.dtype,
+    recipe: Mapping[str, Any] | None,
+) -> AssembledModel:
     if chosen == "reference":
         from te_assembly.engines.reference import build_reference
 
