@@ -13,6 +13,7 @@ step (``[*rows, width]``), ``rows`` one value per row of it, ``token_topk`` ``[t
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -114,6 +115,9 @@ _FLOAT_DTYPES = frozenset(
 )
 
 
+_SIGNATURE = operator.attrgetter("shape", "dtype", "device")
+
+
 def _kind_ok(t: torch.Tensor, is_int: bool) -> bool:
     return t.dtype in (_INT_DTYPES if is_int else _FLOAT_DTYPES)
 
@@ -136,16 +140,29 @@ class CallChecks:
         """Shape and dtype of the last ``x`` that passed; ``_expected`` holds the inputs' shapes for it."""
         self._expected: tuple[tuple[torch.Size, ...], ...] = ()
         self._dtypes = tuple(_INT_DTYPES if rule.is_int else _FLOAT_DTYPES for rule in self.rules)
+        self._accepted: object = None
+        """The signature (shapes, dtypes, devices) of the last call that passed every check."""
 
     def check(self, x: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> None:
+        try:
+            # The usual call repeats the last one's shapes, dtypes and devices: one tuple comparison,
+            # its parts read by C-level attrgetters.
+            key = (_SIGNATURE(x), tuple(map(_SIGNATURE, inputs)))
+            if key == self._accepted:
+                return
+        except AttributeError:  # something that is not a tensor
+            key = None
+        self._check_fully(x, inputs)
+        self._accepted = key
+
+    def _check_fully(self, x: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> None:
         try:
             if (x.shape, x.dtype) != self._x_key:
                 self._learn(x)
             if not inputs:
                 return
             cuda = x.is_cuda
-            # The caller checked len(inputs); zip without strict= is the cheaper loop.
-            for t, shapes, dtypes in zip(inputs, self._expected, self._dtypes):  # noqa: B905
+            for t, shapes, dtypes in zip(inputs, self._expected, self._dtypes, strict=True):
                 if (t.shape == shapes[0] or t.shape in shapes) and t.dtype in dtypes and t.is_cuda == cuda:
                     continue
                 self._bad_inputs(x, inputs)
