@@ -75,7 +75,7 @@ def _prepare_recipe(recipe: Mapping[str, Any] | None) -> object | None:
 
 
 @functools.cache
-def _te_class(path: str) -> Any:
+def _class(path: str) -> Any:
     # One import lookup per class for the whole build (a 10k-op model names a handful of classes).
     return load_object(path)
 
@@ -103,12 +103,12 @@ def _with_placement(
 
 def _construct(step: PlannedStep, kernels: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     if step.kind == "module":
-        cls = _te_class(MODULE_ALLOWLIST[step.type].torch_class)
+        cls = _class(MODULE_ALLOWLIST[step.type].torch_class)
         return cls(**_with_placement(cls, step.args, device, dtype))
     spec = OPS[step.type]
     if kernels == "reference" or spec.te_class is None:
         return reference_op(step.type, step.args, device, dtype)
-    cls = _te_class(spec.te_class)
+    cls = _class(spec.te_class)
     args = {k: v for k, v in step.args.items() if k not in spec.validation_only_params}
     try:
         op = cls(**_with_placement(cls, args, device, dtype))
