@@ -162,7 +162,7 @@ class _GroupedMatmul(torch.autograd.Function):
             torch.mm(x[rows], weights[g].T, out=out[rows])
             if scaled is not None:
                 out[rows].addr_(scaled[rows], biases[g])  # + s_row * b: the bias scaled per row
-        ctx.sizes, ctx.num_biases = sizes, num_biases
+        ctx.sizes = sizes
         ctx.scales_dtype = scales.dtype if scales is not None else None
         ctx.save_for_backward(x, scaled, *params)
         return out
@@ -170,7 +170,7 @@ class _GroupedMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, scaled, *params = ctx.saved_tensors
-        sizes, num_biases = ctx.sizes, ctx.num_biases
+        sizes = ctx.sizes
         weights, biases = params[: len(sizes)], params[len(sizes) :]
         if torch.is_grad_enabled():
             # backward(create_graph=True): the ``out=`` kernels below are not differentiable, so build
