@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -87,12 +88,18 @@ class RunLock:
             raise RunDirectoryInUseError(f"cannot lock {self.path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
             raise RunDirectoryInUseError(
                 f"{self.out_dir} is in use by another training run: {holder}. Two runs never share a "
                 "directory: wait for it to finish, or use another train.out_dir"
+            ) from None
+        except OSError as exc:  # a filesystem without locks: refusing is safer than running unguarded
+            os.close(fd)
+            raise RunDirectoryInUseError(
+                f"cannot lock {self.path}: {exc.strerror or exc} (does this filesystem support file "
+                "locks?); use a train.out_dir on a local disk"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_holder()).encode(), 0)
@@ -116,9 +123,14 @@ class RunLock:
 
 
 def _read_holder(fd: int) -> str:
-    with contextlib.suppress(OSError):
-        return _describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-    return "another process"
+    # The holder writes its details just after it locks: a reader that comes in between retries.
+    for _ in range(5):
+        with contextlib.suppress(OSError):
+            raw = os.pread(fd, 4096, 0).decode(errors="replace")
+            if raw.strip():
+                return _describe_holder(raw)
+        time.sleep(0.05)
+    return "another process (its details could not be read)"
 
 
 def check_unlocked(out_dir: Path) -> None:
