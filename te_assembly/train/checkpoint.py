@@ -465,18 +465,35 @@ def _optimizer_state(tensors: Mapping[str, torch.Tensor], scalars: Any) -> dict[
     return state
 
 
-def prune(out_dir: Path, keep: int, latest: Path, run_sha256: str | None = None) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints (by the step inside). ``latest``, the checkpoint
-    just written and verified, is the last good one and is never deleted; unreadable files and other
-    runs' checkpoints (another ``run_sha256``) are not touched."""
+def prune(out_dir: Path, keep: int, latest: Path | None = None, run_sha256: str | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (by the step inside). The last good checkpoint is
+    never deleted: ``latest`` (the one just written and verified) or, when not given, the newest one
+    whose every tensor verifies. Unreadable files and other runs' checkpoints (another ``run_sha256``)
+    are not touched."""
     ours = [
         f
         for f in scan(out_dir)
         if f.header is not None and (run_sha256 is None or f.header.meta.get("run_sha256") == run_sha256)
     ]
-    others = [f for f in ours if f.path != latest]
-    doomed = [f.path for f in others[: max(0, len(others) - max(keep - 1, 0))]]
+    if latest is None:
+        latest = next((f.path for f in reversed(ours) if _verifies(f.path)), None)
+    if latest is None:
+        return []  # no good checkpoint: nothing may go
+    last = next((f for f in ours if f.path == latest), None)
+    # Only checkpoints older than the last good one are pruned: anything newer is either corrupt (kept
+    # for the user to see) or from a run being resumed from an older checkpoint (rewritten as it goes).
+    limit = last.step if last is not None and last.step is not None else None
+    older = [f for f in ours if f.path != latest and (limit is None or (f.step or 0) < limit)]
+    doomed = [f.path for f in older[: max(0, len(older) - max(keep - 1, 0))]]
     for p in doomed:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     return doomed
+
+
+def _verifies(path: Path) -> bool:
+    try:
+        verify(path)
+    except CheckpointError:
+        return False
+    return True

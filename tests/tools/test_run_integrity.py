@@ -717,3 +717,12 @@ def test_cli_resume_with_another_top_k_lists_the_differences(tmp_path: Path) -> 
         and "model.ops[2].args.top_k: checkpoint 2, now 1" in err
     )
     assert _bytes(tmp_path) == before
+
+
+def test_prune_never_deletes_the_last_good_checkpoint(run_to_12: tuple[Path, list[float]]) -> None:
+    out, _ = run_to_12
+    newest, good = checkpoint_path(out, 12), checkpoint_path(out, 8)
+    _flip(newest, _tensor_offset(newest))  # readable header, corrupt data
+    assert ckpt_module.prune(out, keep=1) == [checkpoint_path(out, 4)]
+    assert newest.exists() and good.exists()  # the corrupt one is not counted as good; 8 is kept
+    verify(good)
