@@ -363,9 +363,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_finite(step: int, model: torch.nn.Module) -> None:
-    """``NonFiniteError`` naming the first parameter with a NaN/Inf: such a model is never saved."""
-    for name, p in model.named_parameters():
-        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+    """``NonFiniteError`` naming the first parameter (or floating buffer) with a NaN/Inf: such a model is
+    never saved. Reads ``state_dict()`` only, so a gathered state standing in for a model works too."""
+    for name, p in model.state_dict().items():
+        if isinstance(p, torch.Tensor) and p.is_floating_point() and not bool(torch.isfinite(p).all()):
             raise NonFiniteError(
                 step,
                 name,
