@@ -74,9 +74,11 @@ def _describe_holder(raw: str) -> str:
 class RunLock:
     """``with RunLock(out_dir):`` — exclusive use of a run directory, or ``RunDirectoryInUseError``."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, shared: bool = False) -> None:
         self.out_dir = out_dir
         self.path = out_dir / LOCK_NAME
+        self.shared = shared
+        """A shared lock only probes (``check_unlocked``): it records no holder."""
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
@@ -87,7 +89,7 @@ class RunLock:
         except OSError as exc:
             raise RunDirectoryInUseError(f"cannot lock {self.path}: {exc.strerror or exc}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_briefly(fd, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
@@ -101,8 +103,9 @@ class RunLock:
                 f"cannot lock {self.path}: {exc.strerror or exc} (does this filesystem support file "
                 "locks?); use a train.out_dir on a local disk"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        if not self.shared:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_holder()).encode(), 0)
         self._fd = fd
         return self
 
@@ -122,6 +125,20 @@ class RunLock:
         self.release()
 
 
+def _flock_briefly(fd: int, kind: int, patience_s: float = 0.5) -> None:
+    """``flock`` without blocking for long: a probe (``check_unlocked``) holds the lock for microseconds,
+    so a few retries tell it apart from a run that holds it; ``BlockingIOError`` after that."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _read_holder(fd: int) -> str:
     # The holder writes its details just after it locks: a reader that comes in between retries.
     for _ in range(5):
@@ -134,8 +151,10 @@ def _read_holder(fd: int) -> str:
 
 
 def check_unlocked(out_dir: Path) -> None:
-    """Raise ``RunDirectoryInUseError`` now if another run holds ``out_dir`` (the lock is not kept)."""
-    RunLock(out_dir).acquire().release()
+    """Raise ``RunDirectoryInUseError`` now if another run holds ``out_dir``. A shared lock, taken and
+    dropped at once: probes never exclude each other (every rank of a job may probe at the same time),
+    only a run holding the exclusive lock refuses them."""
+    RunLock(out_dir, shared=True).acquire().release()
 
 
 # --- resuming ------------------------------------------------------------------------------------

@@ -251,6 +251,10 @@ def test_the_lock_records_its_holder(tmp_path: Path) -> None:
         with pytest.raises(RunDirectoryInUseError, match=rf"pid {os.getpid()}"):
             RunLock(tmp_path).acquire()  # another open file description: refused even in-process
     RunLock(tmp_path).acquire().release()  # released on exit
+    # Probes share: two at once do not refuse each other, but an exclusive holder refuses them.
+    with RunLock(tmp_path, shared=True), RunLock(tmp_path, shared=True):
+        with pytest.raises(RunDirectoryInUseError):
+            RunLock(tmp_path).acquire()
 
 
 # --- corruption ---------------------------------------------------------------------------------
@@ -397,7 +401,7 @@ CRAFTED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "weights": (
         {"tensors": lambda t: t.update({"model/steps.fc1.basic_ops.0.weight": torch.zeros(3)})},
-        r"steps\.fc1\.basic_ops\.0\.weight is \(3,\)",
+        r"steps\.fc1\.basic_ops\.0\.weight is \(3,\), the model has \(64, 16\)",
     ),
 }
 
