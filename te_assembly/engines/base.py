@@ -151,6 +151,11 @@ class AssembledModel(torch.nn.Module):
         """The engine's forward, every tensor already checked."""
         raise NotImplementedError
 
+    def local_input_checks(self) -> None:
+        """Check public inputs for layout and feature width only: for a rank of a parallel layout, whose
+        inputs hold its own rows and expert groups (``CallChecks.local_rows``)."""
+        self._checks.local_rows()
+
     def check_x(self, x: torch.Tensor) -> None:
         """Raise ``CallError`` unless ``x`` is a floating-point tensor of shape ``[..., in_features]``
         (``[tokens, in_features]`` for models whose steps change the row count)."""

@@ -12,6 +12,7 @@ step (``[*rows, width]``), ``rows`` one value per row of it, ``token_topk`` ``[t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass
@@ -45,24 +46,40 @@ class InputRule:
     """Feature width of the main path at the step (``main`` slots)."""
     count: int | None
     """``top_k`` (``token_topk``) or the number of groups (``groups``)."""
-    row_factor: Fraction
-    """Rows at the step = tokens * row_factor (Dispatch multiplies by top_k, Combine divides)."""
+    row_factor: Fraction | None
+    """Rows at the step = tokens * row_factor (Dispatch multiplies by top_k, Combine divides); None when
+    the count depends on the data (a Dispatch that pads each expert group to an alignment)."""
+    local: bool = False
+    """A rank of a parallel layout: rows and groups are its own, so only the layout of the shape (its
+    number of dims and the feature width) is checked."""
 
-    def shapes(self, lead: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        """Accepted shapes for an ``x`` of shape ``(*lead, features)``; the first is the one to name."""
-        rows = lead
-        if self.row_factor != 1:
+    def shapes(self, lead: tuple[int, ...]) -> tuple[tuple[int | None, ...], ...]:
+        """Accepted shapes for an ``x`` of shape ``(*lead, features)``, the first the one to name; a None
+        dimension is any size."""
+        rows: tuple[int | None, ...] = lead
+        if self.local or self.row_factor is None:
+            rows = (None,) * len(lead) if self.local else (None,)
+        elif self.row_factor != 1:
             rows = (int(math.prod(lead) * self.row_factor),)
-        flat = (math.prod(rows),)
         if self.kind == "main":
             return ((*rows, self.width or 0),)
         if self.kind == "rows":
+            if None in rows:
+                return (rows, (None,))
+            flat = (math.prod(r for r in rows if r is not None),)
             return (rows,) if rows == flat else (rows, flat)
         if self.kind == "token_topk":
             return ((*rows, self.count or 0),)
         if self.kind == "groups":
-            return ((self.count or 0,),)
+            return ((None,),) if self.local else ((self.count or 0,),)
         return ((), (1,))  # scalar
+
+
+def fits(shape: tuple[int, ...], accepted: tuple[tuple[int | None, ...], ...]) -> bool:
+    return any(
+        len(shape) == len(want) and all(w is None or w == s for s, w in zip(shape, want, strict=True))
+        for want in accepted
+    )
 
 
 _COUNT_ROLE = {"token_topk": "top_k", "groups": "groups"}
@@ -80,14 +97,21 @@ def _count(kind: str, slot_agree: tuple[tuple[str, str], ...], args: dict[str, o
 
 def input_rules(plan: Plan) -> tuple[InputRule, ...]:
     """One rule per public input, in the plan's calling order."""
-    factor = {}
-    current = Fraction(1)
+    factor: dict[int, Fraction | None] = {}
+    current: Fraction | None = Fraction(1)
+    depth = 0
     for step in plan.steps:
         factor[step.index] = current
         spec = step.spec
         if isinstance(spec, OpSpec) and spec.rows_delta:
             top_k = int(step.args.get("top_k", 1))
-            current = current * top_k if spec.rows_delta > 0 else current / top_k
+            depth += spec.rows_delta
+            if depth == 0:
+                current = Fraction(1)  # back on token rows (Combine drops any padding rows)
+            elif current is None or int(step.args.get("align", 1)) > 1:
+                current = None  # padded groups: how many rows depends on the routing
+            else:
+                current = current * top_k if spec.rows_delta > 0 else current / top_k
     by_index = {s.index: s for s in plan.steps}
     rules = []
     for tensor in plan.public_inputs:
@@ -115,6 +139,10 @@ _FLOAT_DTYPES = frozenset(
 )
 
 
+def _show(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+
+
 _SIGNATURE = operator.attrgetter("shape", "dtype", "device")
 
 
@@ -138,7 +166,7 @@ class CallChecks:
         self.rules = input_rules(plan)
         self._x_key: tuple[torch.Size, torch.dtype] | None = None
         """Shape and dtype of the last ``x`` that passed; ``_expected`` holds the inputs' shapes for it."""
-        self._expected: tuple[tuple[torch.Size, ...], ...] = ()
+        self._expected: tuple[tuple[tuple[int | None, ...], ...], ...] = ()
         self._dtypes = tuple(_INT_DTYPES if rule.is_int else _FLOAT_DTYPES for rule in self.rules)
         self._accepted: object = None
         """The signature (shapes, dtypes, devices) of the last call that passed every check."""
@@ -174,10 +202,21 @@ class CallChecks:
             self._bad_inputs(x, inputs)
             raise
 
+    def local_rows(self) -> None:
+        """For a rank of a parallel layout: its inputs hold its own rows (and expert groups), so their
+        shapes are checked for layout and feature width only."""
+        self.rules = tuple(dataclasses.replace(rule, local=True) for rule in self.rules)
+        self._x_key = self._accepted = None
+
     def _learn(self, x: torch.Tensor) -> None:
         self.check_x(x)
         lead = tuple(x.shape[:-1])
-        self._expected = tuple(tuple(torch.Size(s) for s in rule.shapes(lead)) for rule in self.rules)
+        # Exact shapes compare fast as torch.Size; a shape with free dims never equals one, so an input
+        # it describes takes the slow path (``fits``) once per new signature.
+        self._expected = tuple(
+            tuple(torch.Size(s) if None not in s else s for s in rule.shapes(lead))  # type: ignore[arg-type,misc]
+            for rule in self.rules
+        )
         self._x_key = (x.shape, x.dtype)
 
     def _bad_x_type(self, x: object) -> None:
@@ -211,10 +250,10 @@ class CallChecks:
                     f"{self.name}: public input {rule.name!r} must be a torch.Tensor, got {type(t).__name__}"
                 )
             shapes = rule.shapes(lead)
-            if tuple(t.shape) not in shapes:
+            if not fits(tuple(t.shape), shapes):
                 raise InputShapeError(
                     f"{self.name}: public input {rule.name!r} ({rule.where}) must have shape "
-                    f"{list(shapes[0])} for x of shape {list(x.shape)}; got {list(t.shape)}"
+                    f"{_show(shapes[0])} for x of shape {list(x.shape)}; got {list(t.shape)}"
                 )
             if not _kind_ok(t, rule.is_int):
                 wanted = "an integer" if rule.is_int else "a floating-point"

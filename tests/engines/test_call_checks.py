@@ -285,3 +285,24 @@ def test_te_engine_refuses_second_derivatives(name: str, kernels: str) -> None:
         RuntimeError, match=r"differentiate twice a function that was marked with @once_differentiable"
     ):
         grad_x.sum().backward()
+
+
+def test_rows_a_padded_dispatch_makes_are_not_guessed() -> None:
+    """After a Dispatch that pads groups (align > 1, when the catalog has it) or on a rank of a parallel
+    layout, the row count depends on the data: only the layout and the width are checked."""
+    from fractions import Fraction
+
+    from te_assembly.engines.call_checks import InputRule, fits
+
+    padded = InputRule("fc_scales", "fc.scales (GroupedLinear)", False, "rows", None, None, None)
+    assert fits((37,), padded.shapes((5,))) and not fits((37, 1), padded.shapes((5,)))
+    addend = InputRule("add_addend", "add.addend", False, "main", 6, None, Fraction(2))
+    assert addend.shapes((5,)) == ((10, 6),)
+    local = InputRule("add_addend", "add.addend", False, "main", 6, None, Fraction(1), local=True)
+    assert fits((3, 6), local.shapes((5,))) and not fits((3, 5), local.shapes((5,)))
+    model = _build(plan_from_yaml(SAMPLED), ("reference", "te"))
+    model.local_input_checks()
+    x, inputs = torch.randn(5, 6, dtype=F64), _sampled_inputs(5)
+    model(x, **inputs)  # still accepted
+    with pytest.raises(InputShapeError, match=r"'add_addend'.*must have shape \[\*, 6\]"):
+        model(x, **{**inputs, "add_addend": torch.randn(5, 5, dtype=F64)})
