@@ -99,19 +99,18 @@ def input_rules(plan: Plan) -> tuple[InputRule, ...]:
     """One rule per public input, in the plan's calling order."""
     factor: dict[int, Fraction | None] = {}
     current: Fraction | None = Fraction(1)
-    depth = 0
+    before_dispatch: list[Fraction | None] = []
     for step in plan.steps:
         factor[step.index] = current
         spec = step.spec
-        if isinstance(spec, OpSpec) and spec.rows_delta:
-            top_k = int(step.args.get("top_k", 1))
-            depth += spec.rows_delta
-            if depth == 0:
-                current = Fraction(1)  # back on token rows (Combine drops any padding rows)
-            elif current is None or int(step.args.get("align", 1)) > 1:
-                current = None  # padded groups: how many rows depends on the routing
-            else:
-                current = current * top_k if spec.rows_delta > 0 else current / top_k
+        if isinstance(spec, OpSpec) and spec.rows_delta > 0:
+            before_dispatch.append(current)
+            padded = int(step.args.get("align", 1)) > 1  # how many rows then depends on the routing
+            current = None if current is None or padded else current * int(step.args.get("top_k", 1))
+        elif isinstance(spec, OpSpec) and spec.rows_delta < 0:
+            # Combine folds the rows its Dispatch made (dropping any padding). Without that Dispatch in
+            # this plan (x arrives as dispatched rows) the padding, and so the count, is unknown.
+            current = before_dispatch.pop() if before_dispatch else None
     by_index = {s.index: s for s in plan.steps}
     rules = []
     for tensor in plan.public_inputs:
