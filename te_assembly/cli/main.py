@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 runtime failure (verify mismatch, non-finite loss, engine un
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -94,6 +95,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         return 130
+    except Exception as exc:  # a fault no check foresaw: one line and exit 1, never a traceback
+        if os.environ.get("TE_ASSEMBLY_TRACEBACK") == "1":
+            raise
+        err.print(f"error: {fault_message(exc)}", markup=False)
+        return 1
+
+
+def fault_message(exc: Exception) -> str:
+    """One line for an exception te_assembly did not raise on purpose (out of memory, an OS error...)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if isinstance(exc, MemoryError) or "out of memory" in first.lower() or "can't allocate" in first:
+        return f"out of memory: {first or type(exc).__name__}"
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or first or type(exc).__name__}{where}"
+    return (
+        f"unexpected {type(exc).__name__}: {first} (set TE_ASSEMBLY_TRACEBACK=1 to see where; please "
+        "report it)"
+    )
 
 
 if __name__ == "__main__":

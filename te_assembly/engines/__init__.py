@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 
 from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.base import AssembledModel, ModelOutput
-from te_assembly.errors import ConfigError, EngineUnavailableError
+from te_assembly.errors import ArgumentError, ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan
 
 if TYPE_CHECKING:
@@ -68,7 +69,16 @@ def to_plan(config: Plan | Mapping[str, Any] | str | Path) -> Plan:
     if isinstance(config, Mapping):
         model = config["model"] if isinstance(config.get("model"), Mapping) else config
         return plan_or_raise(model)
+    if not isinstance(config, (str, Path)) or (isinstance(config, str) and not config.strip()):
+        raise ArgumentError(
+            "expected a Plan, a model mapping, a shipped model name or a .yaml path; got "
+            f"{config!r} ({type(config).__name__})"
+        )
     if isinstance(config, Path) or config.endswith((".yaml", ".yml")):
+        path = Path(config)
+        if not path.is_file():
+            what = "a directory" if path.is_dir() else "no such file"
+            raise ArgumentError(f"cannot load model {path}: {what}")
         loaded = load_model_file(config)
     else:
         loaded = compose([f"model={config}"])
@@ -77,6 +87,43 @@ def to_plan(config: Plan | Mapping[str, Any] | str | Path) -> Plan:
     if plan is None or has_errors(diags):
         raise ConfigError(diags)
     return plan
+
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        hint = did_you_mean(value, choices) if isinstance(value, str) else None
+        raise ArgumentError(
+            f"unknown {name} {value!r}; choose one of {', '.join(choices)}" + (f" ({hint})" if hint else "")
+        )
+    return value
+
+
+def check_dtype(dtype: object) -> torch.dtype:
+    """``dtype`` if it is a floating-point dtype a model can compute in, else ``ArgumentError``."""
+    if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
+        shown = ", ".join(str(d) for d in FLOAT_DTYPES)
+        raise ArgumentError(f"dtype must be a floating-point torch.dtype ({shown}); got {dtype!r}")
+    return dtype
+
+
+def check_device(device: object) -> torch.device:
+    """``device`` as a ``torch.device`` on which models run here (cpu, or cuda when a GPU is visible)."""
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise ArgumentError(f"device must be a str or torch.device such as 'cpu' or 'cuda'; got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ArgumentError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ArgumentError(f"device {str(dev)!r} is not supported: te_assembly runs on 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineUnavailableError(f"device={dev} asked for, but no CUDA GPU is visible")
+    return dev
 
 
 def build(
@@ -94,14 +141,54 @@ def build(
     reference math inside TE's real ``OperationFuser``. ``recipe`` (a recipe config, see recipes.py) is
     the TE engine's quantization recipe; the reference engine computes in ``dtype`` and ignores it.
     ``parallel``: this rank's part of a parallel layout (``te_assembly.parallel``): the model holds this
-    rank's slices of the weights a single process would draw with the same seed."""
-    plan = to_plan(config)
-    chosen, _ = resolve_engine(engine, kernels)
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if parallel is not None and parallel.is_parallel:
-        from te_assembly.parallel.build import build_parallel
+    rank's slices of the weights a single process would draw with the same seed.
 
-        return build_parallel(plan, parallel, chosen, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
+    Raises ``ArgumentError`` (a ``TypeError`` and ``ValueError``) for arguments of the wrong type or value,
+    ``ConfigError`` for an invalid model, ``EngineUnavailableError`` when the engine cannot run here and
+    ``ResourceError`` when the parameters would not fit in memory (estimated before allocating)."""
+    plan = to_plan(config)
+    engine = _check_choice("engine", engine, ENGINES)
+    kernels = _check_choice("kernels", kernels, KERNELS)
+    dtype = check_dtype(dtype)
+    if recipe is not None and not isinstance(recipe, Mapping):
+        raise ArgumentError(
+            f"recipe must be a mapping (a recipe config) or None; got {type(recipe).__name__}"
+        )
+    chosen, _ = resolve_engine(engine, kernels)
+    dev = check_device(device)
+    from te_assembly.engines.memory import check_fits, estimate
+
+    # Estimated for the whole model: a rank of a parallel layout holds less (the check errs safe).
+    check_fits(
+        estimate(plan, dtype), dev, f"building {plan.name}", "make the model smaller (model.dims, widths)"
+    )
+    # A build allocates many small, acyclic module objects; the cyclic collector's full passes over
+    # them made builds of 10k-op models grow quadratically (TE's own construction does the same).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if parallel is not None and parallel.is_parallel:
+            from te_assembly.parallel.build import build_parallel
+
+            model = build_parallel(
+                plan, parallel, chosen, kernels=kernels, device=dev, dtype=dtype, recipe=recipe
+            )
+            model.local_input_checks()  # a rank's inputs hold its own rows and expert groups
+            return model
+        return _build(plan, chosen, kernels, dev, dtype, recipe)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(
+    plan: Plan,
+    chosen: str,
+    kernels: str,
+    dev: torch.device,
+    dtype: torch.dtype,
+    recipe: Mapping[str, Any] | None,
+) -> AssembledModel:
     if chosen == "reference":
         from te_assembly.engines.reference import build_reference
 

@@ -34,8 +34,12 @@ class TrainSettings:
     """Continue from the last checkpoint in ``out_dir``; refused if the run's settings differ
     (``run_record``)."""
     overwrite: bool = False
-    """Start over when ``out_dir`` holds checkpoints of an earlier run (they are deleted); without it
-    such a directory is refused, so forgetting ``resume`` never loses a run."""
+    """Start over when ``out_dir`` holds checkpoints of an earlier run (deleted once the new run has
+    written its first checkpoint); without it such a directory is refused, so forgetting ``resume``
+    never loses a run."""
+    resume_from: str | None = None
+    """With ``resume``: this checkpoint of ``out_dir`` instead of the newest (e.g. the newest good one
+    when the newest is corrupt; ``train`` names it)."""
     plot: bool = True
     stop_after: int | None = None
     """Stop (with a checkpoint) after this step, as if interrupted; the schedule still spans ``steps``."""
@@ -43,6 +47,16 @@ class TrainSettings:
     inject_nan_into: str = "loss"
 
     def __post_init__(self) -> None:
+        if self.resume_from and not self.resume:
+            raise ConfigError(
+                [
+                    error(
+                        "train.resume_from",
+                        "bad-train-value",
+                        "train.resume_from names a checkpoint to resume from: set train.resume=true too",
+                    )
+                ]
+            )
         if self.resume and self.overwrite:
             raise ConfigError(
                 [
@@ -63,7 +77,7 @@ class TrainSettings:
 
 RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plot")
 """Settings a resumed run may change (a changed ``steps`` reshapes the cosine schedule: noted)."""
-NOT_RECORDED = ("out_dir", "resume", "overwrite", "inject_nan_at_step", "inject_nan_into")
+NOT_RECORDED = ("out_dir", "resume", "overwrite", "resume_from", "inject_nan_at_step", "inject_nan_into")
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""
 
@@ -79,6 +93,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _check(key: str, value: Any, default: Any) -> str | None:
+    if key == "resume_from":
+        ok = value is None or (isinstance(value, str) and value.strip())
+        return None if ok else f"resume_from must be null or a checkpoint path, got {value!r}"
     if key in _CHOICES:
         return (
             None
