@@ -40,7 +40,7 @@ EXPERTS, TOP_K = 8, 2
 
 
 class HandMoE(torch.nn.Module):
-    """moe_block written by hand: pre-RMSNorm, softmax top-k router, SwiGLU experts, residual."""
+    """moe_block by hand: pre-RMSNorm, softmax top-k router, SwiGLU experts p * (FC2(h) + b), residual."""
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, eps: float, aux_coeff: float) -> None:
         super().__init__()
@@ -78,7 +78,8 @@ class HandMoE(torch.nn.Module):
         outs = []
         for e, (x_e, p_e) in enumerate(zip(rows.split(sizes), row_probs.split(sizes), strict=True)):
             gate, up = F.linear(x_e, self.w1[e], self.b1[e]).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate) * up * p_e[:, None].to(x.dtype), self.w2[e], self.b2[e]))
+            p_e = p_e[:, None].to(x.dtype)
+            outs.append(p_e * F.linear(F.silu(gate) * up, self.w2[e], self.b2[e]))  # p * (FC2(h) + b)
         expert_out = torch.cat(outs)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=x.device)
@@ -120,7 +121,7 @@ def direct_forward(steps: torch.nn.ModuleDict, x: torch.Tensor) -> tuple[torch.T
     x, (split_sizes, row_probs, row_map) = steps["dispatch"](x, (probs, routing_map))
     x, _ = steps["fc1"](x, (split_sizes,))
     x, _ = steps["act"](x, (row_probs,))
-    x, _ = steps["fc2"](x, (split_sizes,))
+    x, _ = steps["fc2"](x, (split_sizes, row_probs))
     x, _ = steps["combine"](x, (row_map,))
     x, _ = steps["add_residual"](x, (residual,))
     return x, aux

@@ -108,8 +108,9 @@ def _moe_block(b: int) -> list[dict[str, Any]]:
         {
             "name": f"b{b}_fc2",
             "op": "GroupedLinear",
-            "args": {"num_groups": EXPERTS, "in_features": FFN, "out_features": HIDDEN},
-            "extra_inputs": {"split_sizes": c["split"]},
+            # p * (FC2(h) + b), as configs/model/moe_block.yaml: the bias is scaled by the router probability.
+            "args": {"num_groups": EXPERTS, "in_features": FFN, "out_features": HIDDEN, "scale_bias": True},
+            "extra_inputs": {"split_sizes": c["split"], "scales": c["rprobs"]},
         },
         {
             "name": f"b{b}_combine",

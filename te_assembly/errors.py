@@ -62,3 +62,17 @@ class CollectiveError(ParallelError):
 
 class InjectedFailure(ParallelError):
     """``parallel.fail_on_rank``: this rank was told to fail (a test of the job's failure handling)."""
+
+
+class ArgumentError(TeAssemblyError, TypeError, ValueError):
+    """A library function was given an argument of the wrong type or value (``build(None)``, an integer
+    dtype, an unknown device...). Both a ``TypeError`` and a ``ValueError``, as callers may expect either."""
+
+
+class ResourceError(TeAssemblyError):
+    """The work cannot fit this machine: the memory it needs (estimated from the plan before anything is
+    allocated) is more than is available."""
+
+
+class RunDirectoryInUseError(TeAssemblyError):
+    """Another process holds the lock of a run directory (``train.out_dir``): two runs never share one."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.collector import paused
-from te_assembly.errors import CompositionError
+from te_assembly.errors import ArgumentError, CompositionError
 from te_assembly.validate.analysis import Analysis, analyze_resolved
 
 _PLAIN_CHOICE = re.compile(r"[\w./\\:+-]+")
@@ -47,20 +47,19 @@ def load(
     ``model/*.yaml``, ``recipe/*.yaml``), a path to a model file, a model mapping (what a model file
     holds, or a whole config with a ``model`` key), or None for the default model. ``overrides`` are
     Hydra overrides (``model.dims.hidden=128``, ``recipe=mxfp8``, ``seed=3``); with a mapping, only
-    ``model.*`` and ``recipe.*`` ones. Raises ``CompositionError`` for a model or recipe that does not
-    exist or an override Hydra refuses."""
+    ``model.*`` and ``recipe.*`` ones. Raises ``ArgumentError`` (a ``TypeError``) for a config of another
+    type, a blank name or a model path that is no file, ``CompositionError`` for a model name or recipe
+    that does not exist or an override Hydra refuses."""
     from te_assembly.config.resolved import resolve_composed, resolve_mapping
 
-    if not isinstance(config, (str, os.PathLike, Mapping, Analysis, type(None))):
-        raise TypeError(
-            "load() takes a model name, a path to a model file, a model mapping or None (the default "
-            f"model), got {type(config).__name__}"
-        )
+    check_config_argument(config, "load()")
     if isinstance(overrides, str):
-        raise TypeError("overrides is a list of Hydra overrides (['model.dims.hidden=8']), not one string")
+        raise ArgumentError(
+            "overrides is a list of Hydra overrides (['model.dims.hidden=8']), not one string"
+        )
     if isinstance(config, Analysis):
         if overrides or config_dirs:
-            raise TypeError("load(analysis) takes no overrides or config_dirs: load the config again")
+            raise ArgumentError("load(analysis) takes no overrides or config_dirs: load the config again")
         return config
     with paused():  # see collector.py
         if isinstance(config, Mapping):
@@ -72,6 +71,26 @@ def load(
         cfg = _compose(composed, config_dirs)
         dirs = tuple(str(d) for d in config_dirs)
         return analyze_resolved(resolve_composed(cfg, task_overrides(cfg), dirs), sections)
+
+
+CONFIG_KINDS = "a Plan, a model mapping, an Analysis, a model name or a path to a model file"
+"""What ``build()`` takes as its config (``load()`` the same but a Plan, and None for the default model)."""
+
+
+def check_config_argument(config: object, caller: str) -> None:
+    """``ArgumentError`` (a ``TypeError``) for a config argument of the wrong type, a blank name, or a
+    model file path that is no file; before Hydra turns them into a less direct message."""
+    from te_assembly.config.locations import is_path_choice
+
+    if not isinstance(config, (str, os.PathLike, Mapping, Analysis, type(None))):
+        raise ArgumentError(f"{caller} expected {CONFIG_KINDS}; got {config!r} ({type(config).__name__})")
+    if isinstance(config, str) and not config.strip():
+        raise ArgumentError(f"{caller} expected {CONFIG_KINDS}; got {config!r}")
+    if isinstance(config, os.PathLike) or (isinstance(config, str) and is_path_choice(config)):
+        path = Path(config).expanduser()
+        if not path.is_file():
+            what = "a directory" if path.is_dir() else "no such file"
+            raise ArgumentError(f"cannot load model {path}: {what}")
 
 
 def task_overrides(cfg: Any) -> list[str]:
@@ -106,4 +125,4 @@ def validate_model(model: Mapping[str, Any]) -> list:  # type: ignore[type-arg]
     return list(load(model).diagnostics)
 
 
-__all__ = ["load", "task_overrides", "validate_model"]
+__all__ = ["CONFIG_KINDS", "check_config_argument", "load", "task_overrides", "validate_model"]

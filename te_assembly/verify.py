@@ -19,6 +19,7 @@ import torch
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.memory import check_fits, estimate
 from te_assembly.errors import VerificationError
 from te_assembly.plan import Plan
 
@@ -271,6 +272,8 @@ def verify(
     (dropout is the identity): random masks are not comparable across implementations."""
     plan = _plan_of(config)
     dev = torch.device(device)
+    needed = estimate(plan, dtype, tokens=tokens, models=2, trained=2)
+    check_fits(needed, dev, f"verifying {plan.name}", "lower run.tokens or make the model smaller")
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
     candidate = build(plan, engine="te", kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
     torch.manual_seed(seed)

@@ -24,7 +24,7 @@ ModelFn = Callable[..., ModelOutput]
 class Variant:
     name: str
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | NothingToStep
     loss_outputs: tuple[str, ...] = ()
     """Public outputs that are loss terms (``engines.base.loss_output_names``), added to the loss."""
     after_backward: Callable[[], None] | None = None
@@ -50,8 +50,20 @@ def bench_loss(out: ModelOutput, loss_names: Sequence[str]) -> torch.Tensor:
     return loss
 
 
-def make_optimizer(model: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
+class NothingToStep:
+    """The optimizer of a model without parameters: ``step`` has nothing to update."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
+def make_optimizer(model: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer | NothingToStep:
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:  # torch's optimizers refuse an empty parameter list
+        return NothingToStep()
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if name == "adamw":

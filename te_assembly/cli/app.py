@@ -8,8 +8,9 @@ the search path, create the ``Hydra`` object, dispatch on the flags) with three 
 loader is te_assembly's (``config/composition.py``), ``--cfg`` and ``--help`` show the model and the
 recipe as te_assembly reads them, and errors become exit codes instead of Hydra's report-and-exit(1):
 
-- 0: ok; 1: runtime failure; 2: config or composition error, always one clean message, never a
-  traceback. With ``-m``, the worst job's code, after a table of every job's outcome.
+- 0: ok; 1: runtime failure, or a fault no check foresaw (one line; ``TE_ASSEMBLY_TRACEBACK=1`` shows
+  its traceback); 2: config or composition error, always one clean message, never a traceback. With
+  ``-m``, the worst job's code, after a table of every job's outcome.
 
 Each job (one with ``run``, several with ``-m``) is Hydra's ``run_job`` calling ``_job``, which reads
 this job's overrides from ``HydraConfig``, runs the pipeline (``resolve_composed`` ->
@@ -151,7 +152,31 @@ def _report(exc: BaseException, io: Consoles, overrides: Sequence[str]) -> int:
     if isinstance(exc, TeAssemblyError):
         io.err.print(f"error: {printable(str(exc), keep_newlines=True)}", markup=False)
         return 1
-    raise exc
+    return last_resort(exc, io)
+
+
+def last_resort(exc: BaseException, io: Consoles) -> int:
+    """A fault no check foresaw: one line and exit 1, never a traceback (``TE_ASSEMBLY_TRACEBACK=1``
+    re-raises it). In a sweep, the other jobs still run. A closed pipe goes on to ``main``, which stops
+    quietly."""
+    if isinstance(exc, BrokenPipeError) or os.environ.get("TE_ASSEMBLY_TRACEBACK") == "1":
+        raise exc
+    io.err.print(f"error: {printable(fault_message(exc))}", markup=False)
+    return 1
+
+
+def fault_message(exc: BaseException) -> str:
+    """One line for an exception te_assembly did not raise on purpose (out of memory, an OS error...)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if isinstance(exc, MemoryError) or "out of memory" in first.lower() or "can't allocate" in first:
+        return f"out of memory: {first or type(exc).__name__}"
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or first or type(exc).__name__}{where}"
+    return (
+        f"unexpected {type(exc).__name__}: {first} (set TE_ASSEMBLY_TRACEBACK=1 to see where; please "
+        "report it)"
+    )
 
 
 # ------------------------------------------------------------------------------------------- jobs
@@ -197,7 +222,7 @@ def _job(state: AppState, cfg: Any) -> Outcome:
     except KeyboardInterrupt:
         state.io.err.print("interrupted", markup=False)
         outcome = Outcome(130)
-    except Exception as exc:  # only te_assembly's, Hydra's and OmegaConf's own errors; others re-raise
+    except Exception as exc:  # te_assembly's, Hydra's and OmegaConf's errors; any other is one line too
         outcome = Outcome(_report(exc, state.io, overrides))
     state.outcomes.append((overrides, outcome))
     return outcome
@@ -420,4 +445,14 @@ def _shell_completion(hydra: Any, config_name: str, overrides: list[str]) -> int
     return 0
 
 
-__all__ = ["COMMANDS", "DEFAULT_COMMAND", "PROG", "Consoles", "consoles", "run_command", "split_command"]
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_COMMAND",
+    "PROG",
+    "Consoles",
+    "consoles",
+    "fault_message",
+    "last_resort",
+    "run_command",
+    "split_command",
+]

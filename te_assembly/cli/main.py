@@ -1,7 +1,8 @@
 """Entry point: pick the command, then run it as a Hydra application (``app.py``).
 
 Exit codes: 0 ok, 1 runtime failure (verify mismatch, non-finite loss, engine unavailable),
-2 config or composition error. No Python traceback for any error te_assembly raises on purpose.
+2 config or composition error. No Python traceback: a fault nothing foresaw is one line and exit 1
+(``TE_ASSEMBLY_TRACEBACK=1`` shows its traceback).
 """
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from te_assembly.cli.app import COMMANDS, DEFAULT_COMMAND, Consoles, consoles, run_command, split_command
+from te_assembly.cli.app import (
+    COMMANDS,
+    DEFAULT_COMMAND,
+    Consoles,
+    consoles,
+    last_resort,
+    run_command,
+    split_command,
+)
 
 USAGE = """usage: python -m te_assembly [COMMAND] [HYDRA FLAGS] [KEY=VALUE ...]
 
@@ -30,6 +39,19 @@ def usage() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     io: Consoles = consoles()
+    try:
+        return _main(args, io)
+    except KeyboardInterrupt:
+        io.err.print("interrupted", markup=False)
+        return 130
+    except BrokenPipeError:  # the reader went away (``... | head``): stop quietly, as Unix tools do
+        _silence_stdout()
+        return 141
+    except Exception as exc:  # jobs have their own (cli/app.py); this one is for help and the command line
+        return last_resort(exc, io)
+
+
+def _main(args: list[str], io: Consoles) -> int:
     split = split_command(args)
     if split.unknown is not None and not split.wants_help:
         from te_assembly.diagnostics import did_you_mean, printable
@@ -43,14 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from te_assembly.cli.help import print_help
 
         return print_help(split.command, split.hydra_args, io, usage())
-    try:
-        return run_command(split.command or DEFAULT_COMMAND, split.hydra_args, io)
-    except KeyboardInterrupt:
-        io.err.print("interrupted", markup=False)
-        return 130
-    except BrokenPipeError:  # the reader went away (``... | head``): stop quietly, as Unix tools do
-        _silence_stdout()
-        return 141
+    return run_command(split.command or DEFAULT_COMMAND, split.hydra_args, io)
 
 
 def _silence_stdout() -> None:

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from te_assembly.collector import paused
 from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.base import AssembledModel, ModelOutput
-from te_assembly.errors import ConfigError, EngineUnavailableError
+from te_assembly.errors import ArgumentError, ConfigError, EngineUnavailableError
 from te_assembly.plan import Plan
 from te_assembly.settings import ENGINES, KERNELS
 
@@ -55,6 +56,43 @@ def resolve_engine(engine: str, kernels: str = "te") -> tuple[str, str]:
     return "reference", f"engine=reference: no {missing} here, using the pure-PyTorch reference engine"
 
 
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        hint = did_you_mean(value, choices) if isinstance(value, str) else None
+        raise ArgumentError(
+            f"unknown {name} {value!r}; choose one of {', '.join(choices)}" + (f" ({hint})" if hint else "")
+        )
+    return value
+
+
+def check_dtype(dtype: object) -> torch.dtype:
+    """``dtype`` if it is a floating-point dtype a model can compute in, else ``ArgumentError``."""
+    if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
+        shown = ", ".join(str(d) for d in FLOAT_DTYPES)
+        raise ArgumentError(f"dtype must be a floating-point torch.dtype ({shown}); got {dtype!r}")
+    return dtype
+
+
+def check_device(device: object) -> torch.device:
+    """``device`` as a ``torch.device`` on which models run here (cpu, or cuda when a GPU is visible)."""
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise ArgumentError(f"device must be a str or torch.device such as 'cpu' or 'cuda'; got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ArgumentError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ArgumentError(f"device {str(dev)!r} is not supported: te_assembly runs on 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineUnavailableError(f"device={dev} asked for, but no CUDA GPU is visible")
+    return dev
+
+
 def build(
     config: Plan | Analysis | Mapping[str, Any] | str | os.PathLike[str],
     engine: str = "auto",
@@ -75,24 +113,56 @@ def build(
     real ``OperationFuser``. ``recipe``: the TE engine's quantization recipe (a recipe config, see
     recipes.py; default: the config's own ``recipe``); the reference engine computes in ``dtype``.
     ``parallel``: this rank's part of a parallel layout (``te_assembly.parallel``): the model holds this
-    rank's slices of the weights a single process would draw with the same seed."""
+    rank's slices of the weights a single process would draw with the same seed.
+
+    Raises ``ArgumentError`` (a ``TypeError`` and ``ValueError``) for arguments of the wrong type or value,
+    ``ConfigError`` for an invalid model, ``EngineUnavailableError`` when the engine cannot run here and
+    ``ResourceError`` when the parameters would not fit in memory (estimated before allocating)."""
     if isinstance(config, Plan):
         plan, config_recipe = config, None
-    elif config is None:
-        raise TypeError("build() needs a config: a model name, a path, a mapping, an analysis or a plan")
     else:
-        from te_assembly.pipeline import load
+        from te_assembly.pipeline import CONFIG_KINDS, check_config_argument, load
 
+        if config is None:  # load(None) means the default model; build() wants one named
+            raise ArgumentError(f"build() expected {CONFIG_KINDS}; got None")
+        check_config_argument(config, "build()")
         analysis = load(config, overrides, config_dirs=config_dirs)
         plan, config_recipe = analysis.checked_plan(), analysis.recipe
+    engine = _check_choice("engine", engine, ENGINES)
+    kernels = _check_choice("kernels", kernels, KERNELS)
+    dtype = check_dtype(dtype)
+    if recipe is not None and not isinstance(recipe, Mapping):
+        raise ArgumentError(
+            f"recipe must be a mapping (a recipe config) or None; got {type(recipe).__name__}"
+        )
     chosen, _ = resolve_engine(engine, kernels)
-    dev = torch.device(device) if device is not None else torch.device("cpu")
+    dev = check_device(device)
+    from te_assembly.engines.memory import check_fits, estimate
+
+    # Estimated for the whole model: a rank of a parallel layout holds less (the check errs safe).
+    check_fits(
+        estimate(plan, dtype), dev, f"building {plan.name}", "make the model smaller (model.dims, widths)"
+    )
+    # A build allocates many small, acyclic module objects; the cyclic collector's full passes over
+    # them made builds of 10k-op models grow quadratically (TE's own construction does the same).
+    with paused():
+        return _build(plan, chosen, kernels, dev, dtype, recipe, config_recipe, parallel)
+
+
+def _build(
+    plan: Plan,
+    chosen: str,
+    kernels: str,
+    dev: torch.device,
+    dtype: torch.dtype,
+    recipe: Mapping[str, Any] | None,
+    config_recipe: Mapping[str, Any] | None,
+    parallel: ParallelContext | None,
+) -> AssembledModel:
     split = parallel if parallel is not None and parallel.is_parallel else None
     if chosen == "reference":
         if split is not None:
-            from te_assembly.parallel.build import build_parallel
-
-            return build_parallel(plan, split, chosen, kernels=kernels, device=dev, dtype=dtype)
+            return _parallel(plan, split, chosen, kernels, dev, dtype, None)
         from te_assembly.engines.reference import build_reference
 
         return build_reference(plan, device=dev, dtype=dtype)
@@ -106,10 +176,32 @@ def build(
 
     te_recipe = checked_recipe(recipe) if recipe is not None else config_recipe  # validated once, here
     if split is not None:
-        from te_assembly.parallel.build import build_parallel
-
-        return build_parallel(plan, split, chosen, kernels=kernels, device=dev, dtype=dtype, recipe=te_recipe)
+        return _parallel(plan, split, chosen, kernels, dev, dtype, te_recipe)
     return build_te(plan, kernels=kernels, device=dev, dtype=dtype, recipe=te_recipe)
 
 
-__all__ = ["AssembledModel", "ModelOutput", "build", "resolve_engine", "te_available"]
+def _parallel(
+    plan: Plan,
+    parallel: ParallelContext,
+    chosen: str,
+    kernels: str,
+    dev: torch.device,
+    dtype: torch.dtype,
+    recipe: Mapping[str, Any] | None,
+) -> AssembledModel:
+    from te_assembly.parallel.build import build_parallel
+
+    model = build_parallel(plan, parallel, chosen, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
+    model.local_input_checks()  # a rank's inputs hold its own rows and expert groups
+    return model
+
+
+__all__ = [
+    "AssembledModel",
+    "ModelOutput",
+    "build",
+    "check_device",
+    "check_dtype",
+    "resolve_engine",
+    "te_available",
+]

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 
 from te_assembly.catalog import OpSpec
 from te_assembly.diagnostics import did_you_mean
-from te_assembly.errors import TeAssemblyError
+from te_assembly.engines.call_checks import CallChecks, CallError, InputShapeError
 from te_assembly.plan import Plan
-
-
-class CallError(TeAssemblyError, TypeError):
-    """A model was called with missing, unknown or surplus public inputs."""
 
 
 def loss_output_names(plan: Plan) -> tuple[str, ...]:
     """Public outputs that are loss terms (a slot with ``is_loss``, e.g. TopKRouter's aux_loss), whatever
     channel name the config gives them: the caller adds each to its objective as it is."""
-    steps = plan.steps_by_index
+    steps = {s.index: s for s in plan.steps}
     return tuple(t.name for t in plan.public_outputs if steps[t.ref.step].output_slots[t.ref.slot].is_loss)
 
 
@@ -37,9 +35,50 @@ class ModelOutput(NamedTuple):
     extras: dict[str, torch.Tensor]
 
 
+# NamedTuple's generated __new__ is a Python function; tuple.__new__ builds the same object directly.
+_new_output = tuple.__new__
+
+
+def _pick_one(name: str, named: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return (named[name],)
+
+
+def _pick_none(named: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return ()
+
+
+def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]:
+    """``named -> tuple(named[n] for n in names)`` in one call (KeyError on a missing name). Built from
+    picklable parts: a model stays picklable."""
+    if len(names) == 1:
+        return functools.partial(_pick_one, names[0])
+    if not names:
+        return functools.partial(_pick_none)
+    return operator.itemgetter(*names)  # type: ignore[return-value]
+
+
+def _name_one(name: str, outputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: outputs[1]}
+
+
+def _name_all(names: tuple[str, ...], outputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    return dict(zip(names, outputs[1:], strict=False))  # the engine returns exactly one per name
+
+
+def _namer(names: tuple[str, ...]) -> Callable[[Sequence[torch.Tensor]], dict[str, torch.Tensor]]:
+    """``outputs -> {name: outputs[1 + i]}``: the public extra outputs by name (outputs[0] is y)."""
+    if len(names) == 1:
+        return functools.partial(_name_one, names[0])
+    return functools.partial(_name_all, names)
+
+
 class AssembledModel(torch.nn.Module):
     """A built model. Parameters are named ``steps.<step name>.<TE parameter name>`` in every engine,
-    so a state dict from one engine loads into another."""
+    so a state dict from one engine loads into another.
+
+    Every call is checked against the plan before any op runs (``call_checks``): ``x``'s feature width
+    (and 2-D for models whose steps change the row count), each public input's shape, dtype kind and
+    device. Everything a call needs (names, order, shape rules) is computed here, once."""
 
     engine: str = "?"
 
@@ -51,58 +90,92 @@ class AssembledModel(torch.nn.Module):
             f"{s.name} ({s.type})" for s in plan.steps if isinstance(s.spec, OpSpec) and s.spec.changes_rows
         )
         """Steps that change the row count of the main path: with any, ``x`` must be [tokens, features]."""
+        self._input_names = tuple(t.name for t in plan.public_inputs)
+        self._output_names = tuple(t.name for t in plan.public_outputs)
+        self._num_inputs = len(self._input_names)
+        self._pick_inputs = _picker(self._input_names)
+        self._name_extras = _namer(self._output_names)
+        self._loss_output_names = loss_output_names(plan)
+        self._checks = CallChecks(plan, self.row_changing_steps)
+        self._check = self._checks.check
 
     @property
     def input_names(self) -> list[str]:
-        return [t.name for t in self.plan.public_inputs]
+        return list(self._input_names)
 
     @property
     def output_names(self) -> list[str]:
-        return [t.name for t in self.plan.public_outputs]
+        return list(self._output_names)
 
     @property
     def loss_output_names(self) -> tuple[str, ...]:
         """The public outputs the caller adds to its loss (see ``loss_output_names``)."""
-        return loss_output_names(self.plan)
+        return self._loss_output_names
 
     def forward(self, x: torch.Tensor, *extra_inputs: torch.Tensor, **named: torch.Tensor) -> ModelOutput:
-        ordered = self.order_inputs(extra_inputs, named)
-        return self.name_outputs(self.forward_positional(x, *ordered))
+        # The hot path of every caller, measured against a hand-built OperationFuser by
+        # bench/te_overhead.py: no frame or lookup that forward_positional would repeat, and no generic
+        # helper where a precomputed one does (each costs a visible share of a small model's step).
+        if named or len(extra_inputs) != self._num_inputs:
+            try:  # the usual named call: every public input by name, nothing else
+                if extra_inputs or len(named) != self._num_inputs:
+                    raise KeyError
+                extra_inputs = self._pick_inputs(named)
+            except KeyError:
+                extra_inputs = tuple(self.order_inputs(extra_inputs, named))
+        self._check(x, extra_inputs)
+        outputs = self._forward_positional(x, *extra_inputs)
+        if isinstance(outputs, torch.Tensor):
+            return _new_output(ModelOutput, (outputs, {}))
+        return _new_output(ModelOutput, (outputs[0], self._name_extras(outputs)))
 
     def forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """TE's calling convention: public extra inputs in (basic-op, slot) order, fuser after fuser;
-        returns ``x`` alone or ``(x, *public extra outputs)``. Every call path checks ``x`` here, once;
-        engines implement ``_forward_positional``."""
-        self.check_x(x)
+        returns ``x`` alone or ``(x, *public extra outputs)``. Every call path checks its tensors here,
+        once; engines implement ``_forward_positional``."""
+        if len(extra_inputs) != self._num_inputs:
+            # TE's Sequential would silently drop surplus trailing inputs; a miscount is a caller bug.
+            names = ", ".join(self._input_names) or "none"
+            raise CallError(
+                f"{self.plan.name} takes {len(self._input_names)} public extra input(s) ({names}), "
+                f"got {len(extra_inputs)}"
+            )
+        self._check(x, extra_inputs)
         return self._forward_positional(x, *extra_inputs)
 
     def _forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """The engine's forward, ``x`` already checked."""
+        """The engine's forward, every tensor already checked."""
         raise NotImplementedError
 
+    def local_input_checks(self) -> None:
+        """Check public inputs for layout and feature width only: for a rank of a parallel layout, whose
+        inputs hold its own rows and expert groups (``CallChecks.local_rows``)."""
+        self._checks.local_rows()
+
     def check_x(self, x: torch.Tensor) -> None:
-        """Models whose steps change the row count (MoE dispatch/combine) index rows of a 2-D tensor:
-        a [batch, seq, hidden] ``x`` would fail deep inside with a broadcasting error. Other models take
-        any [..., features]."""
-        if self.row_changing_steps and x.dim() != 2:
-            raise CallError(
-                f"{self.plan.name} changes the number of rows at {', '.join(self.row_changing_steps)}, so x "
-                f"must be a 2-D [tokens, features] tensor; got shape {tuple(x.shape)}: pass "
-                f"x.reshape(-1, {self.plan.in_features}) and reshape y back"
-            )
+        """Raise ``CallError`` unless ``x`` is a floating-point tensor of shape ``[..., in_features]``
+        (``[tokens, in_features]`` for models whose steps change the row count)."""
+        self._checks.check_x(x)
 
     def order_inputs(
         self, positional: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]
     ) -> list[torch.Tensor]:
-        names = self.input_names
+        names = self._input_names
         if len(positional) > len(names):
             raise CallError(
                 f"{self.plan.name} takes {len(names)} public extra input(s), got {len(positional)}"
             )
+        if not named and len(positional) == len(names):
+            return list(positional)
+        if not positional and len(named) == len(names):
+            try:  # the usual call: every input by name
+                return [named[n] for n in names]
+            except KeyError:
+                pass  # the slow path below says which name is wrong
         values: dict[str, torch.Tensor] = dict(zip(names, positional, strict=False))
         for key, value in named.items():
             if key not in names:
@@ -123,4 +196,14 @@ class AssembledModel(torch.nn.Module):
     def name_outputs(self, outputs: torch.Tensor | tuple[torch.Tensor, ...]) -> ModelOutput:
         if isinstance(outputs, torch.Tensor):
             return ModelOutput(outputs, {})
-        return ModelOutput(outputs[0], dict(zip(self.output_names, outputs[1:], strict=True)))
+        return ModelOutput(outputs[0], dict(zip(self._output_names, outputs[1:], strict=True)))
+
+
+__all__ = [
+    "AssembledModel",
+    "CallError",
+    "InputShapeError",
+    "ModelOutput",
+    "loss_output_names",
+    "loss_precision",
+]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from te_assembly.catalog import ModuleSpec, OpSpec, load_object
-from te_assembly.engines.base import AssembledModel, CallError
+from te_assembly.engines.base import AssembledModel
 from te_assembly.plan import Plan, PlannedStep
 
 if TYPE_CHECKING:
@@ -71,12 +71,6 @@ class ReferenceModel(AssembledModel):
     def _forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        if len(extra_inputs) != len(self._input_registers):
-            names = ", ".join(self.input_names) or "none"
-            raise CallError(
-                f"{self.plan.name} takes {len(self._input_registers)} public extra input(s) ({names}), "
-                f"got {len(extra_inputs)}"
-            )
         registers: list[torch.Tensor | None] = [None] * self._num_registers
         for register, value in zip(self._input_registers, extra_inputs, strict=True):
             registers[register] = value

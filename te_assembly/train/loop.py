@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -13,15 +14,16 @@ from typing import Any
 
 import torch
 
+from te_assembly.diagnostics import error
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names
-from te_assembly.errors import NonFiniteError
-from te_assembly.outputs import prepare_out_dir
+from te_assembly.engines.memory import check_fits, estimate
+from te_assembly.errors import ConfigError, NonFiniteError
 from te_assembly.parallel import checkpoint as parallel_checkpoint
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.plan import Plan
 from te_assembly.train.checkpoint import (
-    list_checkpoints,
+    CheckpointError,
     prune,
     read_meta,
     remove_stale_temp,
@@ -29,7 +31,8 @@ from te_assembly.train.checkpoint import (
 )
 from te_assembly.train.optim import lr_at, make_optimizer, set_lr
 from te_assembly.train.plot import save_loss_curve
-from te_assembly.train.run_record import check_fresh_start, check_resumable, run_record
+from te_assembly.train.run_dir import RunLock, out_dir_of, previous_run, remove_previous_run, resume_point
+from te_assembly.train.run_record import check_fresh_start, check_resumable, record_sha256, run_record
 from te_assembly.train.settings import TrainSettings
 from te_assembly.train.task import TeacherTask, loss_terms, perturb_constant_parameters
 
@@ -85,6 +88,64 @@ def _check_grads(step: int, model: torch.nn.Module) -> None:
     raise NonFiniteError(step, f"grad of {name}", f"non-finite gradient of {name} at step {step}")
 
 
+def check_can_train(plan: Plan, settings: TrainSettings, device: torch.device, dtype: torch.dtype) -> None:
+    """``ConfigError`` for a model without parameters; ``ResourceError`` when teacher, student, gradients,
+    optimizer state and one batch's activations cannot fit in memory (estimated, nothing allocated)."""
+    if plan.num_params == 0:
+        raise ConfigError(
+            [
+                error(
+                    "model",
+                    "nothing-to-train",
+                    f"{plan.name} has no parameters: there is nothing to train (run and bench work on it)",
+                )
+            ]
+        )
+    needed = estimate(
+        plan, dtype, tokens=settings.batch_tokens, models=2, trained=1, optimizer=settings.optimizer
+    )
+    check_fits(needed, device, f"training {plan.name}", "lower train.batch_tokens or make the model smaller")
+
+
+def _resumed_losses(path: Path, meta: Mapping[str, Any], start: int) -> list[float]:
+    losses = meta.get("losses")
+    if (
+        not isinstance(losses, list)
+        or len(losses) < start
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in losses)
+    ):
+        raise CheckpointError(f"{path} is corrupt: its loss history does not cover its {start} steps")
+    return [float(v) for v in losses[:start]]
+
+
+def _from_main(par: ParallelContext, value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (itself when not parallel)."""
+    if not par.is_parallel:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _resume_point(
+    par: ParallelContext, out_dir: Path, settings: TrainSettings
+) -> tuple[Path | None, list[str]]:
+    """Rank 0 decides (it alone may set corrupt files aside); every rank gets its answer, or its error."""
+    found: tuple[str | None, list[str], str | None] = (None, [], None)
+    if par.is_main:
+        try:
+            path, notes = resume_point(out_dir, settings.resume_from)
+            found = (str(path) if path is not None else None, notes, None)
+        except CheckpointError as exc:
+            found = (None, [], str(exc))
+    path_text, notes, problem = _from_main(par, found)
+    if problem is not None:
+        raise CheckpointError(problem)
+    return (Path(path_text) if path_text is not None else None), (notes if par.is_main else [])
+
+
 def train(
     plan: Plan,
     settings: TrainSettings,
@@ -95,27 +156,77 @@ def train(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     recipe: Mapping[str, Any] | None = None,
+    recipe_config: Mapping[str, Any] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
     parallel: ParallelContext | None = None,
 ) -> TrainResult:
     """Train ``plan`` to regress a teacher built from the same plan with seed ``seed + offset``.
 
     ``recipe`` is the TE engine's quantization recipe (teacher and student alike); the reference
-    engine ignores it. Raises ``NonFiniteError`` (step, tensor name) when the loss or a gradient is
-    NaN/Inf; ``CheckpointError`` when resuming from a checkpoint that does not fit or whose run had
-    other settings (``run_record``). Before anything is built: ``OutputPathError`` when
-    ``settings.out_dir`` cannot be written, ``ExistingRunError`` when it holds checkpoints and neither
-    ``resume`` nor ``overwrite`` is set.
+    engine ignores it. ``recipe_config``, the invocation's recipe config, is what the run records
+    (default: ``recipe``). The run holds ``settings.out_dir``'s lock from start to end (``run_dir``;
+    rank 0 of a parallel run holds it for the job).
+
+    Raises, before anything is built: ``ConfigError`` for a model without parameters;
+    ``ResourceError`` when teacher, student, optimizer and one batch's activations cannot fit in memory;
+    ``OutputPathError`` when ``out_dir`` cannot be written; ``RunDirectoryInUseError`` when another run
+    holds it; ``ExistingRunError`` when it holds checkpoints and neither ``resume`` nor ``overwrite`` is
+    set; ``CheckpointError`` when the checkpoint to resume is corrupt (naming the newest good one) or
+    its run had other settings. While running: ``NonFiniteError`` (step, tensor name) when the loss, a
+    gradient or (before a checkpoint is written) a parameter is NaN/Inf; ``CheckpointError`` when a
+    checkpoint cannot be written (disk full...), every earlier file intact.
 
     ``parallel`` (``te_assembly.parallel``, under torchrun): every rank trains its slices on its rows of
     each batch (``batch_tokens`` is the whole batch); losses are means over ranks; rank 0 alone writes."""
     par = parallel if parallel is not None else ParallelContext.single(plan)
     dev = torch.device(device)
-    out_dir = prepare_out_dir(settings.out_dir)
+    check_can_train(plan, settings, dev, dtype)
+    out_dir = out_dir_of(settings)
+    lock = RunLock(out_dir) if par.is_main else contextlib.nullcontext()
+    with lock:
+        return _train_locked(
+            plan,
+            settings,
+            out_dir,
+            engine=engine,
+            kernels=kernels,
+            device=dev,
+            dtype=dtype,
+            seed=seed,
+            recipe=recipe,
+            recorded_recipe=recipe_config if recipe_config is not None else recipe,
+            on_step=on_step,
+            par=par,
+        )
+
+
+def _train_locked(
+    plan: Plan,
+    settings: TrainSettings,
+    out_dir: Path,
+    *,
+    engine: str,
+    kernels: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    recipe: Mapping[str, Any] | None,
+    recorded_recipe: Mapping[str, Any] | None,
+    on_step: Callable[[StepRecord], None] | None,
+    par: ParallelContext,
+) -> TrainResult:
+    dev = device
+    parallel = par if par.is_parallel else None
     check_fresh_start(out_dir, settings)
     notes: list[str] = (
         [f"removed stale temp file {p}" for p in remove_stale_temp(out_dir)] if par.is_main else []
     )
+    resume_from: Path | None = None
+    if settings.resume:
+        resume_from, found_notes = _resume_point(par, out_dir, settings)
+        notes.extend(found_notes)
+    # train.overwrite: the earlier run stays whole until this one has a verified checkpoint.
+    earlier_run = previous_run(out_dir) if settings.overwrite and par.is_main else []
 
     torch.manual_seed(seed + settings.teacher_seed_offset)
     teacher = build(plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
@@ -140,22 +251,21 @@ def train(
 
     run = run_record(
         settings,
-        plan=plan.name,
+        plan=plan,
         seed=seed,
         engine=student.engine,
         kernels=kernels,
         dtype=dtype,
-        recipe=recipe,
+        recipe=recorded_recipe,
     )
+    run_sha256 = record_sha256(run)
     losses: list[float] = []
     start = 0
-    existing = list_checkpoints(out_dir)
-    par.barrier()  # every rank has listed the directory before rank 0 may delete anything in it
-    if settings.resume and existing:
-        latest = existing[-1][1]
+    par.barrier()  # every rank has read the directory before rank 0 changes anything in it
+    if resume_from is not None:
         # Compared before loading: another optimizer's state would not even load cleanly.
-        check_resumable(latest, read_meta(latest), run)
-        ckpt, layout_note = parallel_checkpoint.load(par, latest, student, optimizer)
+        check_resumable(resume_from, read_meta(resume_from), run)
+        ckpt, layout_note = parallel_checkpoint.load(par, resume_from, student, optimizer)
         notes.extend([layout_note] if layout_note else [])
         meta = ckpt.meta
         if meta.get("planned_steps") != settings.steps and settings.schedule == "cosine":
@@ -164,16 +274,10 @@ def train(
                 "the cosine schedule differs from the original run's"
             )
         start = ckpt.step
-        losses = [float(v) for v in meta["losses"]][:start]
+        losses = _resumed_losses(ckpt.path, meta, start)
         notes.append(f"resumed from {ckpt.path} (step {start})")
     elif settings.resume:
         notes.append(f"no checkpoint in {out_dir}: starting from step 1")
-    elif existing:
-        for _, p in existing if par.is_main else ():
-            p.unlink()
-        notes.append(
-            f"removed {len(existing)} checkpoint(s) of an earlier run in {out_dir} (train.overwrite=true)"
-        )
 
     end = min(settings.steps, settings.stop_after or settings.steps)
     if start >= end:
@@ -185,6 +289,7 @@ def train(
         "planned_steps": settings.steps,
         "engine": student.engine,
         "run": run,
+        "run_sha256": run_sha256,
         "settings": dataclasses.asdict(settings),
     }
     for step in range(start + 1, end + 1):
@@ -229,13 +334,21 @@ def train(
         if step == end or (every and step % every == 0):
             meta = {**meta_base, "losses": losses}
             written = parallel_checkpoint.save(par, out_dir, step, student, optimizer, meta)
-            if written is not None:
-                checkpoints.append(written)
-                prune(out_dir, settings.keep_checkpoints)
+            if written is None:  # another rank: rank 0 writes
+                continue
+            checkpoints.append(written)
+            if earlier_run:
+                remove_previous_run(earlier_run, keep=[written])
+                count = sum(p.suffix == ".safetensors" for p in earlier_run)
+                notes.append(
+                    f"removed {count} checkpoint(s) of an earlier run in {out_dir} once this run's first "
+                    "checkpoint was written (train.overwrite=true)"
+                )
+                earlier_run = []
+            prune(out_dir, settings.keep_checkpoints, latest=written, run_sha256=run_sha256)
 
     result = TrainResult(losses, start, max(start, end), checkpoints, notes=notes, model=student)
     if losses and par.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
         result.losses_file = out_dir / "losses.json"
         write_text_atomic(result.losses_file, json.dumps({"plan": plan.name, "losses": losses}, indent=1))
         if settings.plot:

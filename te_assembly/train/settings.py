@@ -43,7 +43,10 @@ class TrainSettings:
         False, doc="continue from the last checkpoint in out_dir (refused if the run's settings differ)"
     )
     overwrite: bool = setting(
-        False, doc="delete an earlier run's checkpoints in out_dir; without it train refuses to start"
+        False, doc="replace an earlier run in out_dir (deleted after the new run's first checkpoint)"
+    )
+    resume_from: str | None = setting(
+        None, nonempty=True, doc="with resume: this checkpoint of out_dir instead of the newest"
     )
     plot: bool = setting(True, doc="write loss_curve.png")
     stop_after: int | None = setting(
@@ -55,6 +58,16 @@ class TrainSettings:
     )
 
     def __post_init__(self) -> None:
+        if self.resume_from and not self.resume:
+            raise ConfigError(
+                [
+                    error(
+                        "train.resume_from",
+                        "conflicting-settings",
+                        "train.resume_from names a checkpoint to resume from: set train.resume=true too",
+                    )
+                ]
+            )
         if self.resume and self.overwrite:
             raise ConfigError(
                 [
@@ -75,6 +88,6 @@ class TrainSettings:
 
 RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plot")
 """Settings a resumed run may change (a changed ``steps`` reshapes the cosine schedule: noted)."""
-NOT_RECORDED = ("out_dir", "resume", "overwrite", "inject_nan_at_step", "inject_nan_into")
+NOT_RECORDED = ("out_dir", "resume", "overwrite", "resume_from", "inject_nan_at_step", "inject_nan_into")
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""

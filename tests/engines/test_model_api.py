@@ -221,13 +221,13 @@ def test_x_is_checked_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     model = build("moe_block", engine="reference", dtype=F64)
     calls: list[tuple[int, ...]] = []
-    check = model.check_x
+    check = model._check
 
-    def counting(x: torch.Tensor) -> None:
+    def counting(x: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> None:
         calls.append(tuple(x.shape))
-        check(x)
+        check(x, inputs)
 
-    monkeypatch.setattr(model, "check_x", counting)
+    monkeypatch.setattr(model, "_check", counting)
     x = torch.randn(6, 64, dtype=F64)
     model(x)
     assert calls == [(6, 64)]

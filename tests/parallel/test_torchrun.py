@@ -76,6 +76,7 @@ def test_expert_parallel_train_resumes_exactly_and_refuses_another_layout(tmp_pa
     full = torchrun(["train", *SMALL_MOE, *TRAIN, "parallel.expert=2", "train.out_dir=full"], tmp_path)
     _ok(full)
     assert sorted(p.name for p in (tmp_path / "full").iterdir()) == [
+        ".te_assembly.lock",  # rank 0 held the directory for the job
         "ckpt-0000004.safetensors",
         "ckpt-0000008.safetensors",
         "losses.json",

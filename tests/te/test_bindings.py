@@ -32,6 +32,7 @@ def test_moe_block_binding_plan() -> None:
         _in("fc1", 0, "split_sizes"),
         _in("act", 0, "row_probs"),
         _in("fc2", 0, "split_sizes"),
+        _in("fc2", 1, "row_probs"),  # scale_bias: fc2's bias is scaled by the router probability
         _in("combine", 0, "row_map"),
         _in("add_residual", 0, "residual"),
     ]

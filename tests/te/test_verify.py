@@ -139,19 +139,16 @@ ops:
 
 def _plant_wrong_main_output(monkeypatch: pytest.MonkeyPatch) -> None:
     """The TE engine returns its main output scaled by 1.5; public extra outputs stay right."""
+    from te_assembly.engines.base import ModelOutput
     from te_assembly.engines.te.model import TEModel
 
-    original = TEModel.forward_positional
+    original = TEModel.forward
 
-    def wrong(
-        self: TEModel, x: torch.Tensor, *extra: torch.Tensor
-    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        out = original(self, x, *extra)
-        if isinstance(out, tuple):
-            return (out[0] * 1.5, *out[1:])
-        return out * 1.5
+    def wrong(self: TEModel, x: torch.Tensor, *extra: torch.Tensor, **named: torch.Tensor) -> ModelOutput:
+        out = original(self, x, *extra, **named)
+        return ModelOutput(out.y * 1.5, out.extras)
 
-    monkeypatch.setattr(TEModel, "forward_positional", wrong)
+    monkeypatch.setattr(TEModel, "forward", wrong)
 
 
 @pytest.mark.te

@@ -36,6 +36,7 @@ from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.memory import check_fits, estimate
 from te_assembly.errors import ConfigError
 from te_assembly.outputs import write_error
 from te_assembly.parallel.collectives import TIMER
@@ -142,6 +143,12 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
 
+    count = 3 if settings.compare else 1
+    needed = estimate(
+        plan, dtype, tokens=settings.tokens, models=count, trained=count, optimizer=settings.optimizer
+    )
+    check_fits(needed, device, f"benchmarking {plan.name}", "lower bench.tokens or make the model smaller")
+
     torch.manual_seed(seed)
     variants, split = build_variants(
         plan,
@@ -161,6 +168,14 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
     inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
     x, inputs = par.local_rows(x), par.local_inputs(inputs)
     tokens = int(x.shape[0])  # this rank's rows
+    if plan.num_params == 0:
+        # Without parameters only the input's gradient gives backward something to compute.
+        x.requires_grad_(True)
+        console.print(
+            f"{plan.name} has no parameters: backward computes the gradient of x, and the step phase "
+            "has no optimizer update",
+            markup=False,
+        )
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     # TE runs float32 GEMMs as TF32 on a GPU: say so, since float32 is the default dtype.
     te_gemms = session.engine == "te" and session.kernels == "te" and device.type == "cuda"

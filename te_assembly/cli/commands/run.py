@@ -36,6 +36,7 @@ from te_assembly.diagnostics import printable
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names, loss_precision
 from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.memory import check_fits, estimate
 from te_assembly.errors import NonFiniteError
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.plan import Plan
@@ -208,6 +209,9 @@ def _run(session: Session, steps: int, tokens: int, console: Console, par: Paral
     console.print(header, markup=False)
     if par.is_parallel:
         console.print(f"parallel: {par.settings.describe()}; tables show rank 0", markup=False)
+    # Before anything is allocated: sizes that cannot fit are refused with the estimate.
+    needed = estimate(plan, dtype, tokens=tokens, trained=1)
+    check_fits(needed, device, f"running {plan.name}", "lower run.tokens or make the model smaller")
     # Build before printing the plan, so an engine that cannot run here says so first.
     torch.manual_seed(seed)
     model = build(

@@ -3,7 +3,8 @@
 Prints a progress bar with loss and tokens/s, writes checkpoints, ``losses.json`` and
 ``loss_curve.png`` to ``train.out_dir``. A NaN/Inf loss or gradient stops the run with the step and the
 tensor's name (exit 1). Checkpoints of an earlier run in ``train.out_dir`` stop it before it starts
-(exit 1) unless ``train.resume=true`` continues that run or ``train.overwrite=true`` deletes it.
+(exit 1) unless ``train.resume=true`` continues that run or ``train.overwrite=true`` replaces it; a
+directory another run holds (its lock) stops it too, naming the holder.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
-from te_assembly.outputs import prepare_out_dir
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.train import StepRecord, TrainSettings, train
+from te_assembly.train.loop import check_can_train
+from te_assembly.train.run_dir import check_unlocked, out_dir_of
 from te_assembly.train.run_record import check_fresh_start
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
@@ -31,8 +33,14 @@ def main(analysis: Analysis, console: Console) -> int:
 
 def _train(session: Session, settings: TrainSettings, console: Console, par: ParallelContext) -> int:
     plan, device, dtype, seed = session.plan, par.device(session.device), session.dtype, session.seed
-    # Before the progress bar: a bad path, or an earlier run in the way, fails first and alone.
-    check_fresh_start(prepare_out_dir(settings.out_dir), settings)
+    # Before the progress bar: a model without parameters, sizes that cannot fit, a bad path, a directory
+    # another run holds, or an earlier run in the way fails first and alone (train() checks the
+    # directory again under its lock). Every rank probes the lock (shared probes never collide).
+    check_can_train(plan, settings, device, dtype)
+    out_dir = out_dir_of(settings)
+    check_unlocked(out_dir)
+    check_fresh_start(out_dir, settings)
+    par.barrier()  # every rank has probed before rank 0 takes the lock for the run
     if par.is_parallel:
         console.print(
             f"parallel: {par.settings.describe()}; each rank trains on its rows of every batch", markup=False
@@ -69,6 +77,7 @@ def _train(session: Session, settings: TrainSettings, console: Console, par: Par
             dtype=dtype,
             seed=seed,
             recipe=session.engine_recipe,
+            recipe_config=session.recipe,
             on_step=on_step,
             parallel=par,
         )

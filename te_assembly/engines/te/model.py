@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,7 +24,11 @@ def _autocast(te_recipe: object) -> contextlib.AbstractContextManager[Any]:
 
 
 class TEModel(AssembledModel):
-    """Runs like ``te.ops.Sequential.forward`` over prebuilt fusers, with the plan's call API."""
+    """Runs like ``te.ops.Sequential.forward`` over prebuilt fusers, with the plan's call API.
+
+    The call path is planned at ``attach`` time: the fusers and modules in order, how many public
+    inputs each fuser takes, whether a ``te.autocast`` is needed at all. A call then only slices its
+    inputs and calls each fuser, as a hand-built ``OperationFuser`` caller would."""
 
     engine = "te"
 
@@ -41,6 +45,22 @@ class TEModel(AssembledModel):
 
         self.token_rule = token_multiple(plan.steps, recipe) if te_recipe is not None else None
         """(multiple, step): the recipe quantizes a GEMM over the caller's token rows."""
+        self._program: tuple[tuple[OperationFuser | torch.nn.Module, int], ...] = ()
+        # Without a GPU and without a recipe, even ``autocast(enabled=False)`` asks the GPU for TE's
+        # default recipe; and asking torch for the GPU on every call costs time, so decide once.
+        self._autocast = te_recipe is not None or torch.cuda.is_available()
+
+    def attach(self, groups: list[OperationFuser | str]) -> None:
+        """Set the fusers and module steps (in plan order) and precompute the call path."""
+        self.groups = groups
+        self._program = tuple(
+            (g, g.num_extra_inputs) if isinstance(g, OperationFuser) else (self.steps[g], -1) for g in groups
+        )
+        self.__dict__.pop("_forward_positional", None)
+        if len(groups) == 1 and isinstance(groups[0], OperationFuser) and not self._autocast:
+            # One fuser and nothing around it (the common case on CPU): a checked call goes straight to
+            # the fuser, exactly what a hand-built OperationFuser caller runs.
+            self.__dict__["_forward_positional"] = groups[0]
 
     @property
     def fusers(self) -> list[OperationFuser]:
@@ -49,36 +69,40 @@ class TEModel(AssembledModel):
     def quantization(self) -> contextlib.AbstractContextManager[Any]:
         """``te.autocast(enabled=recipe is not None, recipe=recipe)``. Without a GPU and without a recipe
         it is skipped: even ``autocast(enabled=False)`` asks the GPU for TE's default recipe."""
-        if self.te_recipe is None and not torch.cuda.is_available():
+        if not self._autocast:
             return contextlib.nullcontext()
         return _autocast(self.te_recipe)
 
     def _forward_positional(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        expected = len(self.plan.public_inputs)
-        if len(extra_inputs) != expected:
-            # Sequential would silently drop surplus trailing inputs; a miscount is a caller bug.
-            names = ", ".join(self.input_names) or "none"
-            raise CallError(
-                f"{self.plan.name} takes {expected} public extra input(s) ({names}), got {len(extra_inputs)}"
-            )
         self._check_token_rows(x)
+        if self._autocast:
+            with _autocast(self.te_recipe):
+                result = self._run(x, extra_inputs)
+        else:
+            result = self._run(x, extra_inputs)
+        return result
+
+    def _run(
+        self, x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        program = self._program
+        if len(program) == 1 and program[0][1] >= 0:  # one fuser, no module step: no bookkeeping
+            return program[0][0](x, *extra_inputs)  # type: ignore[no-any-return]
         outputs: list[torch.Tensor] = []
-        remaining = tuple(extra_inputs)
-        with self.quantization():
-            for group in self._iter_groups():
-                if isinstance(group, OperationFuser):
-                    count = group.num_extra_inputs
-                    result = group(x, *remaining[:count])
-                    remaining = remaining[count:]
-                    if isinstance(result, tuple):
-                        x = result[0]
-                        outputs.extend(result[1:])
-                    else:
-                        x = result
-                else:
-                    x = group(x)
+        used = 0
+        for group, count in program:
+            if count < 0:
+                x = group(x)
+                continue
+            result = group(x, *extra_inputs[used : used + count])
+            used += count
+            if isinstance(result, tuple):
+                x = result[0]
+                outputs.extend(result[1:])
+            else:
+                x = result
         return (x, *outputs) if outputs else x
 
     def _check_token_rows(self, x: torch.Tensor) -> None:
@@ -93,7 +117,3 @@ class TEModel(AssembledModel):
                 f"recipe {name} quantizes step {step!r}, a GEMM over all {rows} token rows of x; its "
                 f"GEMMs need a multiple of {multiple} rows (pad the batch to {padded} rows)"
             )
-
-    def _iter_groups(self) -> Iterator[OperationFuser | torch.nn.Module]:
-        for group in self.groups:
-            yield group if isinstance(group, OperationFuser) else self.steps[group]

@@ -133,19 +133,14 @@ class GroupedLinear(ReferenceOp):
         sizes = self._split_sizes(extra_inputs[0], rows.shape[0])
         weights = [getattr(self, f"weight{g}") for g in range(self.num_groups)]
         biases = [getattr(self, f"bias{g}") for g in range(self.num_groups)] if self.use_bias else []
-        if not self.scale_bias:
-            y = _GroupedMatmul.apply(rows.contiguous(), sizes, len(biases), *weights, *biases)
-            return y.reshape(*lead, self.out_features), ()
-        scales = extra_inputs[1].reshape(-1)
-        outs = []
-        for g, (x_g, start) in enumerate(zip(rows.split(sizes), _offsets(sizes), strict=True)):
-            y_g = torch.nn.functional.linear(x_g, weights[g])
-            outs.append(y_g + scales[start : start + sizes[g], None].to(y_g.dtype) * biases[g])
-        return torch.cat(outs).reshape(*lead, self.out_features), ()
+        scales = extra_inputs[1].reshape(-1) if self.scale_bias else None
+        y = _GroupedMatmul.apply(rows.contiguous(), scales, sizes, len(biases), *weights, *biases)
+        return y.reshape(*lead, self.out_features), ()
 
 
 class _GroupedMatmul(torch.autograd.Function):
-    """Per-group ``x_g W_g^T + b_g`` written straight into one output (and one dx in backward).
+    """Per-group ``x_g W_g^T + b_g`` (or ``+ s_g b_g`` with per-row bias scales ``s``, TE's
+    ``scale_bias``) written straight into one output (and one dx in backward).
 
     Autograd over ``split`` + per-group ``linear`` + ``cat`` gives the same numbers but copies every
     activation once more each way; on big MoE layers that copy was most of the engine's overhead.
@@ -153,33 +148,97 @@ class _GroupedMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, sizes: list[int], num_biases: int, *params: torch.Tensor
+        ctx: Any,
+        x: torch.Tensor,
+        scales: torch.Tensor | None,
+        sizes: list[int],
+        num_biases: int,
+        *params: torch.Tensor,
     ) -> torch.Tensor:
         weights, biases = params[: len(sizes)], params[len(sizes) :]
+        scaled = scales.to(x.dtype) if scales is not None and num_biases else None
         out = x.new_empty(x.shape[0], weights[0].shape[0])
         for g, (start, size) in enumerate(zip(_offsets(sizes), sizes, strict=True)):
             rows = slice(start, start + size)
-            if num_biases:
+            if num_biases and scaled is None:
                 torch.addmm(biases[g], x[rows], weights[g].T, out=out[rows])
-            else:
-                torch.mm(x[rows], weights[g].T, out=out[rows])
-        ctx.sizes, ctx.num_biases = sizes, num_biases
-        ctx.save_for_backward(x, *weights)
+                continue
+            torch.mm(x[rows], weights[g].T, out=out[rows])
+            if scaled is not None:
+                out[rows].addr_(scaled[rows], biases[g])  # + s_row * b: the bias scaled per row
+        ctx.sizes = sizes
+        ctx.scales_dtype = scales.dtype if scales is not None else None
+        ctx.save_for_backward(x, scaled, *params)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, *weights = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_x = torch.empty_like(x)
-        grad_w, grad_b = [], []
-        for g, (start, size) in enumerate(zip(_offsets(ctx.sizes), ctx.sizes, strict=True)):
-            rows = slice(start, start + size)
-            torch.mm(grad_out[rows], weights[g], out=grad_x[rows])
-            grad_w.append(grad_out[rows].T @ x[rows])
-            if ctx.num_biases:
-                grad_b.append(grad_out[rows].sum(0))
-        return (grad_x, None, None, *grad_w, *grad_b)
+        x, scaled, *params = ctx.saved_tensors
+        sizes = ctx.sizes
+        weights, biases = params[: len(sizes)], params[len(sizes) :]
+        if torch.is_grad_enabled():
+            # backward(create_graph=True): the ``out=`` kernels below are not differentiable, so build
+            # the same gradients from differentiable ops and let autograd take second derivatives.
+            grads = _differentiable_grads(sizes, x, scaled, weights, biases, grad_out)
+        else:
+            grads = _grads(sizes, x, scaled, weights, biases, grad_out.contiguous())
+        grad_x, grad_s, grad_w, grad_b = grads
+        if grad_s is not None:
+            grad_s = grad_s.to(ctx.scales_dtype)
+        return (grad_x, grad_s, None, None, *grad_w, *grad_b)
+
+
+Grads = tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]
+
+
+def _grads(
+    sizes: list[int],
+    x: torch.Tensor,
+    scaled: torch.Tensor | None,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor],
+    grad_out: torch.Tensor,
+) -> Grads:
+    grad_x = torch.empty_like(x)
+    grad_s = torch.empty_like(scaled) if scaled is not None else None
+    grad_w, grad_b = [], []
+    for g, (start, size) in enumerate(zip(_offsets(sizes), sizes, strict=True)):
+        rows = slice(start, start + size)
+        dy = grad_out[rows]
+        torch.mm(dy, weights[g], out=grad_x[rows])
+        grad_w.append(dy.T @ x[rows])
+        if not biases:
+            continue
+        if scaled is None:
+            grad_b.append(dy.sum(0))
+        else:
+            assert grad_s is not None
+            grad_b.append(dy.T.mv(scaled[rows]))
+            torch.mv(dy, biases[g], out=grad_s[rows])
+    return grad_x, grad_s, grad_w, grad_b
+
+
+def _differentiable_grads(
+    sizes: list[int],
+    x: torch.Tensor,
+    scaled: torch.Tensor | None,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor],
+    grad_out: torch.Tensor,
+) -> Grads:
+    grad_x, grad_s, grad_w, grad_b = [], [], [], []
+    s_parts = scaled.split(sizes) if scaled is not None else [None] * len(sizes)
+    for g, (x_g, dy_g, s_g) in enumerate(zip(x.split(sizes), grad_out.split(sizes), s_parts, strict=True)):
+        grad_x.append(dy_g @ weights[g])
+        grad_w.append(dy_g.T @ x_g)
+        if not biases:
+            continue
+        if s_g is None:
+            grad_b.append(dy_g.sum(0))
+        else:
+            grad_b.append(dy_g.T @ s_g)
+            grad_s.append(dy_g @ biases[g])
+    return torch.cat(grad_x), (torch.cat(grad_s) if scaled is not None else None), grad_w, grad_b
 
 
 def _offsets(sizes: list[int]) -> list[int]:

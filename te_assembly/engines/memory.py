@@ -1,0 +1,221 @@
+"""How much memory a plan needs, estimated before anything is allocated, and whether this machine has it.
+
+A size that cannot be allocated (``model.dims.ffn=100000000000``, ``run.tokens=10000000000000``) would
+otherwise fail deep inside torch with an allocator traceback, or worse, be granted lazily by the kernel
+and get the process killed once the pages are touched. Everything here comes from the plan and the
+catalog (parameter shapes, slot shapes, widths, rows per step), in exact integers: a size beyond int64
+is just a very large estimate, refused like any other before it can reach torch.
+
+The estimate is deliberately simple and on the low side (what autograd must keep, not allocator
+slack): a refusal means the work cannot fit, not that it might not.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from te_assembly.catalog import OpSpec
+from te_assembly.errors import ResourceError
+from te_assembly.plan import Plan
+
+INT_BYTES = 8
+"""Integer channels (split sizes, routing maps, row maps) are int64."""
+
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, None: 0}
+"""Tensors of parameter size an optimizer keeps per parameter (AdamW: two moments; SGD: momentum)."""
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def parameter_count(plan: Plan) -> int:
+    return sum(math.prod(shape) for step in plan.steps for shape in step.param_shapes.values())
+
+
+def _rows_per_step(plan: Plan, tokens: int) -> list[int]:
+    """Rows of the main tensor arriving at each step: Dispatch multiplies by top_k, Combine divides."""
+    rows, current = [], tokens
+    for step in plan.steps:
+        rows.append(current)
+        spec = step.spec
+        if isinstance(spec, OpSpec) and spec.rows_delta:
+            top_k = int(step.args.get("top_k", 1))
+            current = current * top_k if spec.rows_delta > 0 else current // top_k
+    return rows
+
+
+def _slot_elements(shape: str, rows: int, width: int, args: dict[str, object]) -> int:
+    if shape == "main":
+        return rows * width
+    if shape == "rows":
+        return rows
+    if shape == "token_topk":
+        return rows * int(args.get("top_k", 1))  # type: ignore[call-overload]
+    if shape == "groups":
+        return int(args.get("num_groups", args.get("num_experts", 1)))  # type: ignore[call-overload]
+    return 1
+
+
+def activation_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:
+    """What one forward keeps for backward: ``x``, each step's main output and each extra output."""
+    size = dtype_bytes(dtype)
+    total = tokens * plan.in_features * size
+    for step, rows in zip(plan.steps, _rows_per_step(plan, tokens), strict=True):
+        out_width = step.out_width or step.in_width or 0
+        total += rows * out_width * size
+        for slot in step.output_slots:
+            elements = _slot_elements(slot.shape, rows, step.in_width or 0, step.args)
+            total += elements * (INT_BYTES if slot.dtype == "int" else size)
+    return total
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes, by what they hold."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations
+
+    def describe(self) -> str:
+        parts = [
+            (name, value)
+            for name, value in (
+                ("parameters", self.parameters),
+                ("gradients", self.gradients),
+                ("optimizer state", self.optimizer),
+                ("activations", self.activations),
+            )
+            if value
+        ]
+        return ", ".join(f"{name} {format_bytes(value)}" for name, value in parts) or "nothing"
+
+
+def estimate(
+    plan: Plan,
+    dtype: torch.dtype,
+    *,
+    tokens: int = 0,
+    models: int = 1,
+    trained: int = 0,
+    optimizer: str | None = None,
+) -> MemoryEstimate:
+    """``models`` copies of the parameters (e.g. teacher and student), ``trained`` of them with
+    gradients and ``optimizer`` state, and the activations of one forward+backward of ``tokens`` rows."""
+    params = parameter_count(plan) * dtype_bytes(dtype)
+    return MemoryEstimate(
+        parameters=params * models,
+        gradients=params * trained,
+        optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
+        # Backward holds the gradient of the activation it is working on next to the saved ones.
+        activations=2 * activation_bytes(plan, tokens, dtype) if tokens else 0,
+    )
+
+
+def format_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            return f"{value:,.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _meminfo_available() -> int | None:
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _cgroup_available() -> int | None:
+    """Room left under a cgroup v2 memory limit (containers), if there is one."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return max(0, int(limit) - used)
+
+
+def available_bytes(device: torch.device) -> tuple[int, str] | None:
+    """Free memory on ``device`` and where the number comes from; None when it cannot be known.
+    ``TE_ASSEMBLY_MEMORY_LIMIT`` (bytes) caps it, e.g. to keep to a share of a busy machine."""
+    found: list[tuple[int, str]] = []
+    if device.type == "cuda":
+        if torch.cuda.is_available():
+            free, _ = torch.cuda.mem_get_info(device)
+            found.append((int(free), f"free on {device} (torch.cuda.mem_get_info)"))
+    else:
+        meminfo = _meminfo_available()
+        if meminfo is not None:
+            found.append((meminfo, "MemAvailable in /proc/meminfo"))
+        cgroup = _cgroup_available()
+        if cgroup is not None:
+            found.append((cgroup, "left under the cgroup memory limit"))
+        if not found:
+            try:
+                import psutil  # type: ignore[import-untyped]
+
+                found.append((int(psutil.virtual_memory().available), "available RAM (psutil)"))
+            except ImportError:
+                pass
+    limit = _environment_limit()
+    if limit is not None:
+        found.append((limit, "TE_ASSEMBLY_MEMORY_LIMIT"))
+    return min(found) if found else None
+
+
+def check_fits(
+    needed: MemoryEstimate,
+    device: torch.device,
+    what: str,
+    hint: str,
+    available: tuple[int, str] | None = None,
+) -> None:
+    """Raise ``ResourceError`` when ``needed`` is more than ``device`` has free (unknown: no check)."""
+    have = available if available is not None else available_bytes(device)
+    if have is None or needed.total <= have[0]:
+        return
+    raise ResourceError(
+        f"{what} needs about {format_bytes(needed.total)} of {device.type} memory ({needed.describe()}), "
+        f"but only {format_bytes(have[0])} is available ({have[1]}); {hint}. Nothing was allocated."
+    )
+
+
+def _environment_limit() -> int | None:
+    raw = os.environ.get("TE_ASSEMBLY_MEMORY_LIMIT", "").strip()
+    if not raw:
+        return None
+    try:
+        return max(0, int(float(raw)))
+    except ValueError:
+        return None
+
+
+__all__ = [
+    "MemoryEstimate",
+    "activation_bytes",
+    "available_bytes",
+    "check_fits",
+    "estimate",
+    "format_bytes",
+    "parameter_count",
+]
