@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from te_assembly.engines import build
+from te_assembly.engines import build, check_device
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.engines.memory import check_fits, estimate
@@ -271,7 +271,7 @@ def verify(
     synthetic data and cotangents, and compare every output and gradient. Both models run in eval mode
     (dropout is the identity): random masks are not comparable across implementations."""
     plan = _plan_of(config)
-    dev = torch.device(device)
+    dev = check_device(device)
     needed = estimate(plan, dtype, tokens=tokens, models=2, trained=2)
     check_fits(needed, dev, f"verifying {plan.name}", "lower run.tokens or make the model smaller")
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).

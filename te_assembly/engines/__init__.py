@@ -89,7 +89,9 @@ def check_device(device: object) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ArgumentError(f"device {str(dev)!r} is not supported: te_assembly runs on 'cpu' or 'cuda'")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailableError(f"device={dev} asked for, but no CUDA GPU is visible")
+        raise EngineUnavailableError(
+            f"device={dev} asked for, but no CUDA GPU is visible (use cpu, or device=auto in a config)"
+        )
     return dev
 
 

@@ -13,8 +13,7 @@ import torch
 from rich.console import Console
 
 from te_assembly.cli.commands.common import checked_plan
-from te_assembly.engines import resolve_engine
-from te_assembly.errors import EngineUnavailableError
+from te_assembly.engines import check_device, resolve_engine
 from te_assembly.plan import Plan
 from te_assembly.recipes import Recipe
 from te_assembly.settings import CommonSettings
@@ -35,13 +34,11 @@ NO_RECIPE = Recipe({"kind": "none", "name": "none"})
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when a GPU is visible, else CPU (``name`` is checked by the settings spec)."""
+    """``auto`` is CUDA when a GPU is visible, else CPU (``name`` is checked by the settings spec; the
+    rest as ``build()`` checks its ``device``)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailableError(f"device={name} but no CUDA GPU is visible (use device=auto or cpu)")
-    return device
+    return check_device(name)
 
 
 @dataclass(frozen=True)
