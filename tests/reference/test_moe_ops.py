@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -34,13 +36,54 @@ def test_router_outputs(score_function: str) -> None:
     y, (probs, routing_map, aux) = router(x)
     assert y is x
     assert probs.shape == (10, 2) and routing_map.dtype == torch.int64 and not routing_map.requires_grad
-    torch.testing.assert_close(probs.sum(-1), torch.ones(10, dtype=F64))
     logits = x.reshape(10, 3) @ router.weight.detach().T
     scores = logits.softmax(-1) if score_function == "softmax" else logits.sigmoid()
     assert torch.equal(routing_map, scores.topk(2, dim=-1).indices)
+    top = scores.gather(-1, routing_map)
+    torch.testing.assert_close(probs.detach(), top / top.sum(-1, keepdim=True))  # by value, not just sums
     dist = scores / scores.sum(-1, keepdim=True)
     fraction = torch.stack([(routing_map == e).sum() for e in range(4)]).to(F64) / 20
     torch.testing.assert_close(aux.detach(), 0.01 * 4 * (fraction * dist.mean(0)).sum())
+
+
+LOGITS = [[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 3.5, 1.0], [-0.5, 0.25, -2.0, 0.75]]
+"""Hand-picked logits (the router's weight is set to the identity, so logits == x)."""
+
+
+def _by_hand(
+    score_function: str, top_k: int, coeff: float
+) -> tuple[list[list[int]], list[list[float]], float]:
+    """routing_map, probs and aux_loss in plain Python floats: score, keep the top_k highest (best first),
+    renormalise; aux = coeff * E * sum_e f_e * P_e (f_e: share of the T*k slots routed to e; P_e: mean
+    over tokens of the scores, sigmoid scores first divided by their row sum)."""
+    experts, tokens = len(LOGITS[0]), len(LOGITS)
+    if score_function == "softmax":
+        scores = [[math.exp(z) / sum(math.exp(v) for v in row) for z in row] for row in LOGITS]
+        dist = scores
+    else:
+        scores = [[1 / (1 + math.exp(-z)) for z in row] for row in LOGITS]
+        dist = [[s / sum(row) for s in row] for row in scores]
+    chosen = [sorted(range(experts), key=lambda e, row=row: -row[e])[:top_k] for row in scores]
+    probs = []
+    for row, picks in zip(scores, chosen, strict=True):
+        probs.append([row[e] / sum(row[c] for c in picks) for e in picks])
+    share = [sum(picks.count(e) for picks in chosen) / (tokens * top_k) for e in range(experts)]
+    mean_score = [sum(row[e] for row in dist) / tokens for e in range(experts)]
+    aux = coeff * experts * sum(f * p for f, p in zip(share, mean_score, strict=True))
+    return chosen, probs, aux
+
+
+@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_router_probabilities_and_aux_loss_by_hand(score_function: str, top_k: int) -> None:
+    router = TopKRouter(4, 4, top_k, score_function=score_function, aux_loss_coeff=0.05, dtype=F64)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(4, dtype=F64))
+    _, (probs, routing_map, aux) = router(torch.tensor(LOGITS, dtype=F64))
+    chosen, want_probs, want_aux = _by_hand(score_function, top_k, 0.05)
+    assert routing_map.tolist() == chosen
+    torch.testing.assert_close(probs, torch.tensor(want_probs, dtype=F64), rtol=1e-12, atol=0)
+    assert aux.item() == pytest.approx(want_aux, rel=1e-12)
 
 
 @pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
@@ -56,6 +99,8 @@ def test_router_gradcheck(score_function: str) -> None:
         y, (probs, _, aux) = torch.func.functional_call(router, {"weight": w_}, (x_,))
         return y * 1.0, probs, aux
 
+    # gradcheck skips outputs that do not require grad: a detached probs or aux_loss would pass it.
+    assert all(out.requires_grad for out in run(x, weight))
     assert torch.autograd.gradcheck(run, (x, weight))
 
 
@@ -134,9 +179,12 @@ def test_dispatch_combine_gradcheck() -> None:
         rows, (_, row_probs, _) = dispatch(x_, (p_, routing_map))
         return rows, row_probs
 
+    # gradcheck skips outputs that do not require grad: a detached row_probs would pass it.
+    assert all(out.requires_grad for out in run_dispatch(x, probs))
     assert torch.autograd.gradcheck(run_dispatch, (x, probs))
     _, (_, _, row_map) = dispatch(x.detach(), (probs.detach(), routing_map))
     rows = torch.randn(8, 3, dtype=F64, requires_grad=True)
+    assert combine(rows, (row_map,))[0].requires_grad
     assert torch.autograd.gradcheck(lambda r: combine(r, (row_map,))[0], (rows,))
 
 
