@@ -7,7 +7,7 @@ would receive them (split sizes with an empty group, distinct experts per token,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,3 +161,51 @@ CASES: list[OpCase] = [
 ]
 
 TE_CASES = [c for c in CASES if c.te]
+
+
+# --- checking a run against its oracle ---------------------------------------------------------------
+
+
+def assert_grad(label: str, got: Tensor | None, want: Tensor) -> None:
+    """A missing gradient is a failure of its own (``x.detach()`` inside an op gives exactly that)."""
+    assert got is not None, f"{label}: no gradient reached it (expected max |grad| {want.abs().max():.3g})"
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=lambda m: f"{label}: {m}")
+
+
+def assert_matches_oracle(
+    labels: Sequence[str],
+    got: Sequence[Tensor | None],
+    want: Sequence[Tensor | None],
+) -> None:
+    for label, g, w in zip(labels, got, want, strict=True):
+        if w is not None:
+            assert_grad(label, g, w)
+
+
+def cotangents(y: Tensor, outputs: Sequence[Tensor], seed: int) -> tuple[Tensor, list[Tensor | None]]:
+    """One random cotangent per float output (None for integer ones)."""
+    g = torch.Generator().manual_seed(seed + 200)
+    draw = lambda t: torch.randn(t.shape, generator=g, dtype=F64)  # noqa: E731
+    return draw(y), [draw(o) if o.is_floating_point() else None for o in outputs]
+
+
+def weighted_sum(y: Tensor, outputs: Sequence[Tensor], gy: Tensor, g: Sequence[Tensor | None]) -> Tensor:
+    loss = (y * gy).sum()
+    for out, cot in zip(outputs, g, strict=True):
+        if cot is not None:
+            loss = loss + (out * cot).sum()
+    return loss
+
+
+def oracle_result(
+    case: OpCase,
+    x: Tensor,
+    extras: Sequence[Tensor],
+    params: dict[str, Tensor],
+    gy: Tensor,
+    g: Sequence[Tensor | None],
+) -> oracles.Result:
+    with torch.no_grad():
+        return case.oracle()(
+            x.detach(), [e.detach() for e in extras], {n: p.detach() for n, p in params.items()}, gy, g
+        )

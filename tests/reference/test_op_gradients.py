@@ -17,41 +17,19 @@ import torch
 
 from te_assembly.catalog import OPS
 from te_assembly.reference.ops.linear import _GroupedMatmul
-from tests.reference.op_cases import CASES, F64, OpCase, randomize_parameters
-from tests.reference.oracles import Result, grouped_linear
+from tests.reference.op_cases import (
+    CASES,
+    F64,
+    OpCase,
+    assert_matches_oracle,
+    cotangents,
+    oracle_result,
+    randomize_parameters,
+    weighted_sum,
+)
+from tests.reference.oracles import grouped_linear
 
 Tensor = torch.Tensor
-
-
-def assert_grad(label: str, got: Tensor | None, want: Tensor) -> None:
-    """A missing gradient is a failure of its own (``x.detach()`` inside an op gives exactly that)."""
-    assert got is not None, f"{label}: no gradient reached it (expected max |grad| {want.abs().max():.3g})"
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=lambda m: f"{label}: {m}")
-
-
-def assert_matches_oracle(
-    labels: Sequence[str],
-    got: Sequence[Tensor | None],
-    want: Sequence[Tensor | None],
-) -> None:
-    for label, g, w in zip(labels, got, want, strict=True):
-        if w is not None:
-            assert_grad(label, g, w)
-
-
-def cotangents(y: Tensor, outputs: Sequence[Tensor], seed: int) -> tuple[Tensor, list[Tensor | None]]:
-    """One random cotangent per float output (None for integer ones)."""
-    g = torch.Generator().manual_seed(seed + 200)
-    draw = lambda t: torch.randn(t.shape, generator=g, dtype=F64)  # noqa: E731
-    return draw(y), [draw(o) if o.is_floating_point() else None for o in outputs]
-
-
-def weighted_sum(y: Tensor, outputs: Sequence[Tensor], gy: Tensor, g: Sequence[Tensor | None]) -> Tensor:
-    loss = (y * gy).sum()
-    for out, cot in zip(outputs, g, strict=True):
-        if cot is not None:
-            loss = loss + (out * cot).sum()
-    return loss
 
 
 def assert_float_outputs_need_grad(case: OpCase, y: Tensor, outputs: Sequence[Tensor]) -> None:
@@ -62,20 +40,6 @@ def assert_float_outputs_need_grad(case: OpCase, y: Tensor, outputs: Sequence[Te
             assert out.is_floating_point() and out.requires_grad, f"{case.id}: output {slot.name} is detached"
         else:
             assert not out.is_floating_point() and not out.requires_grad, f"{case.id}: output {slot.name}"
-
-
-def oracle_result(
-    case: OpCase,
-    x: Tensor,
-    extras: Sequence[Tensor],
-    params: dict[str, Tensor],
-    gy: Tensor,
-    g: Sequence[Tensor | None],
-) -> Result:
-    with torch.no_grad():
-        return case.oracle()(
-            x.detach(), [e.detach() for e in extras], {n: p.detach() for n, p in params.items()}, gy, g
-        )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
