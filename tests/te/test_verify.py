@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from subprocess import CompletedProcess
+from typing import Any
 
 import pytest
 import torch
@@ -44,6 +45,71 @@ def test_tolerance_class_follows_recipe_then_dtype() -> None:
     assert precision_class(torch.float64) == "float64"
     ordered = [TOLERANCES[k].rtol for k in ("float64", "float32", "bfloat16", "fp8", "fp4")]
     assert ordered == sorted(ordered)
+
+
+def test_float64_threshold_is_pinned() -> None:
+    """verify's float64 check is what proves the TE engine computes the reference math; loosening it
+    (say to 1e-1/1e-5) would let real mistakes through, so its numbers are pinned here."""
+    assert TOLERANCES["float64"] == Tolerance(atol=1e-12, rtol=1e-10)
+    assert precision_class(torch.float64, None) == "float64"
+    assert precision_class(torch.float64, {"kind": "none"}) == "float64"
+
+
+@pytest.mark.parametrize("scale", [1.0, 100.0])
+def test_a_1e_6_relative_float64_difference_fails(scale: float) -> None:
+    ref = torch.linspace(-scale, scale, 50, dtype=torch.float64)
+    tolerance = TOLERANCES[precision_class(torch.float64)]
+    assert not compare("t", "output", ref + 1e-6 * scale, ref, tolerance).passed
+    assert not compare("t", "output", ref * (1 + 1e-6), ref, tolerance).passed
+    assert compare("t", "output", ref + 1e-13 * scale, ref, tolerance).passed
+
+
+def _reference_as_te(monkeypatch: pytest.MonkeyPatch, shift: float) -> None:
+    """verify's 'TE engine' becomes a second reference engine whose main output is shifted by ``shift``:
+    verify's own plumbing (thresholds by dtype, the comparison of every tensor) runs without TE."""
+    import te_assembly.verify as verify_module
+
+    real_build = verify_module.build
+
+    def build(plan: Any, engine: str, **kwargs: Any) -> Any:
+        model = real_build(plan, engine="reference", device=kwargs.get("device"), dtype=kwargs["dtype"])
+        if engine == "te":
+            forward = model.forward_positional
+
+            def shifted(x: torch.Tensor, *extra: torch.Tensor) -> Any:
+                out = forward(x, *extra)
+                return (out[0] + shift, *out[1:]) if isinstance(out, tuple) else out + shift
+
+            model.forward_positional = shifted  # type: ignore[method-assign]
+        return model
+
+    monkeypatch.setattr(verify_module, "build", build)
+
+
+def test_verify_fails_on_a_1e_6_float64_difference_without_te(monkeypatch: pytest.MonkeyPatch) -> None:
+    from te_assembly.verify import MAIN_OUTPUT, verify
+
+    _reference_as_te(monkeypatch, 0.0)
+    same = verify("residual_mlp", dtype=torch.float64, tokens=8)
+    assert same.passed and same.precision == "float64" and same.tolerance == TOLERANCES["float64"]
+    _reference_as_te(monkeypatch, 1e-6)
+    shifted = verify("residual_mlp", dtype=torch.float64, tokens=8)
+    assert [c.name for c in shifted.failures] == [MAIN_OUTPUT]
+    assert shifted.failures[0].max_abs == pytest.approx(1e-6, rel=1e-3)
+
+
+def test_verify_command_exits_1_on_a_1e_6_float64_difference(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import te_assembly.cli.commands.verify as command
+    from te_assembly.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(command, "te_available", lambda: True)
+    _reference_as_te(monkeypatch, 1e-6)
+    assert main(["verify", "model=two_stage", "dtype=float64", "run.tokens=8"]) == 1
+    out = capsys.readouterr().out
+    assert "verify FAILED: 1 of" in out and "1e-12 + 1e-10 * max|ref|" in out
 
 
 def test_verify_without_te_exits_1_with_install_hint(
@@ -162,3 +228,23 @@ def test_dropout_models_are_compared_in_eval_mode(monkeypatch: pytest.MonkeyPatc
     assert report.passed, report.failures
     _plant_wrong_main_output(monkeypatch)
     assert "y" in {c.name for c in verify(plan, kernels="reference", dtype=torch.float64, tokens=32).failures}
+
+
+@pytest.mark.te
+def test_te_engine_1e_6_off_fails_float64_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real TE engine (kernels=reference) with its main output 1e-6 off fails float64 verify."""
+    from te_assembly.engines.te.model import TEModel
+    from te_assembly.verify import MAIN_OUTPUT, verify
+    from tests.engines._helpers import plan_from_yaml
+
+    plan = plan_from_yaml(PUBLIC_THEN_BIAS)
+    assert verify(plan, kernels="reference", dtype=torch.float64, tokens=8).passed
+    original = TEModel.forward_positional
+
+    def off(self: TEModel, x: torch.Tensor, *extra: torch.Tensor) -> Any:
+        out = original(self, x, *extra)
+        return (out[0] + 1e-6, *out[1:]) if isinstance(out, tuple) else out + 1e-6
+
+    monkeypatch.setattr(TEModel, "forward_positional", off)
+    report = verify(plan, kernels="reference", dtype=torch.float64, tokens=8)
+    assert [c.name for c in report.failures] == [MAIN_OUTPUT]
