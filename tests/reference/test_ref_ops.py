@@ -93,6 +93,7 @@ def test_scaled_swiglu_value_and_gradcheck() -> None:
     y, _ = op(x, (scales,))
     a, b = x.detach().chunk(2, dim=-1)
     torch.testing.assert_close(y, F.silu(a) * b * scales.detach()[..., None])
+    assert y.requires_grad  # gradcheck would skip a detached output
     assert torch.autograd.gradcheck(lambda x_, s_: op(x_, (s_,))[0], (x, scales))
 
 
@@ -147,6 +148,7 @@ def test_grouped_linear_gradcheck(scale_bias: bool) -> None:
         extra = (sizes, s_) if scale_bias else (sizes,)
         return torch.func.functional_call(op, state, (x_, extra))[0]
 
+    assert run(x, scales, *params).requires_grad  # gradcheck would skip a detached output
     assert torch.autograd.gradcheck(run, (x, scales, *params))
 
 

@@ -9,6 +9,7 @@ Before the generator kept channels of token rows and of dispatched rows apart, s
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,7 @@ SPLIT_ONLY = {"crosses-fuser"}
 """With module steps, a channel can cross a fuser boundary (TE: the consumer's fuser has no producer)."""
 
 
-def _codes(model: dict) -> set[str]:  # type: ignore[type-arg]
+def _codes(model: dict[str, Any]) -> set[str]:
     diags, _ = analyze(model)
     return {d.code for d in diags if d.is_error}
 
