@@ -190,10 +190,38 @@ def test_dispatch_combine_gradcheck() -> None:
 
 def test_dispatch_rejects_bad_routing() -> None:
     x, probs, routing_map = _route([[0, 1], [1, 0]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expert ids outside \[0, 2\)"):
         Dispatch(num_experts=2, top_k=2)(x, (probs, routing_map + 1))
-    with pytest.raises(ValueError):
+    shapes = r"expects probs and routing_map of shape \(2, 1\), got \(2, 2\) and \(2, 2\)"
+    with pytest.raises(ValueError, match=shapes):
         Dispatch(num_experts=2, top_k=1)(x, (probs, routing_map))
+    # Either tensor alone with the wrong shape is refused too.
+    with pytest.raises(ValueError, match=r"got \(2, 1\) and \(2, 2\)"):
+        Dispatch(num_experts=2, top_k=2)(x, (probs[:, :1], routing_map))
+    with pytest.raises(ValueError, match=r"got \(2, 2\) and \(2, 1\)"):
+        Dispatch(num_experts=2, top_k=2)(x, (probs, routing_map[:, :1]))
+
+
+@pytest.mark.parametrize("rows", [6, 7])
+def test_combine_rejects_rows_that_do_not_match_the_row_map(rows: int) -> None:
+    """6 rows for an 8-row map is a multiple of top_k and still wrong; 7 is neither."""
+    with pytest.raises(ValueError, match=rf"Combine expects 8 rows, a multiple of top_k=2; got {rows}"):
+        Combine(top_k=2)(torch.randn(rows, 3), (torch.randperm(8),))
+
+
+def test_dispatch_order_is_stable_for_many_tied_slots() -> None:
+    """Copies of one expert keep token-then-slot order however many tie. torch's CPU sort without
+    stable=True reorders ties at this size (checked on torch 2.14), so a 4-token example cannot tell."""
+    gen = torch.Generator().manual_seed(0)
+    tokens, top_k, experts = 500, 2, 4
+    routing_map = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    x = torch.arange(tokens, dtype=F64)[:, None]
+    probs = torch.full((tokens, top_k), 0.5, dtype=F64)
+    rows, (_, _, row_map) = Dispatch(experts, top_k)(x, (probs, routing_map))
+    flat = routing_map.reshape(-1).tolist()
+    want = sorted(range(tokens * top_k), key=lambda i: (flat[i], i))
+    assert row_map.tolist() == want
+    assert rows[:, 0].tolist() == [i // top_k for i in want]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

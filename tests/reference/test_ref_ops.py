@@ -163,10 +163,45 @@ def test_grouped_linear_empty_group_has_zero_grad() -> None:
     assert torch.count_nonzero(grad_of(op, "weight1")) > 0
 
 
-@pytest.mark.parametrize("sizes", [[1, 1, 1], [2, 2], [-1, 3, 2]])
-def test_grouped_linear_rejects_bad_split_sizes(sizes: list[int]) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ([1, 1, 1], r"split sizes \[1, 1, 1\] do not sum to the 4 input rows"),
+        ([2, 2], "expects 3 split sizes, got 2"),
+        ([-1, 3, 2], r"split sizes \[-1, 3, 2\] do not sum to the 4 input rows"),
+    ],
+)
+def test_grouped_linear_rejects_bad_split_sizes(sizes: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         _grouped(scale_bias=False)(torch.randn(4, 3, dtype=F64), (torch.tensor(sizes),))
+
+
+@pytest.mark.parametrize("scale_bias", [False, True])
+def test_grouped_linear_output_keeps_x_dtype_and_leading_dims(scale_bias: bool) -> None:
+    op = GroupedLinear(num_groups=2, in_features=3, out_features=2, scale_bias=scale_bias)
+    x = torch.randn(2, 3, 3)  # six rows in two leading dims
+    extra = (torch.tensor([4, 2]), torch.rand(6, dtype=F64)) if scale_bias else (torch.tensor([4, 2]),)
+    y, _ = op(x, extra)  # float64 scales must not promote a float32 output
+    assert y.shape == (2, 3, 2) and y.dtype == torch.float32
+
+
+def test_scaled_swiglu_output_keeps_x_dtype() -> None:
+    y, _ = ScaledSwiGLU()(torch.randn(3, 8), (torch.rand(3, dtype=F64),))
+    assert y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_reference_constructor_defaults_are_the_catalogs(name: str) -> None:
+    """The catalog is the one source of defaults; a reference op built from Python with its own
+    defaults must build the same op (eps, zero_centered_gamma, bias, score_function...)."""
+    import inspect
+
+    spec = OPS[name]
+    signature = inspect.signature(load_object(spec.reference))
+    for param in spec.params:
+        if param.required:
+            continue
+        assert signature.parameters[param.name].default == param.default, (name, param.name)
 
 
 @pytest.mark.parametrize("zero_centered", [False, True])

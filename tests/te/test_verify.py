@@ -64,9 +64,16 @@ def test_a_1e_6_relative_float64_difference_fails(scale: float) -> None:
     assert compare("t", "output", ref + 1e-13 * scale, ref, tolerance).passed
 
 
-def _reference_as_te(monkeypatch: pytest.MonkeyPatch, shift: float) -> None:
-    """verify's 'TE engine' becomes a second reference engine whose main output is shifted by ``shift``:
-    verify's own plumbing (thresholds by dtype, the comparison of every tensor) runs without TE."""
+Outputs = tuple[torch.Tensor, ...]
+
+
+def _shift_y(shift: float) -> Callable[[Outputs], Outputs]:
+    return lambda out: (out[0] + shift, *out[1:])
+
+
+def _reference_as_te(monkeypatch: pytest.MonkeyPatch, alter: Callable[[Outputs], Outputs]) -> None:
+    """verify's 'TE engine' becomes a second reference engine whose outputs ``(y, *public outputs)`` pass
+    through ``alter``: verify's own plumbing (thresholds by dtype, what is compared) runs without TE."""
     import te_assembly.verify as verify_module
 
     real_build = verify_module.build
@@ -76,11 +83,12 @@ def _reference_as_te(monkeypatch: pytest.MonkeyPatch, shift: float) -> None:
         if engine == "te":
             forward = model.forward_positional
 
-            def shifted(x: torch.Tensor, *extra: torch.Tensor) -> Any:
+            def altered(x: torch.Tensor, *extra: torch.Tensor) -> Any:
                 out = forward(x, *extra)
-                return (out[0] + shift, *out[1:]) if isinstance(out, tuple) else out + shift
+                changed = alter(out if isinstance(out, tuple) else (out,))
+                return changed if isinstance(out, tuple) else changed[0]
 
-            model.forward_positional = shifted  # type: ignore[method-assign]
+            model.forward_positional = altered  # type: ignore[method-assign]
         return model
 
     monkeypatch.setattr(verify_module, "build", build)
@@ -89,10 +97,10 @@ def _reference_as_te(monkeypatch: pytest.MonkeyPatch, shift: float) -> None:
 def test_verify_fails_on_a_1e_6_float64_difference_without_te(monkeypatch: pytest.MonkeyPatch) -> None:
     from te_assembly.verify import MAIN_OUTPUT, verify
 
-    _reference_as_te(monkeypatch, 0.0)
+    _reference_as_te(monkeypatch, _shift_y(0.0))
     same = verify("residual_mlp", dtype=torch.float64, tokens=8)
     assert same.passed and same.precision == "float64" and same.tolerance == TOLERANCES["float64"]
-    _reference_as_te(monkeypatch, 1e-6)
+    _reference_as_te(monkeypatch, _shift_y(1e-6))
     shifted = verify("residual_mlp", dtype=torch.float64, tokens=8)
     assert [c.name for c in shifted.failures] == [MAIN_OUTPUT]
     assert shifted.failures[0].max_abs == pytest.approx(1e-6, rel=1e-3)
@@ -106,10 +114,117 @@ def test_verify_command_exits_1_on_a_1e_6_float64_difference(
 
     monkeypatch.setenv("COLUMNS", "400")
     monkeypatch.setattr(command, "te_available", lambda: True)
-    _reference_as_te(monkeypatch, 1e-6)
+    _reference_as_te(monkeypatch, _shift_y(1e-6))
     assert main(["verify", "model=two_stage", "dtype=float64", "run.tokens=8"]) == 1
     out = capsys.readouterr().out
     assert "verify FAILED: 1 of" in out and "1e-12 + 1e-10 * max|ref|" in out
+
+
+def test_verify_defaults_and_what_it_compares(monkeypatch: pytest.MonkeyPatch) -> None:
+    from te_assembly.verify import verify
+
+    _reference_as_te(monkeypatch, _shift_y(0.0))
+    report = verify("two_stage")
+    assert (report.kernels, report.tokens, report.seed, report.dtype, report.device) == (
+        "te",
+        64,
+        0,
+        "float32",
+        "cpu",
+    )
+    assert report.recipe is None and report.precision == "float32" and report.passed
+    rows = {(c.name, c.kind) for c in report.comparisons}
+    assert {("y", "main output"), ("stage2_in", "output"), ("grad x", "input grad")} <= rows
+    assert ("grad bias_in_addend", "input grad") in rows
+    params = {c.name for c in report.comparisons if c.kind == "param grad"}
+    assert params == {
+        f"grad steps.{s}.basic_ops.{i}.{p}" for s in ("fc1", "fc2") for i, p in ((0, "weight"), (1, "bias"))
+    }
+
+
+def test_verify_follows_gradients_through_public_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TE engine whose public output carries no gradient back (the value is right) must fail: the
+    loss includes every float public output, each with its own cotangent."""
+    from te_assembly.verify import verify
+
+    _reference_as_te(monkeypatch, lambda out: (out[0], *(t.detach() for t in out[1:])))
+    report = verify("two_stage", dtype=torch.float64, tokens=8)
+    failed = {c.name for c in report.failures}
+    assert "grad x" in failed and "grad steps.fc1.basic_ops.0.weight" in failed
+    assert not failed & {"y", "stage2_in"}
+
+
+def _two_models(first: str, second: str) -> tuple[Any, Any]:
+    from te_assembly.engines import build
+    from tests.engines._helpers import plan_from_yaml
+
+    return build(plan_from_yaml(first), engine="reference"), build(plan_from_yaml(second), engine="reference")
+
+
+ONE_LINEAR = """
+name: one
+in_features: 4
+ops:
+  - {name: fc, op: Linear, args: {in_features: 4, out_features: 4}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("other", "only_target", "only_source"),
+    [
+        (
+            ONE_LINEAR.replace("{in_features: 4,", "{bias: false, in_features: 4,"),
+            "none",
+            "['steps.fc.basic_ops.1.bias']",
+        ),
+        (ONE_LINEAR + "  - {name: b, op: Bias, args: {size: 4}}\n", "['steps.b.bias']", "none"),
+        (
+            ONE_LINEAR.replace("name: fc,", "name: fc2,"),
+            "['steps.fc2.basic_ops.0.weight', 'steps.fc2.basic_ops.1.bias']",
+            "['steps.fc.basic_ops.0.weight', 'steps.fc.basic_ops.1.bias']",
+        ),
+    ],
+)
+def test_copy_weights_refuses_names_that_do_not_match(other: str, only_target: str, only_source: str) -> None:
+    from te_assembly.errors import VerificationError
+    from te_assembly.verify import copy_weights
+
+    source, target = _two_models(ONE_LINEAR, other)
+    message = (
+        "parameter names differ between the reference and reference engines: "
+        f"only in reference: {only_target}; only in reference: {only_source}"
+    )
+    with pytest.raises(VerificationError) as info:
+        copy_weights(source, target)
+    assert str(info.value) == message
+
+
+def test_copy_weights_copies_every_tensor() -> None:
+    from te_assembly.verify import copy_weights
+
+    source, target = _two_models(ONE_LINEAR, ONE_LINEAR)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.normal_()
+    copy_weights(source, target)
+    want = source.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in target.state_dict().items())
+
+
+def test_fill_zero_parameters_fills_only_all_zero_ones_reproducibly() -> None:
+    from te_assembly.verify import fill_zero_parameters
+
+    first, second = _two_models(ONE_LINEAR, ONE_LINEAR)
+    second.load_state_dict(first.state_dict())
+    weight = first.state_dict()["steps.fc.basic_ops.0.weight"].clone()
+    assert not first.state_dict()["steps.fc.basic_ops.1.bias"].any()  # TE's zero-initialised bias
+    fill_zero_parameters(first, seed=3)
+    torch.manual_seed(99)  # the fill comes from its own generator, not the global one
+    fill_zero_parameters(second, seed=3)
+    bias = first.state_dict()["steps.fc.basic_ops.1.bias"]
+    assert bias.all() and 0.01 < bias.abs().max() < 0.5  # N(0, 0.1^2): small, every element set
+    assert torch.equal(first.state_dict()["steps.fc.basic_ops.0.weight"], weight)  # untouched
+    assert torch.equal(second.state_dict()["steps.fc.basic_ops.1.bias"], bias)
 
 
 def test_verify_without_te_exits_1_with_install_hint(
