@@ -20,9 +20,13 @@ F64 = torch.float64
 Tensor = torch.Tensor
 
 
+def _rows(x: Tensor) -> int:
+    return x.reshape(-1, x.shape[-1]).shape[0]
+
+
 def _split_sizes(g: torch.Generator, x: Tensor) -> Tensor:
     del g
-    rows = x.shape[0]
+    rows = _rows(x)
     return torch.tensor([rows // 2, 0, rows - rows // 2])  # group 1 empty
 
 
@@ -32,7 +36,7 @@ def _scales(g: torch.Generator, x: Tensor) -> Tensor:
 
 def _routing(num_experts: int, top_k: int) -> Callable[[torch.Generator, Tensor], list[Tensor]]:
     def make(g: torch.Generator, x: Tensor) -> list[Tensor]:
-        tokens = x.shape[0]
+        tokens = _rows(x)
         probs = torch.rand(tokens, top_k, generator=g, dtype=F64) + 0.1
         # Distinct experts per token, as a router picks them; the last expert gets no token.
         routing_map = torch.stack(
@@ -111,6 +115,21 @@ CASES: list[OpCase] = [
         lambda g, x: [_split_sizes(g, x)],
     ),
     OpCase(
+        "GroupedLinear-3d",
+        "GroupedLinear",
+        {"num_groups": 3, "in_features": 4, "out_features": 5},
+        (2, 3, 4),
+        lambda g, x: [_split_sizes(g, x)],
+        te=False,
+    ),
+    OpCase(
+        "GroupedLinear-1group",
+        "GroupedLinear",
+        {"num_groups": 1, "in_features": 4, "out_features": 5},
+        (5, 4),
+        lambda g, x: [torch.tensor([_rows(x)])],
+    ),
+    OpCase(
         "GroupedLinear-nobias",
         "GroupedLinear",
         {"num_groups": 3, "in_features": 4, "out_features": 5, "bias": False},
@@ -148,6 +167,7 @@ CASES: list[OpCase] = [
         for k in (1, 2, 5)
     ],
     OpCase("Dispatch", "Dispatch", {"num_experts": 4, "top_k": 2}, (5, 3), _routing(4, 2)),
+    OpCase("Dispatch-3d", "Dispatch", {"num_experts": 4, "top_k": 2}, (2, 3, 5), _routing(4, 2), te=False),
     OpCase("Combine", "Combine", {"top_k": 2}, (10, 3), _row_map),
     OpCase("ConstantScale", "ConstantScale", {"scale": -1.5}, (4, 3)),
     OpCase(

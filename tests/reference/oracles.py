@@ -184,6 +184,8 @@ def linear(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Resul
 def grouped_linear(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
     """Row r belongs to group g when it falls in g's run of ``split_sizes``; with a ``scales`` input the
     bias is added times the row's scale (``scale_bias``). Row by row, the slow obvious way."""
+    lead, x = x.shape[:-1], x.reshape(-1, x.shape[-1])
+    gy = None if gy is None else gy.reshape(x.shape[0], -1)
     sizes = [int(n) for n in extras[0].reshape(-1).tolist()]
     scales = extras[1].reshape(-1) if len(extras) > 1 else None
     group_of = [grp for grp, n in enumerate(sizes) for _ in range(n)]
@@ -204,7 +206,7 @@ def grouped_linear(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) 
             if gs is not None:
                 gs[r] = gy[r] @ b
     grad_extras: list[Tensor | None] = [None] if scales is None else [None, gs.reshape(extras[1].shape)]
-    return Result(y, [], gx, grad_extras, grads)
+    return Result(y.reshape(*lead, -1), [], gx.reshape(*lead, -1), grad_extras, grads)
 
 
 # --- norms ------------------------------------------------------------------------------------------
@@ -333,6 +335,7 @@ def stable_expert_order(routing_map: Tensor) -> list[int]:
 def dispatch(num_experts: int, top_k: int) -> Oracle:
     def oracle(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
         probs, routing_map = extras
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
         order = stable_expert_order(routing_map)
         rows = torch.stack([x[i // top_k] for i in order])
         flat_probs = probs.reshape(-1)
@@ -345,7 +348,7 @@ def dispatch(num_experts: int, top_k: int) -> Oracle:
             if g_row_probs is not None:
                 g_probs[i] = g_row_probs[r]
         outputs = [torch.tensor(counts, dtype=torch.int64), row_probs, torch.tensor(order, dtype=torch.int64)]
-        return Result(rows, outputs, gx, [g_probs.reshape(probs.shape), None], {})
+        return Result(rows, outputs, gx.reshape(shape), [g_probs.reshape(probs.shape), None], {})
 
     return oracle
 

@@ -231,6 +231,14 @@ def test_passthrough_ops() -> None:
     assert load_object(OPS["Identity"].reference)()(x)[0] is x
 
 
+@pytest.mark.parametrize("p", [0.2, 0.7])
+def test_dropout_drops_p_of_the_elements_and_rescales(p: float) -> None:
+    torch.manual_seed(0)
+    y, _ = Dropout(p=p)(torch.ones(20000, dtype=F64))
+    assert abs(float((y == 0).double().mean()) - p) < 0.02
+    torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / (1 - p)))
+
+
 def test_dropout_respects_training() -> None:
     x = torch.ones(1000)
     op = Dropout(p=0.5)

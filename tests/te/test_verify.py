@@ -142,6 +142,45 @@ def test_verify_defaults_and_what_it_compares(monkeypatch: pytest.MonkeyPatch) -
     }
 
 
+def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What verify hands each engine and the inputs, and how it names the run (recorded, without TE)."""
+    import te_assembly.verify as verify_module
+
+    real_build = verify_module.build
+    calls: list[tuple[str, dict[str, Any]]] = []
+    input_dtypes: list[torch.dtype] = []
+
+    def build(plan: Any, engine: str, **kwargs: Any) -> Any:
+        calls.append((engine, kwargs))
+        model = real_build(plan, engine="reference", device=kwargs["device"], dtype=kwargs["dtype"])
+        forward = model.forward_positional
+
+        def recording(x: torch.Tensor, *extra: torch.Tensor) -> Any:
+            input_dtypes.extend([x.dtype, *(t.dtype for t in extra)])
+            return forward(x, *extra)
+
+        model.forward_positional = recording  # type: ignore[method-assign]
+        return model
+
+    monkeypatch.setattr(verify_module, "build", build)
+    recipe = {"name": "fp8_delayed", "kind": "DelayedScaling"}
+    report = verify_module.verify(
+        "two_stage", kernels="reference", dtype=torch.float64, recipe=recipe, tokens=8
+    )
+    cpu = torch.device("cpu")
+    assert calls == [
+        ("te", {"kernels": "reference", "device": cpu, "dtype": torch.float64, "recipe": recipe}),
+        ("reference", {"device": cpu, "dtype": torch.float64}),
+    ]
+    assert set(input_dtypes) == {torch.float64}  # x and the public input, in both engines
+    assert (report.model, report.recipe, report.precision) == ("two_stage", "fp8_delayed", "fp8")
+    assert report.tolerance == TOLERANCES["fp8"]
+    unnamed = verify_module.verify(
+        "two_stage", kernels="reference", recipe={"kind": "DelayedScaling"}, tokens=8
+    )
+    assert unnamed.recipe == "DelayedScaling"
+
+
 def test_verify_follows_gradients_through_public_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A TE engine whose public output carries no gradient back (the value is right) must fail: the
     loss includes every float public output, each with its own cotangent."""
