@@ -118,9 +118,39 @@ def test_router_top_k_equals_num_experts() -> None:
     assert torch.equal(routing_map.sort(-1).values, torch.arange(3).expand(5, 3))
 
 
-def test_router_rejects_top_k_above_num_experts() -> None:
-    with pytest.raises(ValueError):
-        TopKRouter(in_features=3, num_experts=2, top_k=3)
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_router_rejects_top_k_outside_1_to_num_experts(top_k: int) -> None:
+    with pytest.raises(ValueError, match=rf"0 < top_k <= num_experts, got top_k={top_k}, num_experts=2"):
+        TopKRouter(in_features=3, num_experts=2, top_k=top_k)
+    with pytest.raises(ValueError, match="score_function must be softmax or sigmoid, got 'relu'"):
+        TopKRouter(in_features=3, num_experts=2, top_k=1, score_function="relu")
+
+
+@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+def test_router_on_no_tokens(score_function: str) -> None:
+    router = _router(score_function)
+    x = torch.zeros(0, 3, dtype=F64, requires_grad=True)
+    _, (probs, routing_map, aux) = router(x)
+    assert probs.shape == routing_map.shape == (0, 2)
+    assert aux.item() == 0.0  # not NaN: no token, no imbalance
+    aux.backward()
+    assert router.weight.grad is not None and not router.weight.grad.any()
+
+
+def test_router_aux_loss_of_one_token_with_top_1() -> None:
+    router = TopKRouter(2, 2, 1, aux_loss_coeff=1.0, dtype=F64)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(2, dtype=F64))
+    _, (probs, routing_map, aux) = router(torch.tensor([[1.0, 0.0]], dtype=F64))
+    p0 = math.exp(1) / (math.exp(1) + 1)
+    assert routing_map.tolist() == [[0]] and probs.tolist() == [[1.0]]
+    assert aux.item() == pytest.approx(2 * p0, rel=1e-12)  # E * f_0 * P_0 = 2 * 1 * p0
+
+
+def test_router_scores_bfloat16_tokens_in_float32() -> None:
+    router = TopKRouter(3, 4, 2, dtype=torch.bfloat16)
+    _, (probs, _, aux) = router(torch.randn(5, 3, dtype=torch.bfloat16))
+    assert probs.dtype == aux.dtype == torch.float32
 
 
 def test_dispatch_groups_rows_by_expert_in_token_order() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 
 from te_assembly.catalog import OPS, load_object
 from te_assembly.reference.ops.activations import ScaledSwiGLU
-from te_assembly.reference.ops.linear import GroupedLinear, Linear
+from te_assembly.reference.ops.linear import BasicLinear, GroupedLinear, Linear
+from te_assembly.reference.ops.moe import TopKRouter
 from te_assembly.reference.ops.norms import LayerNorm, RMSNorm
 from te_assembly.reference.ops.passthrough import AddExtraInput, Dropout, MakeExtraOutput
 
@@ -197,11 +199,35 @@ def test_reference_constructor_defaults_are_the_catalogs(name: str) -> None:
     import inspect
 
     spec = OPS[name]
-    signature = inspect.signature(load_object(spec.reference))
+    cls = load_object(spec.reference)
+    signature = inspect.signature(cls)
     for param in spec.params:
         if param.required:
             continue
         assert signature.parameters[param.name].default == param.default, (name, param.name)
+    # And the op built from its required arguments alone holds them.
+    op = cls(**{p.name: REQUIRED_ARGS[name][p.name] for p in spec.params if p.required})
+    for param in spec.params:
+        if not param.required and hasattr(op, param.name):
+            assert getattr(op, param.name) == param.default, (name, param.name)
+    assert hasattr(op, "bias") == bool(
+        spec.param_shapes(spec.with_defaults(REQUIRED_ARGS.get(name, {}))).get("bias")
+    )
+
+
+@pytest.mark.parametrize("in_features", [16, 64])
+def test_weights_start_as_torch_and_te_initialise_them(in_features: int) -> None:
+    """kaiming_uniform(a=sqrt(5)): uniform on +-1/sqrt(in_features), as torch.nn.Linear and TE do."""
+    torch.manual_seed(0)
+    for op in (
+        BasicLinear(in_features, 256),
+        GroupedLinear(2, in_features, 128),
+        TopKRouter(in_features, 256, 1),
+    ):
+        weights = torch.cat([p.detach().reshape(-1) for n, p in op.named_parameters() if "weight" in n])
+        bound = 1 / math.sqrt(in_features)
+        assert weights.abs().max() <= bound and weights.abs().max() > 0.97 * bound
+        assert abs(float(weights.mean())) < 0.05 * bound
 
 
 @pytest.mark.parametrize("zero_centered", [False, True])

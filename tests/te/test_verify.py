@@ -28,14 +28,62 @@ def test_nan_shape_and_integer_mismatches_fail() -> None:
     shape = compare("t", "output", torch.ones(4), ref, TOL)
     assert not shape.passed and "shape" in shape.note
     ints = torch.tensor([1, 2, 3])
-    assert compare("m", "output", ints.clone(), ints, TOL).exact
+    same = compare("m", "output", ints.clone(), ints, TOL)
+    assert same.exact and same.passed
     assert not compare("m", "output", torch.tensor([1, 2, 4]), ints, Tolerance(10.0, 10.0)).passed
 
 
 def test_missing_gradient_counts_as_zero() -> None:
     assert compare("g", "param grad", None, torch.zeros(2), TOL).passed
     assert not compare("g", "param grad", None, torch.ones(2), TOL).passed
-    assert compare("g", "param grad", None, None, TOL).passed
+    missing_ref = compare("g", "param grad", torch.ones(2), None, TOL)  # only the TE engine has one
+    assert not missing_ref.passed and missing_ref.shape == (2,) and missing_ref.max_abs == 1.0
+    assert compare("g", "param grad", torch.zeros(2), None, TOL).passed
+    neither = compare("g", "param grad", None, None, TOL)
+    assert (neither.name, neither.kind, neither.shape, neither.max_abs, neither.max_rel, neither.passed) == (
+        "g",
+        "param grad",
+        (),
+        0.0,
+        0.0,
+        True,
+    )
+    assert neither.note == "no gradient in either engine"
+
+
+def test_comparison_rows_carry_their_numbers() -> None:
+    row = compare("t", "output", torch.tensor([0.5, -0.25]), torch.tensor([0.25, -0.25]), TOL)
+    assert (row.name, row.kind, row.shape, row.max_abs, row.max_rel, row.passed, row.exact) == (
+        "t",
+        "output",
+        (2,),
+        0.25,
+        1.0,  # measured against max|ref| = 0.25, below 1
+        False,
+        False,
+    )
+    mismatch = compare("t", "output", torch.ones(4), torch.ones(3), TOL)
+    assert (mismatch.name, mismatch.kind, mismatch.shape, mismatch.passed) == ("t", "output", (3,), False)
+    assert (
+        mismatch.max_abs == mismatch.max_rel == float("inf")
+        and mismatch.note == "shape (4,) vs reference (3,)"
+    )
+
+
+def test_all_zero_and_empty_references() -> None:
+    zero = torch.zeros(3)
+    assert compare("t", "output", zero, zero, TOL).max_rel == 0.0
+    off = compare("t", "output", torch.full((3,), 1e-3), zero, TOL)
+    assert off.max_rel == float("inf") and off.max_abs == pytest.approx(1e-3) and not off.passed
+    empty = compare("t", "output", torch.zeros(0, 4), torch.zeros(0, 4), TOL)
+    assert empty.passed and (empty.max_abs, empty.max_rel, empty.shape) == (0.0, 0.0, (0, 4))
+
+
+def test_the_threshold_itself_passes() -> None:
+    exact = Tolerance(atol=0.25, rtol=0.5)  # binary fractions: the sums below are exact
+    ref = torch.tensor([1.0, -0.5])
+    assert compare("t", "output", ref + torch.tensor([0.75, 0.0]), ref, exact).passed  # 0.75 == 0.25 + 0.5
+    assert not compare("t", "output", ref + torch.tensor([0.875, 0.0]), ref, exact).passed
 
 
 def test_tolerance_class_follows_recipe_then_dtype() -> None:
