@@ -235,7 +235,7 @@ def test_dispatch_rejects_bad_routing() -> None:
 @pytest.mark.parametrize("rows", [6, 7])
 def test_combine_rejects_rows_that_do_not_match_the_row_map(rows: int) -> None:
     """6 rows for an 8-row map is a multiple of top_k and still wrong; 7 is neither."""
-    with pytest.raises(ValueError, match=rf"Combine expects 8 rows, a multiple of top_k=2; got {rows}"):
+    with pytest.raises(ValueError, match=rf"Combine expects 8 rows\b.*got {rows}"):
         Combine(top_k=2)(torch.randn(rows, 3), (torch.randperm(8),))
 
 
