@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -138,5 +139,6 @@ def test_cli_resume_in_a_new_process_with_dropout(
     assert _losses(tmp_path / "part") == _losses(tmp_path / "full")[:4]
     result = run_cli(_train_args(tmp_path / "part", "train.resume=true"))  # a fresh process
     assert result.returncode == 0, result.stderr
-    assert "resumed from" in result.stdout and "(step 4)" in result.stdout
+    # A run that silently started over would give the same losses: the resume itself is shown.
+    assert re.search(r"resumed from \S*ckpt-0*4\b", result.stdout), result.stdout
     assert _losses(tmp_path / "part") == _losses(tmp_path / "full")
