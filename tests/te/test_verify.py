@@ -441,12 +441,12 @@ def test_te_engine_1e_6_off_fails_float64_verify(monkeypatch: pytest.MonkeyPatch
 
     plan = plan_from_yaml(PUBLIC_THEN_BIAS)
     assert verify(plan, kernels="reference", dtype=torch.float64, tokens=8).passed
-    original = TEModel._forward_positional
+    original = TEModel.forward
 
-    def off(self: TEModel, x: torch.Tensor, *extra: torch.Tensor) -> Any:
-        out = original(self, x, *extra)
-        return (out[0] + 1e-6, *out[1:]) if isinstance(out, tuple) else out + 1e-6
+    def off(self: TEModel, x: torch.Tensor, *extra: torch.Tensor, **named: torch.Tensor) -> Any:
+        out = original(self, x, *extra, **named)  # a ModelOutput (y, extras)
+        return out._replace(y=out.y + 1e-6)
 
-    monkeypatch.setattr(TEModel, "_forward_positional", off)
+    monkeypatch.setattr(TEModel, "forward", off)
     report = verify(plan, kernels="reference", dtype=torch.float64, tokens=8)
     assert [c.name for c in report.failures] == [MAIN_OUTPUT]
