@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -36,13 +38,54 @@ def test_router_outputs(score_function: str) -> None:
     y, (probs, routing_map, aux) = router(x)
     assert y is x
     assert probs.shape == (10, 2) and routing_map.dtype == torch.int64 and not routing_map.requires_grad
-    torch.testing.assert_close(probs.sum(-1), torch.ones(10, dtype=F64))
     logits = x.reshape(10, 3) @ router.weight.detach().T
     scores = logits.softmax(-1) if score_function == "softmax" else logits.sigmoid()
     assert torch.equal(routing_map, scores.topk(2, dim=-1).indices)
+    top = scores.gather(-1, routing_map)
+    torch.testing.assert_close(probs.detach(), top / top.sum(-1, keepdim=True))  # by value, not just sums
     dist = scores / scores.sum(-1, keepdim=True)
     fraction = torch.stack([(routing_map == e).sum() for e in range(4)]).to(F64) / 20
     torch.testing.assert_close(aux.detach(), 0.01 * 4 * (fraction * dist.mean(0)).sum())
+
+
+LOGITS = [[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 3.5, 1.0], [-0.5, 0.25, -2.0, 0.75]]
+"""Hand-picked logits (the router's weight is set to the identity, so logits == x)."""
+
+
+def _by_hand(
+    score_function: str, top_k: int, coeff: float
+) -> tuple[list[list[int]], list[list[float]], float]:
+    """routing_map, probs and aux_loss in plain Python floats: score, keep the top_k highest (best first),
+    renormalise; aux = coeff * E * sum_e f_e * P_e (f_e: share of the T*k slots routed to e; P_e: mean
+    over tokens of the scores, sigmoid scores first divided by their row sum)."""
+    experts, tokens = len(LOGITS[0]), len(LOGITS)
+    if score_function == "softmax":
+        scores = [[math.exp(z) / sum(math.exp(v) for v in row) for z in row] for row in LOGITS]
+        dist = scores
+    else:
+        scores = [[1 / (1 + math.exp(-z)) for z in row] for row in LOGITS]
+        dist = [[s / sum(row) for s in row] for row in scores]
+    chosen = [sorted(range(experts), key=lambda e, row=row: -row[e])[:top_k] for row in scores]
+    probs = []
+    for row, picks in zip(scores, chosen, strict=True):
+        probs.append([row[e] / sum(row[c] for c in picks) for e in picks])
+    share = [sum(picks.count(e) for picks in chosen) / (tokens * top_k) for e in range(experts)]
+    mean_score = [sum(row[e] for row in dist) / tokens for e in range(experts)]
+    aux = coeff * experts * sum(f * p for f, p in zip(share, mean_score, strict=True))
+    return chosen, probs, aux
+
+
+@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_router_probabilities_and_aux_loss_by_hand(score_function: str, top_k: int) -> None:
+    router = TopKRouter(4, 4, top_k, score_function=score_function, aux_loss_coeff=0.05, dtype=F64)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(4, dtype=F64))
+    _, (probs, routing_map, aux) = router(torch.tensor(LOGITS, dtype=F64))
+    chosen, want_probs, want_aux = _by_hand(score_function, top_k, 0.05)
+    assert routing_map.tolist() == chosen
+    torch.testing.assert_close(probs, torch.tensor(want_probs, dtype=F64), rtol=1e-12, atol=0)
+    assert aux.item() == pytest.approx(want_aux, rel=1e-12)
 
 
 @pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
@@ -58,6 +101,8 @@ def test_router_gradcheck(score_function: str) -> None:
         y, (probs, _, aux) = torch.func.functional_call(router, {"weight": w_}, (x_,))
         return y * 1.0, probs, aux
 
+    # gradcheck skips outputs that do not require grad: a detached probs or aux_loss would pass it.
+    assert all(out.requires_grad for out in run(x, weight))
     assert torch.autograd.gradcheck(run, (x, weight))
 
 
@@ -75,9 +120,39 @@ def test_router_top_k_equals_num_experts() -> None:
     assert torch.equal(routing_map.sort(-1).values, torch.arange(3).expand(5, 3))
 
 
-def test_router_rejects_top_k_above_num_experts() -> None:
-    with pytest.raises(ValueError):
-        TopKRouter(in_features=3, num_experts=2, top_k=3)
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_router_rejects_top_k_outside_1_to_num_experts(top_k: int) -> None:
+    with pytest.raises(ValueError, match=rf"0 < top_k <= num_experts, got top_k={top_k}, num_experts=2"):
+        TopKRouter(in_features=3, num_experts=2, top_k=top_k)
+    with pytest.raises(ValueError, match="score_function must be softmax or sigmoid, got 'relu'"):
+        TopKRouter(in_features=3, num_experts=2, top_k=1, score_function="relu")
+
+
+@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+def test_router_on_no_tokens(score_function: str) -> None:
+    router = _router(score_function)
+    x = torch.zeros(0, 3, dtype=F64, requires_grad=True)
+    _, (probs, routing_map, aux) = router(x)
+    assert probs.shape == routing_map.shape == (0, 2)
+    assert aux.item() == 0.0  # not NaN: no token, no imbalance
+    aux.backward()
+    assert router.weight.grad is not None and not router.weight.grad.any()
+
+
+def test_router_aux_loss_of_one_token_with_top_1() -> None:
+    router = TopKRouter(2, 2, 1, aux_loss_coeff=1.0, dtype=F64)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(2, dtype=F64))
+    _, (probs, routing_map, aux) = router(torch.tensor([[1.0, 0.0]], dtype=F64))
+    p0 = math.exp(1) / (math.exp(1) + 1)
+    assert routing_map.tolist() == [[0]] and probs.tolist() == [[1.0]]
+    assert aux.item() == pytest.approx(2 * p0, rel=1e-12)  # E * f_0 * P_0 = 2 * 1 * p0
+
+
+def test_router_scores_bfloat16_tokens_in_float32() -> None:
+    router = TopKRouter(3, 4, 2, dtype=torch.bfloat16)
+    _, (probs, _, aux) = router(torch.randn(5, 3, dtype=torch.bfloat16))
+    assert probs.dtype == aux.dtype == torch.float32
 
 
 def test_dispatch_groups_rows_by_expert_in_token_order() -> None:
@@ -136,18 +211,49 @@ def test_dispatch_combine_gradcheck() -> None:
         rows, (_, row_probs, _) = dispatch(x_, (p_, routing_map))
         return rows, row_probs
 
+    # gradcheck skips outputs that do not require grad: a detached row_probs would pass it.
+    assert all(out.requires_grad for out in run_dispatch(x, probs))
     assert torch.autograd.gradcheck(run_dispatch, (x, probs))
     _, (_, _, row_map) = dispatch(x.detach(), (probs.detach(), routing_map))
     rows = torch.randn(8, 3, dtype=F64, requires_grad=True)
+    assert combine(rows, (row_map,))[0].requires_grad
     assert torch.autograd.gradcheck(lambda r: combine(r, (row_map,))[0], (rows,))
 
 
 def test_dispatch_rejects_bad_routing() -> None:
     x, probs, routing_map = _route([[0, 1], [1, 0]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expert ids outside \[0, 2\)"):
         Dispatch(num_experts=2, top_k=2)(x, (probs, routing_map + 1))
-    with pytest.raises(ValueError):
+    shapes = r"expects probs and routing_map of shape \(2, 1\), got \(2, 2\) and \(2, 2\)"
+    with pytest.raises(ValueError, match=shapes):
         Dispatch(num_experts=2, top_k=1)(x, (probs, routing_map))
+    # Either tensor alone with the wrong shape is refused too.
+    with pytest.raises(ValueError, match=r"got \(2, 1\) and \(2, 2\)"):
+        Dispatch(num_experts=2, top_k=2)(x, (probs[:, :1], routing_map))
+    with pytest.raises(ValueError, match=r"got \(2, 2\) and \(2, 1\)"):
+        Dispatch(num_experts=2, top_k=2)(x, (probs, routing_map[:, :1]))
+
+
+@pytest.mark.parametrize("rows", [6, 7])
+def test_combine_rejects_rows_that_do_not_match_the_row_map(rows: int) -> None:
+    """6 rows for an 8-row map is a multiple of top_k and still wrong; 7 is neither."""
+    with pytest.raises(ValueError, match=rf"Combine expects 8 rows\b.*got {rows}"):
+        Combine(top_k=2)(torch.randn(rows, 3), (torch.randperm(8),))
+
+
+def test_dispatch_order_is_stable_for_many_tied_slots() -> None:
+    """Copies of one expert keep token-then-slot order however many tie. torch's CPU sort without
+    stable=True reorders ties at this size (checked on torch 2.14), so a 4-token example cannot tell."""
+    gen = torch.Generator().manual_seed(0)
+    tokens, top_k, experts = 500, 2, 4
+    routing_map = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    x = torch.arange(tokens, dtype=F64)[:, None]
+    probs = torch.full((tokens, top_k), 0.5, dtype=F64)
+    rows, (_, _, row_map) = Dispatch(experts, top_k)(x, (probs, routing_map))
+    flat = routing_map.reshape(-1).tolist()
+    want = sorted(range(tokens * top_k), key=lambda i: (flat[i], i))
+    assert row_map.tolist() == want
+    assert rows[:, 0].tolist() == [i // top_k for i in want]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

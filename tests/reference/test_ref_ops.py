@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 
 from te_assembly.catalog import OPS, load_object
 from te_assembly.reference.ops.activations import ScaledSwiGLU
-from te_assembly.reference.ops.linear import GroupedLinear, Linear
+from te_assembly.reference.ops.linear import BasicLinear, GroupedLinear, Linear
+from te_assembly.reference.ops.moe import TopKRouter
 from te_assembly.reference.ops.norms import LayerNorm, RMSNorm
 from te_assembly.reference.ops.passthrough import AddExtraInput, Dropout, MakeExtraOutput
 
@@ -93,6 +95,7 @@ def test_scaled_swiglu_value_and_gradcheck() -> None:
     y, _ = op(x, (scales,))
     a, b = x.detach().chunk(2, dim=-1)
     torch.testing.assert_close(y, F.silu(a) * b * scales.detach()[..., None])
+    assert y.requires_grad  # gradcheck would skip a detached output
     assert torch.autograd.gradcheck(lambda x_, s_: op(x_, (s_,))[0], (x, scales))
 
 
@@ -147,6 +150,7 @@ def test_grouped_linear_gradcheck(scale_bias: bool) -> None:
         extra = (sizes, s_) if scale_bias else (sizes,)
         return torch.func.functional_call(op, state, (x_, extra))[0]
 
+    assert run(x, scales, *params).requires_grad  # gradcheck would skip a detached output
     assert torch.autograd.gradcheck(run, (x, scales, *params))
 
 
@@ -161,10 +165,69 @@ def test_grouped_linear_empty_group_has_zero_grad() -> None:
     assert torch.count_nonzero(grad_of(op, "weight1")) > 0
 
 
-@pytest.mark.parametrize("sizes", [[1, 1, 1], [2, 2], [-1, 3, 2]])
-def test_grouped_linear_rejects_bad_split_sizes(sizes: list[int]) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ([1, 1, 1], r"split sizes \[1, 1, 1\] do not sum to the 4 input rows"),
+        ([2, 2], "expects 3 split sizes, got 2"),
+        ([-1, 3, 2], r"split sizes \[-1, 3, 2\] do not sum to the 4 input rows"),
+    ],
+)
+def test_grouped_linear_rejects_bad_split_sizes(sizes: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         _grouped(scale_bias=False)(torch.randn(4, 3, dtype=F64), (torch.tensor(sizes),))
+
+
+@pytest.mark.parametrize("scale_bias", [False, True])
+def test_grouped_linear_output_keeps_x_dtype_and_leading_dims(scale_bias: bool) -> None:
+    op = GroupedLinear(num_groups=2, in_features=3, out_features=2, scale_bias=scale_bias)
+    x = torch.randn(2, 3, 3)  # six rows in two leading dims
+    extra = (torch.tensor([4, 2]), torch.rand(6, dtype=F64)) if scale_bias else (torch.tensor([4, 2]),)
+    y, _ = op(x, extra)  # float64 scales must not promote a float32 output
+    assert y.shape == (2, 3, 2) and y.dtype == torch.float32
+
+
+def test_scaled_swiglu_output_keeps_x_dtype() -> None:
+    y, _ = ScaledSwiGLU()(torch.randn(3, 8), (torch.rand(3, dtype=F64),))
+    assert y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_reference_constructor_defaults_are_the_catalogs(name: str) -> None:
+    """The catalog is the one source of defaults; a reference op built from Python with its own
+    defaults must build the same op (eps, zero_centered_gamma, bias, score_function...)."""
+    import inspect
+
+    spec = OPS[name]
+    cls = load_object(spec.reference)
+    signature = inspect.signature(cls)
+    for param in spec.params:
+        if param.required:
+            continue
+        assert signature.parameters[param.name].default == param.default, (name, param.name)
+    # And the op built from its required arguments alone holds them.
+    op = cls(**{p.name: REQUIRED_ARGS[name][p.name] for p in spec.params if p.required})
+    for param in spec.params:
+        if not param.required and hasattr(op, param.name):
+            assert getattr(op, param.name) == param.default, (name, param.name)
+    assert hasattr(op, "bias") == bool(
+        spec.param_shapes(spec.with_defaults(REQUIRED_ARGS.get(name, {}))).get("bias")
+    )
+
+
+@pytest.mark.parametrize("in_features", [16, 64])
+def test_weights_start_as_torch_and_te_initialise_them(in_features: int) -> None:
+    """kaiming_uniform(a=sqrt(5)): uniform on +-1/sqrt(in_features), as torch.nn.Linear and TE do."""
+    torch.manual_seed(0)
+    for op in (
+        BasicLinear(in_features, 256),
+        GroupedLinear(2, in_features, 128),
+        TopKRouter(in_features, 256, 1),
+    ):
+        weights = torch.cat([p.detach().reshape(-1) for n, p in op.named_parameters() if "weight" in n])
+        bound = 1 / math.sqrt(in_features)
+        assert weights.abs().max() <= bound and weights.abs().max() > 0.97 * bound
+        assert abs(float(weights.mean())) < 0.05 * bound
 
 
 @pytest.mark.parametrize("zero_centered", [False, True])
@@ -192,6 +255,14 @@ def test_passthrough_ops() -> None:
     assert summed is not x and summed.data_ptr() != addend.data_ptr()
     torch.testing.assert_close(load_object(OPS["ConstantScale"].reference)(scale=-2.0)(x)[0], -2 * x)
     assert load_object(OPS["Identity"].reference)()(x)[0] is x
+
+
+@pytest.mark.parametrize("p", [0.2, 0.7])
+def test_dropout_drops_p_of_the_elements_and_rescales(p: float) -> None:
+    torch.manual_seed(0)
+    y, _ = Dropout(p=p)(torch.ones(20000, dtype=F64))
+    assert abs(float((y == 0).double().mean()) - p) < 0.02
+    torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / (1 - p)))
 
 
 def test_dropout_respects_training() -> None:

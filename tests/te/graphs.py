@@ -1,8 +1,11 @@
 """Seeded random channel graphs (model mappings) of TE's CPU-capable ops and our MoE ops.
 
-Channel names come from one pool per slot dtype and shape, and every op keeps the width and uses the same MoE
-arguments, so the only rules a graph can break are the ones TE itself enforces (dangling input,
-producer at or after the consumer, several producers) plus fuser crossings when modules split it.
+Channel names come from one pool per slot dtype, shape and row space (token rows, or rows after each
+Dispatch/Combine: a channel may only join slots on the same side of them), and every op keeps the
+width and uses the same MoE arguments, so the only rules a graph can break are the ones TE itself
+enforces (dangling input, producer at or after the consumer, several producers) plus fuser crossings
+when modules split it. ``tests/validation/test_random_graph_generator.py`` holds the generator to
+that claim over many seeds.
 """
 
 from __future__ import annotations
@@ -31,11 +34,20 @@ def _args(op: str, rng: random.Random) -> dict[str, Any]:
     }.get(op, {})
 
 
-def _pool(dtype: str, shape: str) -> tuple[str, ...]:
-    # Shapes TE does not check at construction (a [tokens, top_k] tensor into a per-row slot) keep pools
-    # apart, like dtypes: the main-path pool keeps the plain names.
+ROW_SHAPES = ("main", "rows", "token_topk")
+"""Slot shapes with one entry per row of the main path: they only fit at the same row depth."""
+
+
+def _pool(dtype: str, shape: str, depth: int = 0) -> tuple[str, ...]:
+    # Shapes TE does not check at construction (a [tokens, top_k] tensor into a per-row slot, a tensor of
+    # token rows into a step that runs on dispatched rows) keep pools apart, like dtypes: the main-path
+    # pool at token rows keeps the plain names.
     names = FLOAT_POOL if dtype == "float" else INT_POOL
-    return names if shape == "main" else tuple(f"{n}_{shape}" for n in names)
+    if shape != "main":
+        names = tuple(f"{n}_{shape}" for n in names)
+    if depth and shape in ROW_SHAPES:
+        names = tuple(f"{n}_depth{depth}".replace("-", "m") for n in names)
+    return names
 
 
 def random_model(
@@ -50,6 +62,7 @@ def random_model(
     """A model mapping. ``runnable``: router outputs go to ``ROUTER_POOL`` (never consumed), so any
     valid graph also runs forward and backward on plain ``[tokens, WIDTH]`` data."""
     out: list[dict[str, Any]] = []
+    depth = 0  # Dispatches minus Combines so far: the row space of the main path
     for i in range(rng.randint(*steps)):
         if modules and rng.random() < 0.2:
             module = rng.choice(modules)
@@ -60,14 +73,19 @@ def random_model(
         spec, args = OPS[op], _args(op, rng)
         step: dict[str, Any] = {"name": f"s{i}", "op": op, "args": args}
         inputs = {
-            slot.name: (rng.choice(_pool(slot.dtype, slot.shape)) if rng.random() < bind else None)
+            slot.name: (rng.choice(_pool(slot.dtype, slot.shape, depth)) if rng.random() < bind else None)
             for slot in spec.input_slots(args)
         }
         outputs = {}
         for slot in spec.output_slots(args):
             if rng.random() < bind:
-                pool = ROUTER_POOL if runnable and op == "TopKRouter" else _pool(slot.dtype, slot.shape)
+                # Dispatch's row outputs (row_probs, row_map) describe the rows it emits.
+                made_at = depth + (spec.rows_delta if slot.shape == "rows" else 0)
+                pool = _pool(slot.dtype, slot.shape, made_at)
+                if runnable and op == "TopKRouter":
+                    pool = ROUTER_POOL
                 outputs[slot.name] = {"channel": rng.choice(pool), "public": rng.random() < 0.5}
+        depth += spec.rows_delta
         if inputs:
             step["extra_inputs"] = inputs
         if outputs:
