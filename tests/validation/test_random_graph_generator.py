@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from te_assembly.validate import analyze
+from te_assembly.pipeline import load
 from tests.te.graphs import MOE_OPS, TE_CPU_OPS, random_model
 
 TE_ENFORCED = {"dangling-input", "producer-after-consumer", "duplicate-producer"}
@@ -24,8 +24,7 @@ SPLIT_ONLY = {"crosses-fuser"}
 
 
 def _codes(model: dict[str, Any]) -> set[str]:
-    diags, _ = analyze(model)
-    return {d.code for d in diags if d.is_error}
+    return {d.code for d in load(model).diagnostics if d.is_error}
 
 
 def _allowed(codes: set[str], extra: set[str]) -> bool:
