@@ -225,14 +225,45 @@ def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagn
     order = [
         resolved.sources[k] for k in ("model", "recipe", "config", "shipped config") if k in resolved.sources
     ]
+    set_by = _command_line_keys(resolved.overrides)
     located = []
     for d in diags:
+        override = _override_for(d.path, set_by) if d.file is None else None
+        if override is not None:
+            # The file's line holds the default; what is wrong is the value the command line gave.
+            d = dataclasses.replace(d, override=override)
         for source in order:
             d = source.locate(d)
             if d.file is not None:
                 break
         located.append(d)
     return dedupe(sort_diagnostics(located, [s.file for s in order]))
+
+
+def _command_line_keys(overrides: Sequence[str]) -> dict[str, str]:
+    """Key path -> the override that set it (the last one wins, as in Hydra)."""
+    out: dict[str, str] = {}
+    for text in overrides:
+        key, sep, _ = text.partition("=")
+        key = key.lstrip("+~")
+        chosen_group = key in ("model", "recipe") or key.startswith("hydra.")
+        if key and (sep or text.startswith("~")) and not chosen_group:
+            out[key] = text
+    return out
+
+
+def _override_for(path: str, set_by: Mapping[str, str]) -> str | None:
+    """The override that set ``path`` or a key above it, if any. Model and recipe value overrides are
+    left to the file: their errors are located where the value is used (an interpolation site)."""
+    if not set_by:
+        return None
+    candidate = path
+    while candidate:
+        if candidate in set_by and not candidate.startswith(("model.", "recipe.")):
+            return set_by[candidate]
+        cut = max(candidate.rfind("."), candidate.rfind("["))
+        candidate = candidate[:cut] if cut > 0 else ""
+    return None
 
 
 __all__ = [
