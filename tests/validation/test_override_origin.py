@@ -29,3 +29,11 @@ def test_values_from_files_and_model_overrides_name_no_override() -> None:
     analysis = load("moe_block", ["model.dims.top_k=9", "seed=3"])
     assert analysis.errors and all(d.override is None for d in analysis.errors)
     assert all(d.file is not None and d.file.endswith("moe_block.yaml") for d in analysis.errors)
+
+
+def test_validate_checks_every_section_a_later_command_reads(run_cli) -> None:  # type: ignore[no-untyped-def]
+    done = run_cli(["validate", "model=moe_block", "train.lr=nan", "bench.repeats=0", "graph.formats=[pdf]"])
+    assert done.returncode == 2, done.stderr
+    for path in ("train.lr:", "bench.repeats:", "graph.formats[0]:"):
+        assert f"error: {path}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
