@@ -30,6 +30,7 @@ from te_assembly.sections import read_section, section_diagnostics
 from te_assembly.settings import COMMON_KEYS, CommonSettings, RunSettings
 from te_assembly.validate.channels import ChannelGraph, RawChannels, check_channels
 from te_assembly.validate.fusers import assign_fusers
+from te_assembly.validate.layouts import check_layouts
 from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
 from te_assembly.validate.steps import check_step
 from te_assembly.validate.widths import check_widths
@@ -57,6 +58,9 @@ class ModelAnalysis:
     fusers: tuple[FuserGroup, ...] = ()
     graph: ChannelGraph | None = None
     diagnostics: tuple[Diagnostic, ...] = ()
+    input_layout: str = "any"
+    """What ``x`` must look like (``validate/layouts.py``)."""
+    input_layout_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,11 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
     diags.extend(width_diags)
     graph = check_channels(steps, fusers, RawChannels.of(ops))
     diags.extend(graph.diagnostics)
-    return ModelAnalysis(tuple(steps), tuple(fusers), graph, tuple(diags))
+    layouts = check_layouts(steps, model.get("input_layout"), graph)
+    diags.extend(layouts.diagnostics)
+    return ModelAnalysis(
+        tuple(layouts.steps), tuple(fusers), graph, tuple(diags), layouts.input_layout, layouts.source
+    )
 
 
 def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagnostic]) -> Plan:
@@ -150,6 +158,8 @@ def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagno
         public_outputs=result.graph.public_outputs,
         dims=dict(model.get("dims") or {}),
         warnings=warnings,
+        input_layout=result.input_layout,
+        input_layout_source=result.input_layout_source,
     )
 
 
