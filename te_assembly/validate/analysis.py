@@ -205,6 +205,7 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     candidate = _plan(model, result, []) if sound and model is not None else None
     cross, layout = _cross_checks(candidate, recipe, parsed.get(PARALLEL))
     diags.extend(cross)
+    diags.extend(_sequence_checks(candidate, parsed))
     final = _finish(diags, resolved)
     if candidate is None or has_errors(final):
         return Analysis(resolved, result, recipe, parsed, tuple(final))
@@ -227,6 +228,34 @@ def _cross_checks(
         layout, found = shard_plan(plan, parallel)
         out.extend(found)
     return out, layout
+
+
+TOKEN_KEYS = {"run": "tokens", "train": "batch_tokens", "bench": "tokens"}
+"""Each section that makes synthetic batches: its rows-per-batch key (next to its ``seq_len``)."""
+
+
+def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
+    """A model that takes ``[batch, seq, features]`` needs whole sequences: each section's tokens a
+    multiple of its ``seq_len``."""
+    if plan is None or plan.input_layout != "sequence":
+        return []
+    out = []
+    for section, key in TOKEN_KEYS.items():
+        settings = parsed.get(section)
+        tokens, seq_len = getattr(settings, key, None), getattr(settings, "seq_len", None)
+        if not isinstance(tokens, int) or not isinstance(seq_len, int) or tokens % seq_len == 0:
+            continue
+        whole = max(seq_len, tokens - tokens % seq_len)
+        out.append(
+            error(
+                f"{section}.{key}",
+                "partial-sequence",
+                f"{plan.name} takes x as [batch, seq, features] ({plan.input_layout_source}): {section}.{key}="
+                f"{tokens} rows are not whole sequences of {section}.seq_len={seq_len} positions",
+                f"use {section}.{key}={whole}, or a {section}.seq_len that divides {tokens}",
+            )
+        )
+    return out
 
 
 def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:
