@@ -287,9 +287,7 @@ def verify(
 
     generator = torch.Generator().manual_seed(seed)
     x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
-    inputs = sample_public_inputs(
-        plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len
-    )
+    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
     ref_run, cotangents = _forward_backward(reference, x, inputs, None, seed)
     te_run, _ = _forward_backward(candidate, x, inputs, cotangents, seed)
 
@@ -374,9 +372,7 @@ def recipe_effect(
     fill_zero_parameters(reference, seed)
     generator = torch.Generator().manual_seed(seed)
     x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
-    inputs = sample_public_inputs(
-        plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len
-    )
+    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
     outputs = []
     for model in (reference, plain, quantized):
         if model is not reference:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-import re
 from functools import cached_property
 from typing import Any
 
@@ -345,4 +345,3 @@ class ModuleSpec:
     def derived_params(self) -> tuple[Param, ...]:
         """Params whose null value takes another argument's (``default_from``)."""
         return tuple(p for p in self.params if p.default_from is not None)
-

@@ -78,7 +78,8 @@ class AssembledModel(torch.nn.Module):
 
     Every call is checked against the plan before any op runs (``call_checks``): ``x``'s feature width
     (and its number of dims when the plan's ``input_layout`` is ``tokens`` or ``sequence``), each public
-    input's shape, dtype kind and device. Everything a call needs (names, order, shape rules) is computed here, once."""
+    input's shape, dtype kind and device. Everything a call needs (names, order, shape rules) is computed
+    here, once."""
 
     engine: str = "?"
 

@@ -85,7 +85,9 @@ def sample_public_inputs(
                 f"cannot sample public input {tensor.name!r}: step {step.name!r} receives the rows of a "
                 "Dispatch with align > 1, whose count depends on the routing; feed it from a channel"
             )
-        value = _sample(step, tensor, rows[step.index], generator, lead if rows[step.index] == tokens else None)
+        value = _sample(
+            step, tensor, rows[step.index], generator, lead if rows[step.index] == tokens else None
+        )
         out[tensor.name] = value.to(device=device, dtype=dtype if value.is_floating_point() else torch.int64)
     return out
 

@@ -245,11 +245,11 @@ def _environment_limit() -> int | None:
 __all__ = [
     "MemoryEstimate",
     "activation_bytes",
-    "available_bytes",
     "attention_elements",
+    "available_bytes",
     "check_fits",
     "estimate",
-    "fused_attention",
     "format_bytes",
+    "fused_attention",
     "parameter_count",
 ]

@@ -250,8 +250,9 @@ def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagn
             error(
                 f"{section}.{key}",
                 "partial-sequence",
-                f"{plan.name} takes x as [batch, seq, features] ({plan.input_layout_source}): {section}.{key}="
-                f"{tokens} rows are not whole sequences of {section}.seq_len={seq_len} positions",
+                f"{plan.name} takes x as [batch, seq, features] ({plan.input_layout_source}): "
+                f"{section}.{key}={tokens} rows are not whole sequences of {section}.seq_len={seq_len} "
+                "positions",
                 f"use {section}.{key}={whole}, or a {section}.seq_len that divides {tokens}",
             )
         )

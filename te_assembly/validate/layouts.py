@@ -73,7 +73,10 @@ def check_layouts(
                     diags.append(_needs(step, need, actual, came, current == X and fixed is not None))
         sets = getattr(step.spec, "sets_layout", None)
         if sets == "tokens":
-            current, current_why = "tokens", f"after FlattenTokens step {step.name!r} at model.ops[{step.index}]"
+            current, current_why = (
+                "tokens",
+                f"after FlattenTokens step {step.name!r} at model.ops[{step.index}]",
+            )
         elif sets == "token_shape":
             current, current_why = _restored(step, steps, graph, arriving, why)
     resolved = decided or "any"
@@ -158,4 +161,4 @@ def _channel_layouts(
     return out
 
 
-__all__ = ["X", "LayoutResult", "check_layouts"]
+__all__ = ["LayoutResult", "X", "check_layouts"]

@@ -156,7 +156,11 @@ FP8_ATTENTION_FIELDS = ("fp8_dpa", "fp8_mha")
 
 def _fp8_attention(steps: Iterable[Any], recipe: Mapping[str, Any]) -> list[Diagnostic]:
     attention = next(
-        (s for s in steps if s is not None and getattr(s, "kind", "op") == "module" and s.type == "Attention"),
+        (
+            s
+            for s in steps
+            if s is not None and getattr(s, "kind", "op") == "module" and s.type == "Attention"
+        ),
         None,
     )
     if attention is None:

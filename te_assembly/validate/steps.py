@@ -157,9 +157,11 @@ def _multiples(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) ->
             error(
                 f"{path}.{rule.arg}",
                 "not-a-multiple",
-                f"{spec.name} needs {rule.arg} to be a multiple of {named}{condition}, got {rule.arg}={value}: "
-                f"{rule.why}",
-                f"use a multiple of {of}" if isinstance(rule.of, int) else f"make {rule.arg} a multiple of {of}",
+                f"{spec.name} needs {rule.arg} to be a multiple of {named}{condition}, got "
+                f"{rule.arg}={value}: {rule.why}",
+                f"use a multiple of {of}"
+                if isinstance(rule.of, int)
+                else f"make {rule.arg} a multiple of {of}",
             )
         )
     return out

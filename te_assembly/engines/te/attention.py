@@ -71,22 +71,28 @@ class TEAttention(torch.nn.Module):
                 from transformer_engine.pytorch.attention.rope import RotaryPositionEmbedding
 
                 rope = RotaryPositionEmbedding(head_dim, rotary_base=rotary_base, interleaved=False)
-        self.__dict__["attention"] = attention
-        self.__dict__["rope"] = rope  # inv_freq is a buffer: keep it out of the state dict too
+        # Plain attributes, not submodules (class docstring); RoPE's inv_freq is a buffer too.
+        self.__dict__["_te_attention"] = attention
+        self.__dict__["_rope"] = rope
         self._freqs: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    @property
+    def te_attention(self) -> Any:
+        """TE's ``DotProductAttention``."""
+        return self.__dict__["_te_attention"]
 
     def extra_repr(self) -> str:
         return f"{self.layout.extra_repr()}, kernels=TE DotProductAttention"
 
     def train(self, mode: bool = True) -> TEAttention:
-        self.attention.train(mode)
+        self.te_attention.train(mode)
         return super().train(mode)
 
     def _rotary_freqs(self, seq_len: int, device: torch.device) -> torch.Tensor:
         key = (seq_len, device)
         freqs = self._freqs.get(key)
         if freqs is None:
-            freqs = self.rope(seq_len).to(device)  # [seq, 1, 1, head_dim], float32
+            freqs = self.__dict__["_rope"](seq_len).to(device)  # [seq, 1, 1, head_dim], float32
             self._freqs[key] = freqs
         return freqs
 
@@ -99,7 +105,7 @@ class TEAttention(torch.nn.Module):
             freqs = self._rotary_freqs(seq, qkv.device)
             q = apply_rotary_pos_emb(q, freqs, tensor_format="bshd", interleaved=False, fused=True)
             k = apply_rotary_pos_emb(k, freqs, tensor_format="bshd", interleaved=False, fused=True)
-        out = self.attention(q.contiguous(), k.contiguous(), v.contiguous(), qkv_format="bshd")
+        out = self.te_attention(q.contiguous(), k.contiguous(), v.contiguous(), qkv_format="bshd")
         return out.reshape(batch, seq, self.layout.num_heads * self.layout.head_dim)
 
 
