@@ -198,9 +198,12 @@ LAYOUTS: dict[str, str] = {
     "any": "[..., features]",
     "tokens": "[tokens, features]",
     "sequence": "[batch, seq, features]",
+    "restored": "[*token_shape, features]",
 }
 """How the main-path tensor is laid out. ``any``: whatever ``x`` is (the ops work on the last dim);
-``tokens``: 2-D rows (Dispatch and Combine move rows); ``sequence``: 3-D (Attention mixes positions)."""
+``tokens``: 2-D rows (Dispatch and Combine move rows); ``sequence``: 3-D (Attention mixes positions);
+``restored``: after a RestoreTokens whose token_shape the caller passes (any leading dims). The first
+three are what a model's ``input_layout`` may declare."""
 
 
 @dataclass(frozen=True)

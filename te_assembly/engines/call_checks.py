@@ -54,6 +54,21 @@ class InputRule:
     number of dims and the feature width) is checked."""
     flat: bool = False
     """The main path is token rows at the step (after a FlattenTokens): ``x``'s leading dims flattened."""
+    free_lead: bool = False
+    """The main path has whatever leading dims a public token_shape gave it (after a RestoreTokens fed
+    by the caller): any leading dims holding the same number of rows."""
+
+    def accepts(self, shape: tuple[int, ...], lead: tuple[int, ...]) -> bool:
+        """Whether a tensor of ``shape`` fits for an ``x`` of shape ``(*lead, features)``."""
+        if self.free_lead and self.kind in ("main", "rows") and not self.local:
+            main = self.kind == "main"
+            kept = shape[:-1] if main else shape
+            width_ok = not main or shape[-1:] == (self.width or 0,)
+            # row_factor None: the rows depend on the routing (an aligned Dispatch), any count fits
+            rows_ok = self.row_factor is None or math.prod(kept) == math.prod(lead) * self.row_factor
+            if shape and width_ok and rows_ok:
+                return True
+        return fits(shape, self.shapes(lead))
 
     def shapes(self, lead: tuple[int, ...]) -> tuple[tuple[int | None, ...], ...]:
         """Accepted shapes for an ``x`` of shape ``(*lead, features)``, the first the one to name; a None
@@ -132,6 +147,7 @@ def input_rules(plan: Plan) -> tuple[InputRule, ...]:
                 count=_count(slot.shape, slot.agree, step.args),
                 row_factor=factor[step.index],
                 flat=step.layout == "tokens",
+                free_lead=step.layout == "restored",
             )
         )
     return tuple(rules)
@@ -264,7 +280,7 @@ class CallChecks:
                     f"{self.name}: public input {rule.name!r} must be a torch.Tensor, got {type(t).__name__}"
                 )
             shapes = rule.shapes(lead)
-            if not fits(tuple(t.shape), shapes):
+            if not rule.accepts(tuple(t.shape), lead):
                 raise InputShapeError(
                     f"{self.name}: public input {rule.name!r} ({rule.where}) must have shape "
                     f"{_show(shapes[0])} for x of shape {list(x.shape)}; got {list(t.shape)}"

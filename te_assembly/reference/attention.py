@@ -12,11 +12,17 @@ Semantics shared with the TE engine's ``TEAttention`` (``engines/te/attention.py
   ``interleaved=False`` (rotate-half): position ``p`` turns features ``j`` and ``j + head_dim / 2`` of q
   and k by ``p * rotary_base ** (-2j / head_dim)``;
 - softmax scale ``1 / sqrt(head_dim)``; causal: position ``p`` attends to positions ``<= p``.
+
+``scaled_dot_product_attention`` runs with its math backend: the textbook computation, twice
+differentiable like every other reference op (the flash kernels' backward is not), and what the memory
+estimate counts (it keeps the attention probabilities for backward). On CPU that costs about twice the
+flash kernel's time for the attention itself.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from te_assembly.reference.ops.base import compute_dtype
 
@@ -105,7 +111,8 @@ class Attention(torch.nn.Module):
         q = q.transpose(1, 2)
         k = k.transpose(1, 2).repeat_interleave(group, dim=1)
         v = v.transpose(1, 2).repeat_interleave(group, dim=1)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        with sdpa_kernel(SDPBackend.MATH):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim).to(out_dtype)
 
 

@@ -28,7 +28,10 @@ from te_assembly.validate.channels import ChannelGraph
 X = "x"
 """The symbolic layout "whatever x is", until ``input_layout`` or a step decides it."""
 UNKNOWN = "unknown"
-"""Past a step too broken to plan, or a RestoreTokens fed a public token_shape: not checked."""
+"""Past a step too broken to plan: not checked."""
+RESTORED = "restored"
+"""After a RestoreTokens fed a public token_shape: ``[*token_shape, features]``, whatever the caller's
+token_shape says (not checked here; the call checks its row count)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def check_layouts(
                 source = f"because step {step.name!r} ({step.type}) at model.ops[{step.index}] needs it"
             else:
                 actual = decided if current == X else current
-                if actual is not None and actual not in (need, UNKNOWN) and step.args_valid:
+                if actual is not None and actual not in (need, UNKNOWN, RESTORED) and step.args_valid:
                     came = f"x's layout, {source}" if current == X else current_why
                     diags.append(_needs(step, need, actual, came, current == X and fixed is not None))
         sets = getattr(step.spec, "sets_layout", None)
@@ -88,7 +91,8 @@ def check_layouts(
         symbolic = arriving[step.index]
         layout = resolved if symbolic == X else ("any" if symbolic == UNKNOWN else symbolic)
         result.append(step.evolve(layout=layout))
-    diags.extend(_channel_layouts(result, graph, {i for i, v in arriving.items() if v == UNKNOWN}))
+    unchecked = {i for i, v in arriving.items() if v in (UNKNOWN, RESTORED)}
+    diags.extend(_channel_layouts(result, graph, unchecked))
     return LayoutResult(result, resolved, source or "no step needs a particular one", diags)
 
 
@@ -104,7 +108,7 @@ def _restored(
     ref = graph.producer_of(step.index, slot) if graph is not None and slot is not None else None
     producer = steps[ref.step] if ref is not None and ref.step < len(steps) else None
     if producer is None or getattr(producer.spec, "sets_layout", None) != "tokens":
-        return UNKNOWN, ""  # a public token_shape: the caller says at call time
+        return RESTORED, ""  # a public token_shape: the caller says at call time
     restored = arriving.get(producer.index, UNKNOWN)
     return restored, why.get(producer.index, "") if restored != X else "x"
 
@@ -133,7 +137,7 @@ def _channel_layouts(
     steps: Sequence[PlannedStep | None], graph: ChannelGraph | None, unknown: set[int]
 ) -> list[Diagnostic]:
     """A main-path channel (a residual) joins steps where the main path has the same layout (``unknown``:
-    steps whose layout is not known, past a broken step: not checked)."""
+    steps whose layout is not known here: past a broken step, or set by a caller's token_shape)."""
     if graph is None:
         return []
     out: list[Diagnostic] = []
