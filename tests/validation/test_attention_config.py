@@ -350,3 +350,18 @@ def test_ranks_read_whole_sequences() -> None:
     assert [(d.path, d.code) for d in found] == [("run.tokens", "parallel-indivisible")]
     assert "3 sequences of 32" in found[0].message and "multiple of 128" in (found[0].hint or "")
     assert tokens_diagnostics(settings, 96, "run.tokens") == []  # rows: 96 split 4 ways
+
+
+def test_the_readme_attention_example_is_valid() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### Attention, token views and input layouts") :]
+    block = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    plan = load(yaml.safe_load(block.group(1))).checked_plan()
+    assert plan.input_layout == "sequence"
+    assert (plan.step("attn").in_width, plan.step("attn").out_width) == (128, 64)
