@@ -45,6 +45,8 @@ class PlannedStep:
     out_width: int | None = None
     row_depth: int | None = None
     """Dispatch depth of the main path arriving here: 0 = token rows, 1 = dispatched expert rows."""
+    layout: str | None = None
+    """Layout of the main path arriving here (``catalog.LAYOUTS``: ``any``, ``tokens``, ``sequence``)."""
     args_valid: bool = True
     """False while the step has argument errors (validation only; never in a finished plan)."""
 
@@ -120,6 +122,11 @@ class Plan:
     """In TE's return order."""
     dims: dict[str, Any] = field(default_factory=dict)
     warnings: list[Diagnostic] = field(default_factory=list)
+    input_layout: str = "any"
+    """What ``x`` must look like: ``any`` ``[..., features]``, ``tokens`` ``[tokens, features]`` or
+    ``sequence`` ``[batch, seq, features]`` (``validate/layouts.py``)."""
+    input_layout_source: str = ""
+    """Why, for messages: ``from input_layout: sequence`` or the step that needs it."""
 
     @property
     def num_params(self) -> int:

@@ -51,6 +51,10 @@ class ModelConfig:
     description: str = ""
     dims: dict[str, Any] = field(default_factory=dict)
     """Free-form numbers for ``${model.dims.X}`` interpolation."""
+    input_layout: str | None = field(default=None, metadata={"choices": ("any", "tokens", "sequence")})
+    """What ``x`` looks like: ``any`` ``[..., features]``, ``tokens`` ``[tokens, features]``, ``sequence``
+    ``[batch, seq, features]``; null: the first step that needs a layout of ``x`` decides
+    (``validate/layouts.py``)."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
 """FLOPs of a plan's matrix multiplies and the peak dense throughput of known GPUs.
 
 Only GEMMs are counted (2 * rows * in * out per linear; a grouped linear by the rows it receives,
-summed over groups; the router's scoring GEMM); element-wise ops are left out. Backward is counted as
-twice the forward (data gradient + weight gradient), a full step as three times.
+summed over groups; the router's scoring GEMM; attention's two batched GEMMs, q k^T and p v, 2 * 2 *
+head_dim multiply-adds per head per (query, key) pair it computes: every pair, or the s (s + 1) / 2 of
+each sequence when causal, as FlashAttention's benchmarks count); element-wise ops are left out.
+Backward is counted as twice the forward (data gradient + weight gradient), a full step as three times.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -26,7 +31,16 @@ _PEAKS: tuple[tuple[str, dict[torch.dtype, float], float], ...] = (
 PEAK_SOURCE = "NVIDIA H100/H200 Tensor Core GPU datasheets, dense (sparsity figures / 2)"
 
 
-def forward_flops(plan: Plan, tokens: int) -> int:
+def attention_flops(args: Mapping[str, Any], rows: int, seq_len: int) -> int:
+    """Forward FLOPs of an ``Attention`` step on ``rows`` rows in sequences of ``seq_len``."""
+    sequences = rows // seq_len
+    pairs = seq_len * (seq_len + 1) // 2 if args.get("causal", True) else seq_len * seq_len
+    return 4 * sequences * int(args["num_heads"]) * int(args["head_dim"]) * pairs
+
+
+def forward_flops(plan: Plan, tokens: int, seq_len: int | None = None) -> int:
+    """Forward GEMM FLOPs of one call on ``tokens`` rows (in sequences of ``seq_len`` for attention;
+    default: one sequence)."""
     rows = rows_per_step(plan, tokens)
     total = 0
     for step in plan.steps:
@@ -35,6 +49,8 @@ def forward_flops(plan: Plan, tokens: int) -> int:
             total += 2 * n * int(a["in_features"]) * int(a["out_features"])
         elif step.kind == "op" and step.type == "TopKRouter":
             total += 2 * n * int(a["in_features"]) * int(a["num_experts"])
+        elif step.kind == "module" and step.type == "Attention" and n:
+            total += attention_flops(a, n, min(seq_len or n, n))
     return total
 
 

@@ -77,8 +77,9 @@ class AssembledModel(torch.nn.Module):
     so a state dict from one engine loads into another.
 
     Every call is checked against the plan before any op runs (``call_checks``): ``x``'s feature width
-    (and 2-D for models whose steps change the row count), each public input's shape, dtype kind and
-    device. Everything a call needs (names, order, shape rules) is computed here, once."""
+    (and its number of dims when the plan's ``input_layout`` is ``tokens`` or ``sequence``), each public
+    input's shape, dtype kind and device. Everything a call needs (names, order, shape rules) is computed
+    here, once."""
 
     engine: str = "?"
 
@@ -158,7 +159,7 @@ class AssembledModel(torch.nn.Module):
 
     def check_x(self, x: torch.Tensor) -> None:
         """Raise ``CallError`` unless ``x`` is a floating-point tensor of shape ``[..., in_features]``
-        (``[tokens, in_features]`` for models whose steps change the row count)."""
+        (``[tokens, in_features]`` or ``[batch, seq, in_features]`` as the plan's ``input_layout`` says)."""
         self._checks.check_x(x)
 
     def order_inputs(

@@ -30,6 +30,7 @@ from te_assembly.sections import read_section, section_diagnostics
 from te_assembly.settings import COMMON_KEYS, CommonSettings, RunSettings
 from te_assembly.validate.channels import ChannelGraph, RawChannels, check_channels
 from te_assembly.validate.fusers import assign_fusers
+from te_assembly.validate.layouts import check_layouts
 from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
 from te_assembly.validate.steps import check_step
 from te_assembly.validate.widths import check_widths
@@ -57,6 +58,9 @@ class ModelAnalysis:
     fusers: tuple[FuserGroup, ...] = ()
     graph: ChannelGraph | None = None
     diagnostics: tuple[Diagnostic, ...] = ()
+    input_layout: str = "any"
+    """What ``x`` must look like (``validate/layouts.py``)."""
+    input_layout_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,11 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
     diags.extend(width_diags)
     graph = check_channels(steps, fusers, RawChannels.of(ops))
     diags.extend(graph.diagnostics)
-    return ModelAnalysis(tuple(steps), tuple(fusers), graph, tuple(diags))
+    layouts = check_layouts(steps, model.get("input_layout"), graph)
+    diags.extend(layouts.diagnostics)
+    return ModelAnalysis(
+        tuple(layouts.steps), tuple(fusers), graph, tuple(diags), layouts.input_layout, layouts.source
+    )
 
 
 def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagnostic]) -> Plan:
@@ -150,6 +158,8 @@ def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagno
         public_outputs=result.graph.public_outputs,
         dims=dict(model.get("dims") or {}),
         warnings=warnings,
+        input_layout=result.input_layout,
+        input_layout_source=result.input_layout_source,
     )
 
 
@@ -195,6 +205,7 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     candidate = _plan(model, result, []) if sound and model is not None else None
     cross, layout = _cross_checks(candidate, recipe, parsed.get(PARALLEL))
     diags.extend(cross)
+    diags.extend(_sequence_checks(candidate, parsed))
     final = _finish(diags, resolved)
     if candidate is None or has_errors(final):
         return Analysis(resolved, result, recipe, parsed, tuple(final))
@@ -217,6 +228,35 @@ def _cross_checks(
         layout, found = shard_plan(plan, parallel)
         out.extend(found)
     return out, layout
+
+
+TOKEN_KEYS = {"run": "tokens", "train": "batch_tokens", "bench": "tokens"}
+"""Each section that makes synthetic batches: its rows-per-batch key (next to its ``seq_len``)."""
+
+
+def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
+    """A model that takes ``[batch, seq, features]`` needs whole sequences: each section's tokens a
+    multiple of its ``seq_len``."""
+    if plan is None or plan.input_layout != "sequence":
+        return []
+    out = []
+    for section, key in TOKEN_KEYS.items():
+        settings = parsed.get(section)
+        tokens, seq_len = getattr(settings, key, None), getattr(settings, "seq_len", None)
+        if not isinstance(tokens, int) or not isinstance(seq_len, int) or tokens % seq_len == 0:
+            continue
+        whole = max(seq_len, tokens - tokens % seq_len)
+        out.append(
+            error(
+                f"{section}.{key}",
+                "partial-sequence",
+                f"{plan.name} takes x as [batch, seq, features] ({plan.input_layout_source}): "
+                f"{section}.{key}={tokens} rows are not whole sequences of {section}.seq_len={seq_len} "
+                "positions",
+                f"use {section}.{key}={whole}, or a {section}.seq_len that divides {tokens}",
+            )
+        )
+    return out
 
 
 def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:

@@ -135,12 +135,39 @@ def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -
                 )
         else:
             out.extend(check_value(param.spec, args[param.name], f"{path}.{param.name}"))
-    if not out and isinstance(spec, OpSpec):
-        out.extend(_arg_order(spec, spec.with_defaults(args), path))
+    if not out and (spec.arg_rules or spec.multiples):
+        full = spec.with_defaults(args)
+        out.extend(_arg_order(spec, full, path))
+        out.extend(_multiples(spec, full, path))
     return out
 
 
-def _arg_order(spec: OpSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
+def _multiples(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for rule in spec.multiples:
+        if rule.when is not None and not args.get(rule.when):
+            continue
+        value = args.get(rule.arg)
+        of = rule.of if isinstance(rule.of, int) else args.get(rule.of)
+        if not isinstance(value, int) or not isinstance(of, int) or of <= 0 or value % of == 0:
+            continue
+        named = str(of) if isinstance(rule.of, int) else f"{rule.of}={of}"
+        condition = f" when {rule.when} is true" if rule.when is not None else ""
+        out.append(
+            error(
+                f"{path}.{rule.arg}",
+                "not-a-multiple",
+                f"{spec.name} needs {rule.arg} to be a multiple of {named}{condition}, got "
+                f"{rule.arg}={value}: {rule.why}",
+                f"use a multiple of {of}"
+                if isinstance(rule.of, int)
+                else f"make {rule.arg} a multiple of {of}",
+            )
+        )
+    return out
+
+
+def _arg_order(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for smaller, larger, why in spec.arg_rules:
         low, high = args.get(smaller), args.get(larger)

@@ -36,7 +36,7 @@ from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.engines.memory import check_fits, estimate
+from te_assembly.engines.memory import check_fits, estimate, fused_attention
 from te_assembly.errors import ConfigError
 from te_assembly.outputs import write_error
 from te_assembly.parallel.collectives import TIMER
@@ -122,7 +122,7 @@ def main(analysis: Analysis, console: Console) -> Outcome:
     session = start(analysis, console)
     settings: BenchSettings = session.section("bench")
     check_split_at(session.plan, settings.split_at)
-    with session.parallel("bench", ("bench.tokens", settings.tokens)) as par:
+    with session.parallel("bench", ("bench.tokens", settings.tokens), settings.seq_len) as par:
         if par.is_parallel and settings.compare:
             raise ConfigError(
                 [
@@ -145,7 +145,14 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
 
     count = 3 if settings.compare else 1
     needed = estimate(
-        plan, dtype, tokens=settings.tokens, models=count, trained=count, optimizer=settings.optimizer
+        plan,
+        dtype,
+        tokens=settings.tokens,
+        models=count,
+        trained=count,
+        optimizer=settings.optimizer,
+        seq_len=settings.seq_len,
+        fused_attention=fused_attention(session.engine, session.kernels, device, dtype),
     )
     check_fits(needed, device, f"benchmarking {plan.name}", "lower bench.tokens or make the model smaller")
 
@@ -164,10 +171,13 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
         parallel=par,
     )
     generator = torch.Generator().manual_seed(seed)
-    x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
-    inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
+    seq_len = settings.seq_len
+    x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype, seq_len=seq_len)
+    inputs = sample_public_inputs(
+        plan, settings.tokens, generator=generator, device=device, dtype=dtype, seq_len=seq_len
+    )
     x, inputs = par.local_rows(x), par.local_inputs(inputs)
-    tokens = int(x.shape[0])  # this rank's rows
+    tokens = x.numel() // x.shape[-1]  # this rank's rows ([batch, seq, features]: batch * seq)
     if plan.num_params == 0:
         # Without parameters only the input's gradient gives backward something to compute.
         x.requires_grad_(True)
@@ -215,7 +225,7 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
         )
     TIMER.enabled = False
 
-    flops = forward_flops(plan, tokens)
+    flops = forward_flops(plan, tokens, seq_len)
     peak = peak_tflops(device, dtype, tf32=te_gemms)
     console.print(single_table(results[0], tokens, flops, peak))
     if par.is_parallel:

@@ -27,7 +27,7 @@ SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings}
 def main(analysis: Analysis, console: Console) -> int:
     session = start(analysis, console)
     settings: TrainSettings = session.section("train")
-    with session.parallel("train", ("train.batch_tokens", settings.batch_tokens)) as par:
+    with session.parallel("train", ("train.batch_tokens", settings.batch_tokens), settings.seq_len) as par:
         return _train(session, settings, console, par)
 
 

@@ -82,6 +82,7 @@ def main(analysis: Analysis, console: Console) -> int:
         recipe=analysis.recipe,
         tokens=tokens,
         seed=seed,
+        seq_len=run.seq_len,
     )
     console.print(report_table(report))
     failures = report.failures

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from te_assembly.catalog import OPS
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS
 from te_assembly.plan import Plan
 
 SET_INPUT = "set_extra_input_channel"
@@ -54,12 +54,16 @@ def binding_calls(plan: Plan) -> list[BindingCall]:
 
 def gpu_only_steps(plan: Plan, kernels: str) -> list[str]:
     """Steps whose TE kernel needs a GPU under ``kernels`` (``"name (Type)"``). Our own ops (no
-    ``te_class``) always run through the reference adapter, and torch modules run anywhere."""
+    ``te_class``) always run through the reference adapter, torch modules run anywhere, and a module
+    with a TE class (attention) needs the GPU unless the catalog says otherwise."""
     if kernels != "te":
         return []
     out = []
     for step in plan.steps:
-        if step.kind != "op":
+        if step.kind == "module":
+            module = MODULE_ALLOWLIST[step.type]
+            if module.te_class is not None and not module.te_runs_on_cpu:
+                out.append(f"{step.name} ({step.type})")
             continue
         spec = OPS[step.type]
         if spec.te_class is not None and not spec.te_runs_on_cpu:

@@ -118,7 +118,10 @@ def _with_placement(
 
 def _construct(step: PlannedStep, kernels: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     if step.kind == "module":
-        cls = _class(MODULE_ALLOWLIST[step.type].torch_class)
+        module = MODULE_ALLOWLIST[step.type]
+        # TE's own module (attention) with TE's kernels; the reference module with kernels=reference.
+        path = module.te_class if kernels == "te" and module.te_class is not None else module.torch_class
+        cls = _class(path)
         return cls(**_with_placement(cls, step.args, device, dtype))
     spec = OPS[step.type]
     if kernels == "reference" or spec.te_class is None:
