@@ -150,6 +150,7 @@ def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagno
         public_outputs=result.graph.public_outputs,
         dims=dict(model.get("dims") or {}),
         warnings=warnings,
+        reroutes=result.graph.reroutes,
     )
 
 
