@@ -31,7 +31,7 @@ from te_assembly.settings import COMMON_KEYS, CommonSettings, RunSettings
 from te_assembly.validate.channels import ChannelGraph, RawChannels, check_channels
 from te_assembly.validate.fusers import assign_fusers
 from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
-from te_assembly.validate.steps import check_step
+from te_assembly.validate.steps import check_step, scope_clashes
 from te_assembly.validate.widths import check_widths
 
 COMMON = ""
@@ -127,6 +127,8 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
         diags.extend(step_diags)
     if isinstance(raw_ops, list) and not raw_ops:
         diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
+    if any("." in name for name in seen):
+        diags.extend(scope_clashes(seen))
     fused, fusers = assign_fusers(drafts)
     steps, width_diags = check_widths(fused, model.get("in_features"))
     diags.extend(width_diags)

@@ -6,6 +6,7 @@ data: mappings are dicts (``config/resolved.py`` makes sure)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,13 +27,13 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     if isinstance(name, str):
         # Any identifier, Unicode and keywords included: a name is a dict key and a string in both engines
         # and in state-dict keys, never Python syntax; public inputs are ``<step>_<slot>``, never a keyword.
-        if not name.isidentifier():
+        if not is_step_name(name):
             out.append(
                 error(
                     f"{path}.name",
                     "bad-name",
                     f"step name {name!r} must be a Python identifier (letters, digits, _; not starting "
-                    "with a digit)",
+                    "with a digit), or such names and use numbers joined by dots (layers.3.norm)",
                 )
             )
         elif name in seen:
@@ -75,6 +76,38 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
         index=index, name=name, kind=kind, type=spec.name, args=full_args, args_valid=not arg_diags, **slots
     )
     return step, out
+
+
+def is_step_name(name: str) -> bool:
+    """An identifier, or identifiers and numbers joined by dots, the first an identifier: the steps of a
+    block's uses are ``<step>.<use>.<block step>``, and parameters nest the same way
+    (``steps.layers.3.norm.weight``)."""
+    first, *rest = name.split(".")
+    return first.isidentifier() and all(p.isidentifier() or _USE_NUMBER.fullmatch(p) for p in rest)
+
+
+_USE_NUMBER = re.compile(r"0|[1-9][0-9]*")
+
+
+def scope_clashes(seen: Mapping[str, int]) -> list[Diagnostic]:
+    """A step named ``a`` and one named ``a.b``: ``steps.a`` would be both a step and a scope of steps."""
+    out: list[Diagnostic] = []
+    for name, index in seen.items():
+        parts = name.split(".")
+        for cut in range(1, len(parts)):
+            outer = ".".join(parts[:cut])
+            if outer in seen:
+                out.append(
+                    error(
+                        f"model.ops[{index}].name",
+                        "step-name-scope",
+                        f"step name {name!r} lies inside step {outer!r} (model.ops[{seen[outer]}]): parameters "
+                        f"are named steps.<step>.*, so no step name may begin with another step's name and a dot",
+                        "rename one of them",
+                    )
+                )
+                break
+    return out
 
 
 _KINDS = ("op", "module")
