@@ -110,7 +110,8 @@ def scope_clashes(seen: Mapping[str, int]) -> list[Diagnostic]:
     return out
 
 
-_KINDS = ("op", "module")
+_KINDS = ("op", "module", "block")
+_BLOCK_KEYS = ("repeat", "uses", "dims")
 _STEP_KEYS = {f.name for f in dataclasses.fields(StepConfig)}
 
 
@@ -118,10 +119,16 @@ def _resolve_spec(
     raw: Mapping[str, Any], path: str
 ) -> tuple[OpSpec | ModuleSpec | None, str, list[Diagnostic]]:
     op, module = raw.get("op"), raw.get("module")
+    if raw.get("block") is not None:
+        return None, "", []  # a block step left unexpanded: the expansion (config/blocks.py) said why
+    misplaced = [k for k in _BLOCK_KEYS if raw.get(k) is not None]
+    if misplaced:
+        msg = f"{misplaced[0]!r} goes with 'block' (a step that uses a block), not with an op or module"
+        return None, "", [error(f"{path}.{misplaced[0]}", "block-key", msg)]
     if op is None and module is None and any(closest(k, _KINDS) for k in raw if k not in _STEP_KEYS):
         return None, "", []  # a misspelled 'op'/'module' key: the structural check suggests the fix
     if (op is None) == (module is None):
-        msg = "a step needs exactly one of 'op' (fusible) or 'module' (non-fusible)"
+        msg = "a step needs exactly one of 'op' (fusible), 'module' (non-fusible) or 'block' (a block's uses)"
         return None, "", [error(f"{path}.op", "op-or-module", msg)]
     if not isinstance(op if op is not None else module, str):
         return None, "", []  # not a name at all (a list, a number): the structural check reports it
