@@ -37,12 +37,12 @@ def present(diagnostics: Iterable[Diagnostic], expansion: Expansion | None) -> l
         m = _STEP_PATH.match(d.path)
         origin = _origin(expansion, int(m.group(1))) if m is not None else None
         if m is None or origin is None or origin.group < 0:
-            path = d.path if origin is None else f"model.ops[{origin.position}]{d.path[m.end() :]}"  # type: ignore[union-attr]
-            out.append(
-                replace(d, path=path, message=_text(d.message, expansion), hint=_hint(d.hint, expansion))
+            path = (
+                d.path if m is None or origin is None else f"model.ops[{origin.position}]{d.path[m.end() :]}"
             )
+            message, hint = _text(d.message, expansion), _hint(d.hint, expansion)
+            out.append(replace(d, path=path, message=message, hint=hint))
             continue
-        assert m is not None
         local = f"ops[{origin.local}]{d.path[m.end() :]}"
         message = _text(d.message, expansion, origin)
         hint = _hint(d.hint, expansion, origin)

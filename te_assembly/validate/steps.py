@@ -101,8 +101,9 @@ def scope_clashes(seen: Mapping[str, int]) -> list[Diagnostic]:
                     error(
                         f"model.ops[{index}].name",
                         "step-name-scope",
-                        f"step name {name!r} lies inside step {outer!r} (model.ops[{seen[outer]}]): parameters "
-                        f"are named steps.<step>.*, so no step name may begin with another step's name and a dot",
+                        f"step name {name!r} lies inside step {outer!r} (model.ops[{seen[outer]}]): "
+                        "parameters are named steps.<step>.*, so no step name may begin with another "
+                        "step's name and a dot",
                         "rename one of them",
                     )
                 )
