@@ -23,7 +23,7 @@ from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_
 from te_assembly.errors import ConfigError
 from te_assembly.parallel.layout import ShardPlan, shard_plan
 from te_assembly.parallel.settings import ParallelSettings
-from te_assembly.plan import FuserGroup, Plan, PlannedStep
+from te_assembly.plan import BlockGroup, FuserGroup, Plan, PlannedStep
 from te_assembly.recipes import Recipe, validate_recipe
 from te_assembly.schema import ModelConfig, check_structure
 from te_assembly.sections import read_section, section_diagnostics
@@ -31,8 +31,9 @@ from te_assembly.settings import COMMON_KEYS, CommonSettings, RunSettings
 from te_assembly.validate.channels import ChannelGraph, RawChannels, check_channels
 from te_assembly.validate.fusers import assign_fusers
 from te_assembly.validate.layouts import check_layouts
+from te_assembly.validate.origins import present
 from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
-from te_assembly.validate.steps import check_step
+from te_assembly.validate.steps import check_step, scope_clashes
 from te_assembly.validate.widths import check_widths
 
 COMMON = ""
@@ -78,6 +79,9 @@ class Analysis:
     layout: ShardPlan | None = None
     """Which rank holds which slice under the ``parallel`` sizes (one process: every step whole); None
     when the section was not checked, or the model or layout has errors."""
+    step_diagnostics: tuple[Diagnostic, ...] = ()
+    """The model's diagnostics as the passes found them, at the expanded model's key paths
+    (``model.ops[K]``, one step per use of a block): what ``graph`` marks on each step."""
     warnings: tuple[Diagnostic, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +98,12 @@ class Analysis:
     @property
     def graph(self) -> ChannelGraph | None:
         return self.model.graph
+
+    @property
+    def blocks(self) -> tuple[BlockGroup, ...]:
+        """The model's block steps and their uses (also for a model with errors)."""
+        expansion = self.resolved.expansion
+        return expansion.groups if expansion is not None else ()
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -131,6 +141,8 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
         diags.extend(step_diags)
     if isinstance(raw_ops, list) and not raw_ops:
         diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
+    if any("." in name for name in seen):
+        diags.extend(scope_clashes(seen))
     fused, fusers = assign_fusers(drafts)
     steps, width_diags = check_widths(fused, model.get("in_features"))
     diags.extend(width_diags)
@@ -143,7 +155,12 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
     )
 
 
-def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagnostic]) -> Plan:
+def _plan(
+    model: Mapping[str, Any],
+    result: ModelAnalysis,
+    warnings: list[Diagnostic],
+    blocks: tuple[BlockGroup, ...],
+) -> Plan:
     planned = [s for s in result.steps if s is not None]
     assert result.graph is not None
     last_width = planned[-1].out_width if planned else None
@@ -160,6 +177,8 @@ def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagno
         warnings=warnings,
         input_layout=result.input_layout,
         input_layout_source=result.input_layout_source,
+        reroutes=result.graph.reroutes,
+        blocks=blocks,
     )
 
 
@@ -184,11 +203,14 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     """Pass 3 (see the module docstring). ``sections``: settings sections to check and parse, by name
     (default: the top-level keys and ``run``)."""
     diags: list[Diagnostic] = list(resolved.diagnostics)
-    model = resolved.model
+    model = resolved.expanded_model
+    expansion = resolved.expansion
+    blocks = expansion.groups if expansion is not None else ()
     result = ModelAnalysis()
+    step_diags: list[Diagnostic] = []
     if model is not None:
         result = analyze_model(model)
-        diags.extend(result.diagnostics)
+        step_diags.extend(result.diagnostics)
     elif not any(d.path == "model" or d.path.startswith("model.") for d in diags):
         message = "no model is chosen: pick one with model=NAME or model=path/to/model.yaml"
         diags.append(error("model", "no-model", message))
@@ -202,15 +224,19 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     diags.extend(settings_diags)
     # The model as a plan as soon as the model itself is sound: checks across sections read it.
     sound = model is not None and result.graph is not None and not has_errors(result.diagnostics)
-    candidate = _plan(model, result, []) if sound and model is not None else None
+    sound = sound and not has_errors(d for d in resolved.diagnostics if d.path.startswith(("model", "block")))
+    candidate = _plan(model, result, [], blocks) if sound and model is not None else None
     cross, layout = _cross_checks(candidate, recipe, parsed.get(PARALLEL))
-    diags.extend(cross)
+    step_diags.extend(cross)
+    # Each finding of the expanded model at its source: the model file, or a block's file and use.
+    diags.extend(present(step_diags, expansion))
     diags.extend(_sequence_checks(candidate, parsed))
     final = _finish(diags, resolved)
+    steps_found = tuple(step_diags)
     if candidate is None or has_errors(final):
-        return Analysis(resolved, result, recipe, parsed, tuple(final))
+        return Analysis(resolved, result, recipe, parsed, tuple(final), step_diagnostics=steps_found)
     plan = dataclasses.replace(candidate, warnings=[d for d in final if not d.is_error])
-    return Analysis(resolved, result, recipe, parsed, tuple(final), plan, layout)
+    return Analysis(resolved, result, recipe, parsed, tuple(final), plan, layout, steps_found)
 
 
 def _cross_checks(
@@ -262,9 +288,9 @@ def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagn
 def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:
     """Every diagnostic located in its file (model, recipe, then the settings' config file), sorted
     file by file in source order, and deduplicated."""
-    order = [
-        resolved.sources[k] for k in ("model", "recipe", "config", "shipped config") if k in resolved.sources
-    ]
+    order = [resolved.sources[k] for k in ("model",) if k in resolved.sources]
+    order.extend(resolved.expansion.sources if resolved.expansion is not None else ())
+    order.extend(resolved.sources[k] for k in ("recipe", "config", "shipped config") if k in resolved.sources)
     set_by = _command_line_keys(resolved.overrides)
     located = []
     for d in diags:

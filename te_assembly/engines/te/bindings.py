@@ -38,17 +38,26 @@ class BindingCall:
 
 def binding_calls(plan: Plan) -> list[BindingCall]:
     """The setter calls for ``plan``, step by step in plan order, inputs before outputs, slots in TE
-    order. Unbound slots need no call: TE's default is a public input or output."""
+    order. Unbound slots need no call: TE's default is a public input or output.
+
+    A rerouted channel (``plan.reroutes``, see ``routing.py``) is also returned by its producer's fuser
+    (``output_to_caller=True`` whatever the config says about the caller), and its consumers in later
+    fusers stay unbound: the engine feeds them as public inputs of their fusers."""
+    from te_assembly.engines.te.routing import rerouted_input_slots
+
+    across = rerouted_input_slots(plan)
+    rerouted = {r.channel for r in plan.reroutes}
     calls: list[BindingCall] = []
     for step in plan.steps:
         if step.kind != "op":
             continue
         for slot, channel in enumerate(step.input_channels):
-            if channel is not None:
+            if channel is not None and (step.index, slot) not in across:
                 calls.append(BindingCall(step.name, SET_INPUT, slot, channel))
         for slot, channel in enumerate(step.output_channels):
             if channel is not None:
-                calls.append(BindingCall(step.name, SET_OUTPUT, slot, channel, step.output_public[slot]))
+                public = step.output_public[slot] or channel in rerouted
+                calls.append(BindingCall(step.name, SET_OUTPUT, slot, channel, public))
     return calls
 
 

@@ -17,7 +17,7 @@ from transformer_engine.pytorch.ops import FusibleOperation
 from transformer_engine.pytorch.ops.fuser import OperationFuser
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
-from te_assembly.engines.reference import add_step
+from te_assembly.engines.base import add_step
 from te_assembly.engines.te.adapter import reference_op
 from te_assembly.engines.te.bindings import binding_calls, gpu_only_steps
 from te_assembly.engines.te.model import TEModel
@@ -54,7 +54,7 @@ def build_te(
             model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype)
         )
     for call in binding_calls(plan):
-        call.apply(model.steps[call.step])
+        call.apply(model.step_module(call.step))
     model.attach(_fuse(plan, model))
     return model
 
@@ -153,10 +153,10 @@ def _check_slots(step: PlannedStep, op: FusibleOperation) -> None:
 
 def _fuse(plan: Plan, model: TEModel) -> list[OperationFuser | str]:
     fusers = {}
-    for group in plan.fusers:
-        ops = [model.steps[plan.steps_by_index[i].name] for i in group.steps]
+    for group, io in zip(plan.fusers, model.routing, strict=True):
+        ops = [model.step_module(plan.steps_by_index[i].name) for i in group.steps]
         fuser = OperationFuser(ops)
-        expected = sum(1 for t in plan.public_inputs if t.fuser == group.index)
+        expected = len(io.inputs)  # the caller's public inputs, and the channels rerouted into it
         if fuser.num_extra_inputs != expected:
             raise EngineUnavailableError(
                 f"fuser {group.index}: TE counts {fuser.num_extra_inputs} public extra input(s), the plan "
