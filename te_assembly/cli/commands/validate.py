@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from te_assembly.bench.settings import BenchSettings
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.diagnostics import printable
-from te_assembly.bench.settings import BenchSettings
 from te_assembly.graph import GraphSettings
 from te_assembly.parallel.settings import ParallelSettings
 from te_assembly.train.settings import TrainSettings
