@@ -289,6 +289,7 @@ def test_validate_checks_expand_names_against_the_model(run_cli: RunCli, tmp_pat
     assert done.returncode == 0, done.stderr
     done = run_cli(["validate", f"model={model}", "explain.expand=[layrs]", "graph.expand=[layers.4]"])
     assert done.returncode == 2
-    assert "explain.expand: 'layrs' is no block step" in done.stderr and "did you mean 'layers'" in done.stderr
+    assert "explain.expand: 'layrs' is no block step" in done.stderr
+    assert "did you mean 'layers'" in done.stderr
     assert "graph.expand: layers has 4 use(s)" in done.stderr
     assert "Traceback" not in done.stderr
