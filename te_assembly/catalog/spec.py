@@ -29,7 +29,7 @@ class Param:
     @property
     def type_name(self) -> str:
         types = self.type if isinstance(self.type, tuple) else (self.type,)
-        return " | ".join(t.__name__ for t in types)
+        return " | ".join("None" if t is type(None) else t.__name__ for t in types)
 
     @cached_property
     def spec(self) -> FieldSpec:
@@ -70,6 +70,29 @@ class Slot:
     def enabled(self, args: Mapping[str, Any]) -> bool:
         return all(bool(args.get(a)) for a in self.enabled_if)
 
+    def describe(self) -> str:
+        """What the slot carries, in words (``ls op NAME``, docs)."""
+        parts = [f"{self.dtype} tensor, {SHAPES.get(self.shape, self.shape)}"]
+        if self.agree:
+            parts.append(
+                "must agree across its channel: " + ", ".join(f"{arg} ({role})" for role, arg in self.agree)
+            )
+        if self.enabled_if:
+            parts.append(f"only when {' and '.join(self.enabled_if)} are true")
+        if self.is_loss:
+            parts.append("a loss term: the caller adds it to the objective")
+        return "; ".join(parts)
+
+
+SHAPES = {
+    "main": "shaped like the main-path tensor at the op",
+    "rows": "one value per row of the main path",
+    "token_topk": "[tokens, top_k]",
+    "groups": "one value per group (expert)",
+    "scalar": "a scalar",
+}
+"""``Slot.shape`` in words."""
+
 
 @dataclass(frozen=True)
 class Width:
@@ -86,6 +109,17 @@ class Width:
         if self.out_arg is not None:
             return int(args[self.out_arg])
         return in_width // self.divisor
+
+    def describe(self) -> str:
+        """The rule in words (``ls op NAME``, docs)."""
+        arriving = f"the width arriving must equal {self.in_arg}" if self.in_arg else ""
+        if self.out_arg is not None:
+            leaving = f"the width leaving is {self.out_arg}"
+        elif self.divisor != 1:
+            leaving = f"the width leaving is the width arriving / {self.divisor} (gated: two halves)"
+        else:
+            leaving = "the width leaving is the width arriving"
+        return "; ".join(part for part in (arriving, leaving) if part)
 
 
 @dataclass(frozen=True)
