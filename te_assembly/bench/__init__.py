@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from te_assembly.bench.flops import PEAK_SOURCE, forward_flops, peak_tflops
+from te_assembly.bench.flops import FlopCount, count_flops, forward_flops
+from te_assembly.bench.peaks import Peak, gemm_precision, peak_for, peak_tflops
 from te_assembly.bench.plain import PlainModel, plain_source
 from te_assembly.bench.runner import PHASES, Variant, VariantResult, bench_loss, make_optimizer, run_benchmark
 from te_assembly.bench.settings import BenchSettings
@@ -15,14 +16,16 @@ from te_assembly.bench.split import (
     plan_to_model,
     split_plan,
 )
-from te_assembly.bench.timing import Stats
+from te_assembly.bench.timing import NOISE_THRESHOLD, Stats
 from te_assembly.bench.variants import build_variants
 
 __all__ = [
-    "PEAK_SOURCE",
+    "NOISE_THRESHOLD",
     "PHASES",
     "BenchSettings",
     "Bridge",
+    "FlopCount",
+    "Peak",
     "PlainModel",
     "SplitError",
     "SplitModel",
@@ -32,9 +35,12 @@ __all__ = [
     "VariantResult",
     "bench_loss",
     "build_variants",
+    "count_flops",
     "cut_at",
     "forward_flops",
+    "gemm_precision",
     "make_optimizer",
+    "peak_for",
     "peak_tflops",
     "plain_source",
     "plan_to_model",
