@@ -9,6 +9,7 @@ and ``recipes/`` (inside the package, ``_configs``/``_recipes``, once installed 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -55,6 +56,22 @@ def is_path_choice(choice: str) -> bool:
     return choice.endswith(SUFFIXES) or "/" in choice or "\\" in choice
 
 
+def choice_stem(choice: object) -> str:
+    """A group choice as a file or folder name: ``moe_block`` as it is, ``path/to/my_block.yaml`` as
+    ``my_block``, any character a path could trip on as ``_``; ``none`` for no choice (``model=null``).
+    Run directories (``outputs/<model>/...``) and ``graph``'s files are named with it."""
+    if choice is None or str(choice).strip() == "":
+        return "none"
+    text = str(choice)
+    if is_path_choice(text):
+        name = re.split(r"[\\/]", text.rstrip("/\\"))[-1]
+        text = (
+            name[: -len(suffix)] if (suffix := next((s for s in SUFFIXES if name.endswith(s)), "")) else name
+        )
+    cleaned = re.sub(r"[^A-Za-z0-9_.+-]", "_", text).strip(".")
+    return cleaned or "model"
+
+
 def find_option(group: str, choice: str, roots: Iterable[Path]) -> Path | None:
     """The file option ``choice`` of ``group`` stands for: the first config folder that has it, in
     search-path order; or, for a path choice, that file (relative to the working directory)."""
@@ -97,6 +114,7 @@ __all__ = [
     "FILE_GROUPS",
     "available_models",
     "available_recipes",
+    "choice_stem",
     "configs_dir",
     "find_option",
     "group_dir",
