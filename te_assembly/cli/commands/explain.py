@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.table import Table
 
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.cli.report import plan_tables
+from te_assembly.parallel.layout import ShardPlan
+from te_assembly.plan import Plan
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
 SECTIONS = COMMON_SECTIONS
 
 
-def main(analysis: Analysis, console: Console) -> int:
-    plan = checked_plan(analysis, console)
-    for table in plan_tables(plan):
-        console.print(table)
-    layout = analysis.layout
+def tables(plan: Plan, layout: ShardPlan | None = None) -> list[Table]:
+    """What ``explain`` prints, and ``model.summary()`` returns as text: the plan's tables and, when the
+    ``parallel`` sizes split the model, each rank's local shapes and parameter counts."""
+    out = plan_tables(plan)
     if layout is not None and layout.settings.is_parallel:
-        # Each rank's local shapes and parameter counts, when the ``parallel`` sizes split the model.
         from te_assembly.parallel.report import layout_tables
 
-        for table in layout_tables(plan, layout):
-            console.print(table)
+        out.extend(layout_tables(plan, layout))
+    return out
+
+
+def main(analysis: Analysis, console: Console) -> int:
+    plan = checked_plan(analysis, console)
+    for table in tables(plan, analysis.layout):
+        console.print(table)
     return 0
