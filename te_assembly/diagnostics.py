@@ -25,6 +25,8 @@ class Diagnostic:
     hint: str | None = None
     file: str | None = None
     line: int | None = None
+    override: str | None = None
+    """The command-line override that gave the value (``engine=tee``): ``file:line`` holds the default."""
 
     @property
     def is_error(self) -> bool:
@@ -46,6 +48,8 @@ class Diagnostic:
         text = f"{where}{self.severity.value}: {printable(self.path)}: {message}"
         if self.hint:
             text += f" ({printable(self.hint, keep_newlines=True)})"
+        if self.override:
+            text += f" [set on the command line: {printable(self.override)}]"
         return text
 
 

@@ -8,6 +8,7 @@ node named after the missing channel, a channel crossing a fuser boundary as a r
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -439,7 +440,7 @@ def _write_format(view: GraphView, fmt: str, path: Path, texts: dict[str, str]) 
     return None
 
 
-def render_file(view: GraphView, path: str | Path) -> Path:
+def render_file(view: GraphView, path: str | os.PathLike[str]) -> Path:
     """Draw ``view`` into one file, the format from its suffix: ``.mmd`` (Mermaid), ``.dot`` (DOT),
     ``.svg`` or ``.png`` (drawn by Graphviz's ``dot``). Raises ``ArgumentError`` for another suffix,
     ``MissingToolError`` when SVG/PNG is asked for without Graphviz, ``OutputPathError`` when the file

@@ -63,7 +63,8 @@ def load(
         return config
     with paused():  # see collector.py
         if isinstance(config, Mapping):
-            return analyze_resolved(resolve_mapping(config, overrides), sections)
+            dirs = tuple(str(d) for d in config_dirs)
+            return analyze_resolved(resolve_mapping(config, overrides, config_dirs=dirs), sections)
         composed = list(overrides)
         if config is not None:
             value = str(Path(config).resolve()) if isinstance(config, os.PathLike) else str(config)

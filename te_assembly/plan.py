@@ -45,6 +45,8 @@ class PlannedStep:
     out_width: int | None = None
     row_depth: int | None = None
     """Dispatch depth of the main path arriving here: 0 = token rows, 1 = dispatched expert rows."""
+    layout: str | None = None
+    """Layout of the main path arriving here (``catalog.LAYOUTS``: ``any``, ``tokens``, ``sequence``)."""
     args_valid: bool = True
     """False while the step has argument errors (validation only; never in a finished plan)."""
 
@@ -90,6 +92,26 @@ class Channel:
 
 
 @dataclass(frozen=True)
+class Reroute:
+    """A channel consumed in a later fuser than its producer's (non-fusible modules sit between them).
+
+    TE's channels live inside one ``OperationFuser``, so the TE engine returns the producer's output from
+    its fuser as well (``output_to_caller=True``; consumers in that fuser keep their binding) and passes
+    it to each later consumer's fuser as a public input of that fuser; autograd then adds the gradients
+    of the later consumers to the one the producer's fuser computes for its own, exactly as inside one
+    fuser. The model's own call signature does not change. Computed once by the validator."""
+
+    channel: str
+    producer_fuser: int
+    consumer_fusers: tuple[int, ...]
+    """The later fusers that read it, in order."""
+    consumers: tuple[SlotRef, ...]
+    """The consumer slots outside the producer's fuser (TE: unbound, public inputs of their fusers)."""
+    crosses: tuple[int, ...]
+    """Indices of the module steps between the producer and its last consumer."""
+
+
+@dataclass(frozen=True)
 class PublicTensor:
     name: str
     ref: SlotRef
@@ -107,6 +129,46 @@ class FuserGroup:
 
 
 @dataclass(frozen=True)
+class BlockUse:
+    """One use of a block: its steps are ``steps[first_step : first_step + num_steps]`` of the model,
+    named ``<group>.<index>.<block step>``."""
+
+    index: int
+    first_step: int
+    num_steps: int
+    dims: dict[str, Any]
+    """The block's dims for this use (defaults, then the model step's ``dims``, then this use's)."""
+
+    @property
+    def steps(self) -> range:
+        return range(self.first_step, self.first_step + self.num_steps)
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    """A model step that uses a block (``block: moe_layer``), expanded in place into the model's steps
+    once per use."""
+
+    name: str
+    """The step's name; its steps, channels and public tensors are named ``<name>.<use>.<...>``."""
+    block: str
+    position: int
+    """Index of the step in ``model.ops`` as written."""
+    file: str | None
+    """Where the block is defined: its own file, or the model's for one under ``model.blocks``."""
+    uses: tuple[BlockUse, ...]
+
+    def prefix(self, use: int) -> str:
+        return f"{self.name}.{use}."
+
+    @property
+    def steps(self) -> range:
+        if not self.uses:
+            return range(0)
+        return range(self.uses[0].first_step, self.uses[-1].first_step + self.uses[-1].num_steps)
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     in_features: int
@@ -120,6 +182,15 @@ class Plan:
     """In TE's return order."""
     dims: dict[str, Any] = field(default_factory=dict)
     warnings: list[Diagnostic] = field(default_factory=list)
+    input_layout: str = "any"
+    """What ``x`` must look like: ``any`` ``[..., features]``, ``tokens`` ``[tokens, features]`` or
+    ``sequence`` ``[batch, seq, features]`` (``validate/layouts.py``)."""
+    input_layout_source: str = ""
+    """Why, for messages: ``from input_layout: sequence`` or the step that needs it."""
+    reroutes: tuple[Reroute, ...] = ()
+    """Channels consumed in later fusers than their producer's (see ``Reroute``), in channel order."""
+    blocks: tuple[BlockGroup, ...] = ()
+    """The model's block steps, in model order (their steps are in ``steps``, expanded)."""
 
     @property
     def num_params(self) -> int:

@@ -27,12 +27,29 @@ class OutputBinding:
 
 
 @dataclass
+class UseConfig:
+    """One use of a block, in a block step's ``uses`` list."""
+
+    dims: dict[str, Any] | None = field(default_factory=dict)
+    """This use's values for the block's dims (over the step's ``dims``)."""
+
+
+@dataclass
 class StepConfig:
-    """One step: a fusible ``op`` from the catalog, or a non-fusible ``module`` from the allowlist."""
+    """One step: a fusible ``op`` from the catalog, a non-fusible ``module`` from the allowlist, or a
+    ``block`` used ``repeat`` times (or once per item of ``uses``), expanded in place."""
 
     name: str
     op: str | None = None
     module: str | None = None
+    block: str | None = None
+    """A block by name (``configs/block/<name>.yaml``, ``DIR/block/<name>.yaml`` with ``-cd DIR``, or the
+    model's ``blocks:``) or by path (``layer.yaml``, relative to the model file)."""
+    repeat: int | None = field(default=None, metadata={"minimum": 1})
+    """How many uses of the block (default 1); or give ``uses``."""
+    uses: list[UseConfig] | None = None
+    dims: dict[str, Any] | None = None
+    """The block's dims for every use (over the block's own defaults)."""
     # null means empty for the three mappings: ``args:`` with nothing under it is how YAML spells it.
     args: dict[str, Any] | None = field(default_factory=dict)
     extra_inputs: dict[str, str | None] | None = field(default_factory=dict)
@@ -51,6 +68,26 @@ class ModelConfig:
     description: str = ""
     dims: dict[str, Any] = field(default_factory=dict)
     """Free-form numbers for ``${model.dims.X}`` interpolation."""
+    input_layout: str | None = field(default=None, metadata={"choices": ("any", "tokens", "sequence")})
+    """What ``x`` looks like: ``any`` ``[..., features]``, ``tokens`` ``[tokens, features]``, ``sequence``
+    ``[batch, seq, features]``; null: the first step that needs a layout of ``x`` decides
+    (``validate/layouts.py``)."""
+    blocks: dict[str, Any] = field(default_factory=dict)
+    """Blocks defined in the model file, by name (each laid out like a block file)."""
+
+
+@dataclass
+class BlockConfig:
+    """A block file (``configs/block/<name>.yaml``) or an entry of a model's ``blocks:``: an op list with
+    its own dims, channels and public tensors, used by model steps any number of times."""
+
+    ops: list[Any] = field(default_factory=list, metadata={"required": True})
+    """Steps, as in a model; each use's are checked as the model's own (with the block's file:line)."""
+    name: str | None = None
+    """Documentation: a block is referred to by its file name or ``blocks:`` key."""
+    description: str = ""
+    dims: dict[str, Any] = field(default_factory=dict)
+    """Defaults for ``${block.dims.X}``; a model step's ``dims`` and each use's override them."""
 
 
 @dataclass(frozen=True)

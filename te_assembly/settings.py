@@ -44,6 +44,9 @@ class RunSettings:
 
     steps: int = setting(3, minimum=1, doc="forward+backward steps")
     tokens: int = setting(256, minimum=1, doc="rows of x per step")
+    seq_len: int = setting(
+        32, minimum=1, doc="positions per sequence when the model takes x as [batch, seq, features]"
+    )
 
 
 COMMON_KEYS = tuple(CommonSettings.__dataclass_fields__)

@@ -18,7 +18,7 @@ import torch
 
 from te_assembly.engines import build, check_device
 from te_assembly.engines.base import AssembledModel
-from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.data import DEFAULT_SEQ_LEN, sample_public_inputs, sample_x
 from te_assembly.engines.memory import check_fits, estimate
 from te_assembly.errors import VerificationError
 from te_assembly.plan import Plan
@@ -266,13 +266,14 @@ def verify(
     recipe: Mapping[str, Any] | None = None,
     tokens: int = 64,
     seed: int = 0,
+    seq_len: int = DEFAULT_SEQ_LEN,
 ) -> VerifyReport:
     """Build both engines with the reference engine's weights, run one forward and backward on the same
     synthetic data and cotangents, and compare every output and gradient. Both models run in eval mode
     (dropout is the identity): random masks are not comparable across implementations."""
     plan = _plan_of(config)
     dev = check_device(device)
-    needed = estimate(plan, dtype, tokens=tokens, models=2, trained=2)
+    needed = estimate(plan, dtype, tokens=tokens, models=2, trained=2, seq_len=seq_len)
     check_fits(needed, dev, f"verifying {plan.name}", "lower run.tokens or make the model smaller")
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
     candidate = build(plan, engine="te", kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
@@ -285,8 +286,8 @@ def verify(
     candidate.eval()
 
     generator = torch.Generator().manual_seed(seed)
-    x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype)
-    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype)
+    x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
+    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
     ref_run, cotangents = _forward_backward(reference, x, inputs, None, seed)
     te_run, _ = _forward_backward(candidate, x, inputs, cotangents, seed)
 
@@ -357,6 +358,7 @@ def recipe_effect(
     device: str | torch.device = "cuda",
     tokens: int = 256,
     seed: int = 0,
+    seq_len: int = DEFAULT_SEQ_LEN,
 ) -> RecipeEffect:
     """Proof that ``recipe`` is on: the same weights and input through the reference engine, TE without
     a recipe and TE under ``recipe``, all in bfloat16 and eval mode (GPU only: recipes need one)."""
@@ -369,8 +371,8 @@ def recipe_effect(
     reference = build(plan, engine="reference", device=dev, dtype=dtype)
     fill_zero_parameters(reference, seed)
     generator = torch.Generator().manual_seed(seed)
-    x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype)
-    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype)
+    x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
+    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
     outputs = []
     for model in (reference, plain, quantized):
         if model is not reference:

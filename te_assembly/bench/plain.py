@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from te_assembly.engines.base import ModelOutput
+from te_assembly.engines.base import ModelOutput, step_module
 from te_assembly.engines.reference import build_reference
 from te_assembly.plan import Plan
 
@@ -60,7 +60,7 @@ class PlainModel(torch.nn.Module):
         self.plan = plan
         # The reference engine's op modules, registered under the same ``steps.<name>`` names.
         self.steps = build_reference(plan, device=device, dtype=dtype).steps
-        self.ops = [self.steps[s.name] for s in plan.steps]
+        self.ops = [step_module(self.steps, s.name) for s in plan.steps]
         self.source = plain_source(plan)
         namespace: dict[str, Any] = {}
         exec(compile(self.source, f"<plain forward of {plan.name}>", "exec"), namespace)

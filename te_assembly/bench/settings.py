@@ -17,6 +17,9 @@ _CORES = os.cpu_count() or 1
 @dataclass(frozen=True)
 class BenchSettings:
     tokens: int = setting(1024, minimum=1, doc="rows of x per call")
+    seq_len: int = setting(
+        32, minimum=1, doc="positions per sequence when the model takes x as [batch, seq, features]"
+    )
     warmup: int = setting(3, minimum=0, doc="untimed repeats per phase")
     repeats: int = setting(10, minimum=1, doc="timed repeats per phase")
     optimizer: str = setting("adamw", choices=OPTIMIZERS, doc="optimizer of the full-step phase")

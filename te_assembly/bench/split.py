@@ -60,7 +60,13 @@ def plan_to_model(plan: Plan) -> dict[str, Any]:
             if bound_out:
                 entry["extra_outputs"] = bound_out
         ops.append(entry)
-    return {"name": plan.name, "in_features": plan.in_features, "dims": dict(plan.dims), "ops": ops}
+    return {
+        "name": plan.name,
+        "in_features": plan.in_features,
+        "input_layout": plan.input_layout,
+        "dims": dict(plan.dims),
+        "ops": ops,
+    }
 
 
 def default_cut(plan: Plan) -> int:
@@ -126,7 +132,11 @@ def split_plan(plan: Plan, cut: int | None = None) -> SplitPlan:
         bridges.append(Bridge(name, name, tuple(inputs)))
     width = plan.steps[k].in_width if plan.steps[k].in_width is not None else plan.steps[k - 1].out_width
     part1 = _validated({**model, "name": f"{plan.name}_part1", "ops": ops1})
-    part2 = _validated({**model, "name": f"{plan.name}_part2", "in_features": width, "ops": ops2})
+    # Part 2 takes the main path as it is at the cut (token rows inside a FlattenTokens span).
+    layout = plan.steps[k].layout or "any"
+    part2 = _validated(
+        {**model, "name": f"{plan.name}_part2", "in_features": width, "input_layout": layout, "ops": ops2}
+    )
     return SplitPlan(plan, part1, part2, k, tuple(bridges))
 
 

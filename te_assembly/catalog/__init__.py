@@ -10,10 +10,21 @@ from typing import Any
 
 from te_assembly.catalog.modules import MODULES
 from te_assembly.catalog.moe_ops import MOE_OPS
-from te_assembly.catalog.spec import REQUIRED, ModuleSpec, OpSpec, Param, Slot, Width
+from te_assembly.catalog.spec import (
+    LAYOUTS,
+    REQUIRED,
+    Formula,
+    ModuleSpec,
+    MultipleOf,
+    OpSpec,
+    Param,
+    Slot,
+    Width,
+)
 from te_assembly.catalog.te_ops import TE_OPS
+from te_assembly.catalog.token_ops import TOKEN_OPS
 
-OPS: dict[str, OpSpec] = {spec.name: spec for spec in (*TE_OPS, *MOE_OPS)}
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in (*TE_OPS, *MOE_OPS, *TOKEN_OPS)}
 MODULE_ALLOWLIST: dict[str, ModuleSpec] = {spec.name: spec for spec in MODULES}
 
 
@@ -24,10 +35,13 @@ def load_object(path: str) -> Any:
 
 
 __all__ = [
+    "LAYOUTS",
     "MODULE_ALLOWLIST",
     "OPS",
     "REQUIRED",
+    "Formula",
     "ModuleSpec",
+    "MultipleOf",
     "OpSpec",
     "Param",
     "Slot",

@@ -5,7 +5,7 @@ Configs never import arbitrary Python objects: only names listed here are accept
 
 from __future__ import annotations
 
-from te_assembly.catalog.spec import ModuleSpec, Param, Width
+from te_assembly.catalog.spec import Formula, ModuleSpec, MultipleOf, Param, Width
 
 MODULES: tuple[ModuleSpec, ...] = (
     ModuleSpec("Identity", "torch.nn.Identity: ends the fuser, changes nothing.", "torch.nn:Identity"),
@@ -37,5 +37,51 @@ MODULES: tuple[ModuleSpec, ...] = (
         params=(Param("normalized_shape", int), Param("eps", float, 1e-5)),
         width=Width(in_arg="normalized_shape"),
         param_shapes=lambda a: {"weight": (a["normalized_shape"],), "bias": (a["normalized_shape"],)},
+    ),
+    ModuleSpec(
+        "Attention",
+        "Causal multi-head self-attention on a packed QKV input [batch, seq, (num_heads + 2*num_kv_heads) "
+        "* head_dim] laid out [all q heads | all k heads | all v heads]; returns [batch, seq, num_heads * "
+        "head_dim]. Grouped-query attention when num_kv_heads < num_heads; rotary position embeddings "
+        "(rotate-half, TE's RotaryPositionEmbedding with interleaved=False) on q and k when rotary. No "
+        "parameters: the QKV and output projections are the fusible Linear ops around it. Reference: "
+        "torch's scaled_dot_product_attention; TE engine with kernels=te: TE's DotProductAttention "
+        "(bshd) and fused RoPE. Runs in the model's dtype, never FP8 (a recipe quantizes the Linears).",
+        "te_assembly.reference.attention:Attention",
+        params=(
+            Param("num_heads", int, doc="Query heads."),
+            Param(
+                "num_kv_heads",
+                (int, type(None)),
+                None,
+                doc="Key/value heads (grouped-query attention); null: num_heads.",
+                default_from="num_heads",
+            ),
+            Param("head_dim", int, doc="Features per head (q, k and v)."),
+            Param("causal", bool, True, doc="Each position attends to itself and earlier positions only."),
+            Param("rotary", bool, False, doc="Rotary position embeddings on q and k."),
+            Param(
+                "rotary_base",
+                float,
+                10000.0,
+                bounds=(1.0, None),
+                doc="Base of the rotary frequencies (theta).",
+            ),
+        ),
+        width=Width(
+            in_formula=Formula("(num_heads + 2*num_kv_heads) * head_dim"),
+            out_formula=Formula("num_heads * head_dim"),
+        ),
+        te_class="te_assembly.engines.te.attention:TEAttention",
+        te_runs_on_cpu=False,
+        multiples=(
+            MultipleOf(
+                "num_heads",
+                "num_kv_heads",
+                "each key/value head serves the same number of query heads (grouped-query attention)",
+            ),
+            MultipleOf("head_dim", 2, "rotary embeddings rotate pairs of features", when="rotary"),
+        ),
+        needs_layout="sequence",
     ),
 )

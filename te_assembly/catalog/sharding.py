@@ -44,6 +44,11 @@ class Sharding:
     """``dispatch``: the rows-per-expert output; under expert parallelism it counts this rank's experts."""
     stays: tuple[str, ...] = ()
     """``dispatch``: outputs that stay with the tokens on their own rank (the row map ``Combine`` reads)."""
+    whole_sequences: bool = False
+    """Mixes the positions of a sequence (attention): it cannot run on rows that sequence parallelism
+    splits between tensor-parallel ranks, so ``parallel.sequence`` is refused with it."""
+    note: str = ""
+    """Why a ``replicated`` op cannot take a slice of the features, said when a layout would give it one."""
 
 
 _REPLICATED = Sharding()
@@ -85,6 +90,9 @@ SHARDING: dict[str, Sharding] = {
         stays=("row_map",),
     ),
     "Combine": Sharding(expert="combine"),
+    # Token views reshape the leading dims only: a slice of the features passes through unchanged.
+    "FlattenTokens": _ELEMENTWISE,
+    "RestoreTokens": _ELEMENTWISE,
 }
 
 MODULE_SHARDING: dict[str, Sharding] = {
@@ -96,6 +104,15 @@ MODULE_SHARDING: dict[str, Sharding] = {
     "Tanh": _ELEMENTWISE,
     "Linear": _REPLICATED,
     "LayerNorm": _REPLICATED,
+    # Attention needs whole heads in te_assembly's packed q | k | v layout, which a column-parallel QKV
+    # Linear would cut across heads: it runs whole on every tensor-parallel rank, outside any region
+    # (its QKV and output Linears stay unsplit), on whole sequences.
+    "Attention": Sharding(
+        tensor="replicated",
+        whole_sequences=True,
+        note="te_assembly does not split attention by heads yet: keep its QKV and output Linears without "
+        "tensor_parallel_mode (attention then runs whole on every tensor-parallel rank)",
+    ),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,6 +22,9 @@ class Param:
     doc: str = ""
     bounds: tuple[float | None, float | None] = (None, None)
     """Inclusive (min, max) for numbers; None = unbounded. Ints are positive unless bounds say otherwise."""
+    default_from: str | None = None
+    """A null (or missing) value takes this other argument's value (Attention's ``num_kv_heads``
+    defaults to ``num_heads``)."""
 
     @property
     def required(self) -> bool:
@@ -90,8 +94,75 @@ SHAPES = {
     "token_topk": "[tokens, top_k]",
     "groups": "one value per group (expert)",
     "scalar": "a scalar",
+    "token_shape": "[ndim - 1]: the leading dimensions of a flattened tensor",
 }
 """``Slot.shape`` in words."""
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A width computed from arguments, as data: ``text`` is an arithmetic expression of argument
+    names, integers, ``+``, ``*`` and parentheses, e.g. ``(num_heads + 2*num_kv_heads) * head_dim``.
+    The validator, the engines, ``explain`` and the docs all read the same expression."""
+
+    text: str
+
+    @cached_property
+    def _tokens(self) -> tuple[str, ...]:
+        return tuple(re.findall(r"[A-Za-z_]\w*|\d+|[()+*]", self.text))
+
+    @cached_property
+    def args(self) -> tuple[str, ...]:
+        """The argument names it reads, in order of first use."""
+        return tuple(dict.fromkeys(t for t in self._tokens if t[0].isalpha() or t[0] == "_"))
+
+    def value(self, args: Mapping[str, Any]) -> int | None:
+        """The width for ``args``; None while an argument it reads is not a positive int."""
+        values = {}
+        for name in self.args:
+            v = args.get(name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                return None
+            values[name] = v
+        return _evaluate(self._tokens, values)
+
+    def shown(self, args: Mapping[str, Any]) -> str:
+        """``text`` with each argument's value in place of its name: ``(4 + 2*2) * 16``."""
+        return re.sub(r"[A-Za-z_]\w*", lambda m: str(args.get(m.group(0), m.group(0))), self.text)
+
+
+def _evaluate(tokens: tuple[str, ...], values: Mapping[str, int]) -> int:
+    """``+``/``*`` with the usual precedence and parentheses (a tiny recursive-descent parser: no
+    ``eval``, catalog formulas are data)."""
+    position = 0
+
+    def atom() -> int:
+        nonlocal position
+        token = tokens[position]
+        position += 1
+        if token == "(":
+            result = sum_()
+            position += 1  # the closing parenthesis
+            return result
+        return int(token) if token.isdigit() else values[token]
+
+    def product() -> int:
+        nonlocal position
+        result = atom()
+        while position < len(tokens) and tokens[position] == "*":
+            position += 1
+            result *= atom()
+        return result
+
+    def sum_() -> int:
+        nonlocal position
+        result = product()
+        while position < len(tokens) and tokens[position] == "+":
+            position += 1
+            result += product()
+        return result
+
+    return sum_()
 
 
 @dataclass(frozen=True)
@@ -104,22 +175,83 @@ class Width:
     """Argument giving the width leaving the op; otherwise ``in // divisor``."""
     divisor: int = 1
     """2 for gated (GLU) activations: the input is split in halves."""
+    in_formula: Formula | None = None
+    """Width the op takes, computed from its arguments (Attention's packed QKV width)."""
+    out_formula: Formula | None = None
+    """Width the op returns, computed from its arguments."""
+
+    @property
+    def checks_input(self) -> bool:
+        return self.in_arg is not None or self.in_formula is not None
+
+    def expected_in(self, args: Mapping[str, Any]) -> Any:
+        """The width the op takes for ``args`` (None: any, or not computable from broken arguments)."""
+        if self.in_arg is not None:
+            return args.get(self.in_arg)
+        if self.in_formula is not None:
+            return self.in_formula.value(args)
+        return None
+
+    def declared_out(self, args: Mapping[str, Any]) -> int | None:
+        """The width the arguments alone give the output, or None (it follows the input)."""
+        if self.out_arg is not None:
+            value = args.get(self.out_arg)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+        if self.out_formula is not None:
+            return self.out_formula.value(args)
+        return None
 
     def out_width(self, in_width: int, args: Mapping[str, Any]) -> int:
         if self.out_arg is not None:
             return int(args[self.out_arg])
+        if self.out_formula is not None:
+            value = self.out_formula.value(args)
+            if value is not None:
+                return value
         return in_width // self.divisor
+
+    def describe_in(self) -> str | None:
+        """How the docs and ``explain`` name the input width rule."""
+        return self.in_arg or (self.in_formula.text if self.in_formula else None)
+
+    def describe_out(self) -> str | None:
+        return self.out_arg or (self.out_formula.text if self.out_formula else None)
 
     def describe(self) -> str:
         """The rule in words (``ls op NAME``, docs)."""
-        arriving = f"the width arriving must equal {self.in_arg}" if self.in_arg else ""
-        if self.out_arg is not None:
-            leaving = f"the width leaving is {self.out_arg}"
+        rule_in = self.describe_in()
+        arriving = f"the width arriving must equal {rule_in}" if rule_in else ""
+        rule_out = self.describe_out()
+        if rule_out is not None:
+            leaving = f"the width leaving is {rule_out}"
         elif self.divisor != 1:
             leaving = f"the width leaving is the width arriving / {self.divisor} (gated: two halves)"
         else:
             leaving = "the width leaving is the width arriving"
         return "; ".join(part for part in (arriving, leaving) if part)
+
+
+LAYOUTS: dict[str, str] = {
+    "any": "[..., features]",
+    "tokens": "[tokens, features]",
+    "sequence": "[batch, seq, features]",
+    "restored": "[*token_shape, features]",
+}
+"""How the main-path tensor is laid out. ``any``: whatever ``x`` is (the ops work on the last dim);
+``tokens``: 2-D rows (Dispatch and Combine move rows); ``sequence``: 3-D (Attention mixes positions);
+``restored``: after a RestoreTokens whose token_shape the caller passes (any leading dims). The first
+three are what a model's ``input_layout`` may declare."""
+
+
+@dataclass(frozen=True)
+class MultipleOf:
+    """``args[arg]`` must be a multiple of ``of`` (an argument name or a number), when ``when`` (a bool
+    argument) is true or None."""
+
+    arg: str
+    of: str | int
+    why: str
+    when: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +284,13 @@ class OpSpec:
     join slots at the same depth (token rows vs dispatched rows)."""
     arg_rules: tuple[tuple[str, str, str], ...] = ()
     """(smaller, larger, message) pairs of arguments that must satisfy ``args[smaller] <= args[larger]``."""
+    multiples: tuple[MultipleOf, ...] = ()
+    """Arguments that must be multiples of another argument or a number."""
+    needs_layout: str | None = None
+    """The main-path layout (``LAYOUTS``) the op needs: ``tokens`` for Dispatch and Combine."""
+    sets_layout: str | None = None
+    """The layout the op leaves: ``tokens`` (FlattenTokens), or ``token_shape``: the layout recorded by
+    the FlattenTokens whose ``token_shape`` channel feeds it (RestoreTokens)."""
 
     @property
     def changes_rows(self) -> bool:
@@ -182,7 +321,16 @@ class OpSpec:
         return tuple(s for s in self.outputs if s.enabled(full))
 
     def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.defaults, **args}
+        full = {**self.defaults, **args}
+        for p in self.derived_params:
+            if full.get(p.name) is None:
+                full[p.name] = full.get(p.default_from)  # type: ignore[arg-type]
+        return full
+
+    @cached_property
+    def derived_params(self) -> tuple[Param, ...]:
+        """Params whose null value takes another argument's (``default_from``)."""
+        return tuple(p for p in self.params if p.default_from is not None)
 
     def basic_ops(self, args: Mapping[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
         if self.expands_to is None:
@@ -197,9 +345,23 @@ class ModuleSpec:
     name: str
     doc: str
     torch_class: str
+    """``module:Class`` the reference engine builds (and the TE engine, unless ``te_class`` applies).
+    ``torch.nn`` classes, or te_assembly's own reference modules (Attention)."""
     params: tuple[Param, ...] = ()
     width: Width = field(default_factory=Width)
     param_shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] = lambda args: {}
+    te_class: str | None = None
+    """``module:Class`` the TE engine builds with ``kernels=te`` (TE's own kernels); None: ``torch_class``."""
+    te_runs_on_cpu: bool = True
+    """False when ``te_class`` needs a CUDA GPU (TE's attention)."""
+    arg_rules: tuple[tuple[str, str, str], ...] = ()
+    """As ``OpSpec.arg_rules``."""
+    multiples: tuple[MultipleOf, ...] = ()
+    """As ``OpSpec.multiples``."""
+    needs_layout: str | None = None
+    """The main-path layout the module needs (``sequence`` for Attention)."""
+    sets_layout: str | None = None
+    """As ``OpSpec.sets_layout``."""
 
     @cached_property
     def params_by_name(self) -> dict[str, Param]:
@@ -213,4 +375,13 @@ class ModuleSpec:
         return self.params_by_name.get(name)
 
     def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.defaults, **args}
+        full = {**self.defaults, **args}
+        for p in self.derived_params:
+            if full.get(p.name) is None:
+                full[p.name] = full.get(p.default_from)  # type: ignore[arg-type]
+        return full
+
+    @cached_property
+    def derived_params(self) -> tuple[Param, ...]:
+        """Params whose null value takes another argument's (``default_from``)."""
+        return tuple(p for p in self.params if p.default_from is not None)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from te_assembly.catalog import LAYOUTS
 from te_assembly.cli.commands import Outcome
 from te_assembly.diagnostics import Diagnostic, printable
 from te_assembly.plan import Plan
@@ -35,6 +36,13 @@ def signature(plan: Plan) -> str:
     return printable(f"model({inputs}) -> ({outputs})")
 
 
+def _layout_note(plan: Plan, layout: str | None) -> str:
+    """Where the main path's layout differs from x's: token rows inside a FlattenTokens span."""
+    if layout is None or layout == plan.input_layout:
+        return ""
+    return f" ({'token rows' if layout == 'tokens' else LAYOUTS.get(layout, layout)})"
+
+
 def plan_tables(plan: Plan) -> list[Table]:
     steps = Table(title=_t(f"{plan.name}: steps"), title_justify="left")
     for col in ("#", "step", "type", "fuser", "TE basic ops", "width", "params"):
@@ -46,7 +54,7 @@ def plan_tables(plan: Plan) -> list[Table]:
             n = len(s.basic_ops)
             idx = f"{s.first_basic_op}" if n == 1 else f"{s.first_basic_op}-{s.first_basic_op + n - 1}"
             basic, fuser = f"{idx}: {' + '.join(b for b, _ in s.basic_ops)}", str(s.fuser)
-        width = f"{s.in_width} -> {s.out_width}"
+        width = f"{s.in_width} -> {s.out_width}" + _layout_note(plan, s.layout)
         steps.add_row(str(s.index), _t(s.name), s.type, fuser, basic, width, f"{s.num_params:,}")
     steps.add_row("", "total", "", "", "", "", f"{plan.num_params:,}")
 
@@ -75,6 +83,8 @@ def plan_tables(plan: Plan) -> list[Table]:
     sig = Table(title=Text(f"call signature: {signature(plan)}"), title_justify="left")
     for col in ("direction", "name", "slot", "dtype"):
         sig.add_column(col)
+    shape = LAYOUTS[plan.input_layout].replace("features", str(plan.in_features))
+    sig.add_row("input", "x", _t(f"{shape} ({plan.input_layout_source})"), "float")
     for t in plan.public_inputs:
         step = plan.steps_by_index[t.ref.step]
         sig.add_row("input", _t(t.name), _t(f"{step.name}.{t.ref.slot_name} (fuser {t.fuser})"), t.dtype)

@@ -1,10 +1,12 @@
 """Where configs live: the shipped folders, a user's folders, and how a choice (``model=NAME`` or
 ``model=path/to/file.yaml``) becomes a file.
 
-A *file group* is a config group whose options te_assembly reads itself (``model``, ``recipe``; blocks
-next): each option is one YAML file, ``<folder>/<group>/<name>.yaml`` in any config folder on the search
-path, or the shipped recipes folder for ``recipe``. Shipped configs sit in the repository's ``configs/``
-and ``recipes/`` (inside the package, ``_configs``/``_recipes``, once installed from a wheel).
+A *file group* is a config group whose options te_assembly reads itself (``model``, ``recipe``,
+``block``): each option is one YAML file, ``<folder>/<group>/<name>.yaml`` in any config folder on the
+search path, or the shipped recipes folder for ``recipe``. A model and a recipe are chosen
+(``model=NAME``); blocks are used by a model's ``block:`` steps (``config/blocks.py``). Shipped configs
+sit in the repository's ``configs/`` and ``recipes/`` (inside the package, ``_configs``/``_recipes``,
+once installed from a wheel).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-FILE_GROUPS = ("model", "recipe")
+FILE_GROUPS = ("model", "recipe", "block")
 """Config groups whose options are read by ``source.py``, never by Hydra (``composition.py``)."""
 
 SUFFIXES = (".yaml", ".yml")
@@ -110,8 +112,14 @@ def available_recipes(config_dirs: Sequence[str | Path] = ()) -> list[str]:
     return list_options("recipe", [*shipped_roots(), *map(Path, config_dirs)])
 
 
+def available_blocks(config_dirs: Sequence[str | Path] = ()) -> list[str]:
+    """Block names: shipped (``configs/block/``), then in ``config_dirs`` (folders holding ``block/``)."""
+    return list_options("block", [*shipped_roots(), *map(Path, config_dirs)])
+
+
 __all__ = [
     "FILE_GROUPS",
+    "available_blocks",
     "available_models",
     "available_recipes",
     "choice_stem",

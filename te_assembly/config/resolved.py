@@ -20,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.config import interpolate, overrides
-from te_assembly.config.locations import FILE_GROUPS
+from te_assembly.config.blocks import Context, Expansion, expand, needs_expansion
+from te_assembly.config.locations import FILE_GROUPS, shipped_roots
 from te_assembly.config.source import Key, Source, read_bytes, read_file
 from te_assembly.diagnostics import Diagnostic, error
 
 log = logging.getLogger(__name__)
 
-PREFIXES = {"model": "model", "recipe": "recipe"}
+PREFIXES = {"model": "model", "recipe": "recipe", "block": "block"}
+CHOSEN_GROUPS = ("model", "recipe")
+"""File groups chosen on the command line (``model=NAME``); blocks are used by the model's steps."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,13 @@ class ResolvedConfig:
     choices: dict[str, str | None] = field(default_factory=dict)
     """The option chosen for each file group (``moe_block``, ``path/to/x.yaml``), None for null."""
     config_dirs: tuple[str, ...] = ()
+    expansion: Expansion | None = None
+    """The model with its block steps expanded (``blocks.py``); None for a model without any."""
+
+    @property
+    def expanded_model(self) -> dict[str, Any] | None:
+        """The model the analysis checks: its block steps expanded into their uses' steps."""
+        return self.expansion.model if self.expansion is not None else self.model
 
     def file_of(self, group: str) -> str | None:
         source = self.sources.get(group)
@@ -66,17 +76,18 @@ _CACHE_SIZE = 4
 """Parsed files kept (a 10,000-step model's source is about 50 MiB with its line map)."""
 
 
-def read_source(location: str, kind: str) -> Source:
+def read_source(location: str, kind: str, prefix: str | None = None) -> Source:
     """The parsed file at ``location`` (a path, or ``pkg://module/file``). A file unchanged since it
     was last read in this process (same size, modification time and inode) is not parsed again:
-    a sweep over one model parses it once."""
-    prefix = PREFIXES.get(kind, "")
+    a sweep over one model parses it once. ``prefix``: the key path its root stands for (default: the
+    kind's, ``model``...; a block's is ``block.<name>``)."""
+    prefix = PREFIXES.get(kind, "") if prefix is None else prefix
     if location.startswith("pkg://"):
         module, _, relative = location.removeprefix("pkg://").partition("/")
         return read_bytes(resources.files(module).joinpath(relative).read_bytes(), location, kind, prefix)
     try:
         stat = Path(location).stat()
-        key: tuple[Any, ...] | None = (location, kind, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        key: tuple[Any, ...] | None = (location, kind, prefix, stat.st_size, stat.st_mtime_ns, stat.st_ino)
     except OSError:
         key = None
     if key is not None and key in _CACHE:
@@ -171,15 +182,18 @@ def _finish(
     parsed_overrides: Sequence[Any],
     choices: dict[str, str | None],
     config_dirs: Sequence[str],
+    search: Sequence[Path] | None = None,
 ) -> ResolvedConfig:
     """Overrides, then every interpolation of the model, the recipe and the settings, in one pass: each
     section is a root of the same ``Interpolator``, so ``bench.tokens: ${mul:4,${model.dims.hidden}}``
-    and ``${seed}`` in a model resolve alike."""
+    and ``${seed}`` in a model resolve alike. Then the model's block steps are expanded (``blocks.py``;
+    ``search``: the config folders holding ``block/``, shipped and ``config_dirs`` by default)."""
     for name, g in groups.items():
         _shape_check(name, g)
         _apply_overrides(name, g, parsed_overrides)
     roots = {**settings_raw, **{name: g.data for name, g in groups.items() if g.data is not None}}
     resolver = interpolate.Interpolator(roots)
+    inline_sites: list[tuple[Key, ...]] = []
     data: dict[str, Any] = {}
     diags: list[Diagnostic] = list(early)
     for name, g in groups.items():
@@ -187,7 +201,11 @@ def _finish(
         if g.data is None:
             data[name] = None
             continue
-        value, found = interpolate.resolve_sites(resolver, name, sorted(set(g.sites), key=_site_key), name)
+        sites = sorted(set(g.sites), key=_site_key)
+        if name == "model":  # a block defined in the model resolves per use, with ``${block.dims.X}``
+            inline_sites = [s for s in sites if s and s[0] == "blocks"]
+            sites = [s for s in sites if not (s and s[0] == "blocks")]
+        value, found = interpolate.resolve_sites(resolver, name, sites, name)
         data[name] = value
         diags.extend(found)
     settings: dict[str, Any] = {}
@@ -198,6 +216,21 @@ def _finish(
             settings[key] = value
     sources = {name: g.source for name, g in groups.items() if g.source is not None}
     sources.update(extra_sources)
+    block_overrides = [o for o in parsed_overrides if overrides.held_back(o, ("block",))]
+    expansion = None
+    model = data.get("model")
+    if isinstance(model, Mapping) and (needs_expansion(model) or block_overrides):
+        folders = list(search) if search is not None else [*shipped_roots(), *map(Path, config_dirs)]
+        model_group = groups.get("model")
+        ctx = Context(
+            roots=resolver.roots,
+            model_source=model_group.source if model_group is not None else None,
+            search=folders,
+            overrides=block_overrides,
+            inline_sites=inline_sites,
+        )
+        expansion, found = expand(model, ctx)
+        diags.extend(found)
     located = [_locate(d, sources) for d in diags]
     return ResolvedConfig(
         model=data.get("model"),
@@ -208,6 +241,7 @@ def _finish(
         overrides=tuple(o.input_line for o in parsed_overrides),
         choices=choices,
         config_dirs=tuple(config_dirs),
+        expansion=expansion,
     )
 
 
@@ -243,11 +277,15 @@ def resolve_composed(
     hydra_node = hydra if hydra is not None else cfg.get("hydra")
     groups = {
         name: _from_stub(name, cfg.get(name)) if cfg.get(name) is not None else _Group(None, None, [], [])
-        for name in FILE_GROUPS
+        for name in CHOSEN_GROUPS
     }
     choices = {
-        name: OmegaConf.select(hydra_node, f"runtime.choices.{name}", default=None) for name in FILE_GROUPS
+        name: OmegaConf.select(hydra_node, f"runtime.choices.{name}", default=None) for name in CHOSEN_GROUPS
     }
+    early: list[Diagnostic] = []
+    if cfg.get("block") is not None:
+        message = "a block is not chosen on the command line: a model uses it in a step (block: NAME)"
+        early.append(error("block", "bad-override", message, "drop the block= override"))
     unresolved = OmegaConf.to_container(cfg, resolve=False)  # reading cfg[k] would resolve interpolations
     assert isinstance(unresolved, dict)
     settings_raw = {str(k): v for k, v in unresolved.items() if k not in FILE_GROUPS and k != "hydra"}
@@ -256,7 +294,17 @@ def resolve_composed(
     # shipped config.yaml it builds on.
     for name, path in zip(("config", "shipped config"), config_files(hydra_node), strict=False):
         extra[name] = read_source(str(path), "config")
-    return _finish(groups, settings_raw, [], extra, parsed, choices, config_dirs)
+    search = _search_folders(hydra_node) or None
+    return _finish(groups, settings_raw, early, extra, parsed, choices, config_dirs, search)
+
+
+def _search_folders(hydra: Any) -> list[Path]:
+    """The config folders of Hydra's search path, in its order (where ``block/<name>.yaml`` is looked up,
+    as ``model/`` is: shipped first, then ``-cd`` and ``hydra.searchpath`` folders)."""
+    from omegaconf import OmegaConf
+
+    found = OmegaConf.select(hydra, "runtime.config_sources", default=None) if hydra is not None else None
+    return [Path(str(s.path)) for s in found or [] if s.get("schema") == "file" and s.get("path")]
 
 
 def _plain_data(value: Any) -> Any:
@@ -270,10 +318,14 @@ def _plain_data(value: Any) -> Any:
 
 
 def resolve_mapping(
-    mapping: Mapping[str, Any], task_overrides: Sequence[str] = (), file: str | None = None
+    mapping: Mapping[str, Any],
+    task_overrides: Sequence[str] = (),
+    file: str | None = None,
+    config_dirs: Sequence[str] = (),
 ) -> ResolvedConfig:
     """Pass 2 for a model given from Python: a model mapping (what a model file holds), or a whole
-    config holding one under ``model``. Only ``model.*``/``recipe.*`` overrides apply."""
+    config holding one under ``model``. Only ``model.*``/``recipe.*``/``block.*`` overrides apply;
+    ``config_dirs``: folders laid out like ``configs/``, where the model's blocks may be."""
     from omegaconf import OmegaConf
 
     if OmegaConf.is_config(mapping):
@@ -296,7 +348,7 @@ def resolve_mapping(
         ),
     }
     choices: dict[str, str | None] = {"model": file or "<mapping>", "recipe": None}
-    return _finish(groups, settings_raw, diags, {}, parsed, choices, ())
+    return _finish(groups, settings_raw, diags, {}, parsed, choices, tuple(map(str, config_dirs)))
 
 
 def resolve_source(source: Source, task_overrides: Sequence[str] = ()) -> ResolvedConfig:
@@ -305,7 +357,7 @@ def resolve_source(source: Source, task_overrides: Sequence[str] = ()) -> Resolv
     parsed = _parse(task_overrides)
     diags: list[Diagnostic] = []
     for o in parsed:
-        if not overrides.held_back(o, ("model",)):
+        if not overrides.held_back(o, ("model", "block")):
             message = (
                 f"override {o.input_line!r} needs a composed config: pass a model name or file to load()"
             )

@@ -81,13 +81,40 @@ class Summary(str):
         return str(self)
 
 
+def add_step(steps: torch.nn.ModuleDict, name: str, module: torch.nn.Module) -> None:
+    """Register a step under its config name; a dotted name (a block use's ``layers.3.norm``) nests
+    ``ModuleDict``s, so its parameters are ``steps.layers.3.norm.*``. ``ModuleDict[name] = m`` refuses
+    names that shadow an ``nn.Module`` attribute (``half``, ``float``, ``train``...), which are valid step
+    names; writing ``_modules`` directly keeps parameter names and item access working."""
+    *scopes, last = name.split(".")
+    node: torch.nn.Module = steps
+    for key in scopes:
+        child = node._modules.get(key)
+        if child is None:
+            child = torch.nn.ModuleDict()
+            node._modules[key] = child
+        node = child
+    node._modules[last] = module
+
+
+def step_module(steps: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The module ``add_step`` registered under ``name``."""
+    node = steps
+    for key in name.split("."):
+        found = node._modules[key]
+        assert found is not None
+        node = found
+    return node
+
+
 class AssembledModel(torch.nn.Module):
     """A built model. Parameters are named ``steps.<step name>.<TE parameter name>`` in every engine,
     so a state dict from one engine loads into another.
 
     Every call is checked against the plan before any op runs (``call_checks``): ``x``'s feature width
-    (and 2-D for models whose steps change the row count), each public input's shape, dtype kind and
-    device. Everything a call needs (names, order, shape rules) is computed here, once."""
+    (and its number of dims when the plan's ``input_layout`` is ``tokens`` or ``sequence``), each public
+    input's shape, dtype kind and device. Everything a call needs (names, order, shape rules) is computed
+    here, once."""
 
     engine: str = "?"
 
@@ -107,6 +134,10 @@ class AssembledModel(torch.nn.Module):
         self._loss_output_names = loss_output_names(plan)
         self._checks = CallChecks(plan, self.row_changing_steps)
         self._check = self._checks.check
+
+    def step_module(self, name: str) -> torch.nn.Module:
+        """The module of step ``name`` (``layers.3.norm`` for a step of a block use)."""
+        return step_module(self.steps, name)
 
     @property
     def input_names(self) -> list[str]:
@@ -167,7 +198,7 @@ class AssembledModel(torch.nn.Module):
 
     def check_x(self, x: torch.Tensor) -> None:
         """Raise ``CallError`` unless ``x`` is a floating-point tensor of shape ``[..., in_features]``
-        (``[tokens, in_features]`` for models whose steps change the row count)."""
+        (``[tokens, in_features]`` or ``[batch, seq, in_features]`` as the plan's ``input_layout`` says)."""
         self._checks.check_x(x)
 
     def order_inputs(
@@ -243,6 +274,8 @@ __all__ = [
     "InputShapeError",
     "ModelOutput",
     "Summary",
+    "add_step",
     "loss_output_names",
     "loss_precision",
+    "step_module",
 ]

@@ -52,10 +52,31 @@ class InputRule:
     local: bool = False
     """A rank of a parallel layout: rows and groups are its own, so only the layout of the shape (its
     number of dims and the feature width) is checked."""
+    flat: bool = False
+    """The main path is token rows at the step (after a FlattenTokens): ``x``'s leading dims flattened."""
+    free_lead: bool = False
+    """The main path has whatever leading dims a public token_shape gave it (after a RestoreTokens fed
+    by the caller): any leading dims holding the same number of rows."""
+
+    def accepts(self, shape: tuple[int, ...], lead: tuple[int, ...]) -> bool:
+        """Whether a tensor of ``shape`` fits for an ``x`` of shape ``(*lead, features)``."""
+        if self.free_lead and self.kind in ("main", "rows") and not self.local:
+            main = self.kind == "main"
+            kept = shape[:-1] if main else shape
+            width_ok = not main or shape[-1:] == (self.width or 0,)
+            # row_factor None: the rows depend on the routing (an aligned Dispatch), any count fits
+            rows_ok = self.row_factor is None or math.prod(kept) == math.prod(lead) * self.row_factor
+            if shape and width_ok and rows_ok:
+                return True
+        return fits(shape, self.shapes(lead))
 
     def shapes(self, lead: tuple[int, ...]) -> tuple[tuple[int | None, ...], ...]:
         """Accepted shapes for an ``x`` of shape ``(*lead, features)``, the first the one to name; a None
         dimension is any size."""
+        if self.kind == "token_shape":
+            return ((None,),)  # the leading dimensions of some tensor: their number is the caller's
+        if self.flat:
+            lead = (math.prod(lead),)
         rows: tuple[int | None, ...] = lead
         if self.local or self.row_factor is None:
             rows = (None,) * len(lead) if self.local else (None,)
@@ -125,6 +146,8 @@ def input_rules(plan: Plan) -> tuple[InputRule, ...]:
                 width=step.in_width,
                 count=_count(slot.shape, slot.agree, step.args),
                 row_factor=factor[step.index],
+                flat=step.layout == "tokens",
+                free_lead=step.layout == "restored",
             )
         )
     return tuple(rules)
@@ -162,6 +185,8 @@ class CallChecks:
         self.name = plan.name
         self.in_features = plan.in_features
         self.row_changing_steps = row_changing_steps
+        self.input_layout = plan.input_layout
+        self.input_layout_source = plan.input_layout_source
         self.rules = input_rules(plan)
         self._x_key: tuple[torch.Size, torch.dtype] | None = None
         """Shape and dtype of the last ``x`` that passed; ``_expected`` holds the inputs' shapes for it."""
@@ -224,7 +249,8 @@ class CallChecks:
         raise InputShapeError(f"{self.name}: x must be a floating-point tensor, got {x.dtype}")
 
     def check_x(self, x: torch.Tensor) -> None:
-        """``x`` alone: a floating-point tensor of shape [..., in_features] (2-D for row-changing models)."""
+        """``x`` alone: a floating-point tensor of shape [..., in_features], 2-D or 3-D when the plan's
+        ``input_layout`` is ``tokens`` or ``sequence``."""
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
             self._bad_x_type(x)
         shape = x.shape
@@ -233,11 +259,16 @@ class CallChecks:
                 f"{self.name} takes x of shape [..., {self.in_features}] (in_features={self.in_features}); "
                 f"got shape {tuple(shape)}"
             )
-        if self.row_changing_steps and len(shape) != 2:
+        if self.input_layout == "tokens" and len(shape) != 2:
             raise InputShapeError(
-                f"{self.name} changes the number of rows at {', '.join(self.row_changing_steps)}, so x "
-                f"must be a 2-D [tokens, features] tensor; got shape {tuple(shape)}: pass "
-                f"x.reshape(-1, {self.in_features}) and reshape y back"
+                f"{self.name} takes x as a 2-D [tokens, features] tensor ({self.input_layout_source}); got "
+                f"shape {tuple(shape)}: pass x.reshape(-1, {self.in_features}) and reshape y back, or put "
+                "FlattenTokens / RestoreTokens steps around the steps that need token rows"
+            )
+        if self.input_layout == "sequence" and len(shape) != 3:
+            raise InputShapeError(
+                f"{self.name} takes x as a 3-D [batch, seq, features] tensor ({self.input_layout_source}); "
+                f"got shape {tuple(shape)}"
             )
 
     def _bad_inputs(self, x: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> None:
@@ -249,7 +280,7 @@ class CallChecks:
                     f"{self.name}: public input {rule.name!r} must be a torch.Tensor, got {type(t).__name__}"
                 )
             shapes = rule.shapes(lead)
-            if not fits(tuple(t.shape), shapes):
+            if not rule.accepts(tuple(t.shape), lead):
                 raise InputShapeError(
                     f"{self.name}: public input {rule.name!r} ({rule.where}) must have shape "
                     f"{_show(shapes[0])} for x of shape {list(x.shape)}; got {list(t.shape)}"

@@ -26,10 +26,37 @@ def rows_per_step(plan: Plan, tokens: int) -> dict[int, int]:
     return rows
 
 
+DEFAULT_SEQ_LEN = 32
+"""Positions per sequence of synthetic ``x`` for a model that takes ``[batch, seq, features]``
+(``run.seq_len``, ``train.seq_len`` and ``bench.seq_len`` default to it)."""
+
+
+def x_lead(plan: Plan, tokens: int, seq_len: int = DEFAULT_SEQ_LEN) -> tuple[int, ...]:
+    """``x``'s leading dimensions for ``tokens`` rows: ``(tokens // seq_len, seq_len)`` for a model whose
+    ``input_layout`` is ``sequence`` (``ValueError`` unless ``seq_len`` divides ``tokens``), else
+    ``(tokens,)``."""
+    if plan.input_layout != "sequence":
+        return (tokens,)
+    if seq_len < 1 or tokens % seq_len:
+        raise ValueError(
+            f"{plan.name} takes x as [batch, seq, features]: {tokens} tokens are not whole sequences of "
+            f"{seq_len} positions (use a multiple of {seq_len} tokens)"
+        )
+    return (tokens // seq_len, seq_len)
+
+
 def sample_x(
-    plan: Plan, tokens: int, *, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+    plan: Plan,
+    tokens: int,
+    *,
+    generator: torch.Generator,
+    device: torch.device,
+    dtype: torch.dtype,
+    seq_len: int = DEFAULT_SEQ_LEN,
 ) -> torch.Tensor:
-    return torch.randn(tokens, plan.in_features, generator=generator).to(device=device, dtype=dtype)
+    """``tokens`` rows of normal noise, shaped as the plan's ``input_layout`` says (``x_lead``)."""
+    shape = (*x_lead(plan, tokens, seq_len), plan.in_features)
+    return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
 
 
 def sample_public_inputs(
@@ -39,12 +66,14 @@ def sample_public_inputs(
     generator: torch.Generator,
     device: torch.device,
     dtype: torch.dtype,
+    seq_len: int = DEFAULT_SEQ_LEN,
 ) -> dict[str, torch.Tensor]:
     """One sample per public input, by name, in the plan's calling order.
 
-    Float slots get float tensors of ``dtype`` (normal addends, positive per-row scales or
-    probabilities); int slots get values the consuming op accepts (split sizes summing to the rows,
-    expert ids, a row permutation). Integer tensors are int64."""
+    Float slots get float tensors of ``dtype`` (normal addends shaped like the main path there, positive
+    per-row scales or probabilities); int slots get values the consuming op accepts (split sizes summing
+    to the rows, expert ids, a row permutation, x's leading dimensions). Integer tensors are int64."""
+    lead = x_lead(plan, tokens, seq_len)
     rows = rows_per_step(plan, tokens)
     steps = plan.steps_by_index
     padded = _behind_aligned_dispatch(plan)
@@ -56,7 +85,9 @@ def sample_public_inputs(
                 f"cannot sample public input {tensor.name!r}: step {step.name!r} receives the rows of a "
                 "Dispatch with align > 1, whose count depends on the routing; feed it from a channel"
             )
-        value = _sample(step, tensor, rows[step.index], generator)
+        value = _sample(
+            step, tensor, rows[step.index], generator, lead if rows[step.index] == tokens else None
+        )
         out[tensor.name] = value.to(device=device, dtype=dtype if value.is_floating_point() else torch.int64)
     return out
 
@@ -74,8 +105,17 @@ def _behind_aligned_dispatch(plan: Plan) -> set[int]:
     return inside
 
 
-def _sample(step: PlannedStep, tensor: PublicTensor, rows: int, generator: torch.Generator) -> torch.Tensor:
+def _sample(
+    step: PlannedStep,
+    tensor: PublicTensor,
+    rows: int,
+    generator: torch.Generator,
+    lead: tuple[int, ...] | None,
+) -> torch.Tensor:
+    """``lead``: x's leading dimensions when the step sees all of x's rows (None after a Dispatch)."""
     slot, args = tensor.ref.slot_name, step.args
+    if step.type == "RestoreTokens" and slot == "token_shape":
+        return torch.tensor(lead or (rows,), dtype=torch.int64)  # back to x's layout
     if step.type == "GroupedLinear" and slot == "split_sizes":
         return split_sizes(rows, int(args["num_groups"]), generator)
     if step.type == "Dispatch" and slot == "routing_map":
@@ -91,7 +131,9 @@ def _sample(step: PlannedStep, tensor: PublicTensor, rows: int, generator: torch
         raise NotImplementedError(f"no sample rule for int input {step.type}.{slot}")
     if slot == "scales":
         return torch.rand(rows, generator=generator) + 0.5  # per-row scales, like router probabilities
-    return torch.randn(rows, step.in_width or 1, generator=generator)  # an addend shaped like x there
+    # An addend shaped like the main path there: x's leading dims, or token rows after a FlattenTokens.
+    main_lead = lead if lead is not None and step.layout != "tokens" else (rows,)
+    return torch.randn(*main_lead, step.in_width or 1, generator=generator)
 
 
 def split_sizes(rows: int, groups: int, generator: torch.Generator) -> torch.Tensor:
@@ -101,4 +143,4 @@ def split_sizes(rows: int, groups: int, generator: torch.Generator) -> torch.Ten
     return bounds.diff()
 
 
-__all__ = ["rows_per_step", "sample_public_inputs", "sample_x", "split_sizes"]
+__all__ = ["DEFAULT_SEQ_LEN", "rows_per_step", "sample_public_inputs", "sample_x", "split_sizes", "x_lead"]

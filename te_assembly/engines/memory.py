@@ -62,8 +62,32 @@ def _slot_elements(shape: str, rows: int, width: int, args: dict[str, object]) -
     return 1
 
 
-def activation_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:
-    """What one forward keeps for backward: ``x``, each step's main output and each extra output."""
+def attention_elements(args: dict[str, object], rows: int, seq_len: int, fused: bool = False) -> int:
+    """What an ``Attention`` step keeps for backward beyond its input and output, in elements of the
+    compute dtype: q, k and v after the rotary embedding, the key/value heads repeated for their query
+    groups ([batch, heads, seq, head_dim] each), and the attention probabilities, ``num_heads * seq_len``
+    per row (the reference module and TE's unfused backend keep them). ``fused``: TE's fused kernels
+    (bfloat16/float16 on a GPU) keep one log-sum-exp per row and head instead."""
+    heads, head_dim = int(args["num_heads"]), int(args["head_dim"])  # type: ignore[call-overload]
+    return rows * heads * (3 * head_dim + (1 if fused else seq_len))
+
+
+def fused_attention(engine: str, kernels: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention runs in TE's fused kernels (no probabilities kept for backward)."""
+    return (
+        engine == "te"
+        and kernels == "te"
+        and device.type == "cuda"
+        and dtype in (torch.bfloat16, torch.float16)
+    )
+
+
+def activation_bytes(
+    plan: Plan, tokens: int, dtype: torch.dtype, seq_len: int | None = None, fused: bool = False
+) -> int:
+    """What one forward keeps for backward: ``x``, each step's main output and each extra output, and
+    an attention step's heads and probabilities (sequences of ``seq_len`` rows; default: one sequence
+    of all ``tokens``; ``fused``: see ``attention_elements``)."""
     size = dtype_bytes(dtype)
     total = tokens * plan.in_features * size
     for step, rows in zip(plan.steps, _rows_per_step(plan, tokens), strict=True):
@@ -72,6 +96,10 @@ def activation_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:
         for slot in step.output_slots:
             elements = _slot_elements(slot.shape, rows, step.in_width or 0, step.args)
             total += elements * (INT_BYTES if slot.dtype == "int" else size)
+        if step.kind == "module" and step.type == "Attention":
+            # computed in at least float32 (reference/attention.py)
+            compute = max(size, 4)
+            total += attention_elements(step.args, rows, min(seq_len or rows, rows), fused) * compute
     return total
 
 
@@ -110,16 +138,20 @@ def estimate(
     models: int = 1,
     trained: int = 0,
     optimizer: str | None = None,
+    seq_len: int | None = None,
+    fused_attention: bool = False,
 ) -> MemoryEstimate:
     """``models`` copies of the parameters (e.g. teacher and student), ``trained`` of them with
-    gradients and ``optimizer`` state, and the activations of one forward+backward of ``tokens`` rows."""
+    gradients and ``optimizer`` state, and the activations of one forward+backward of ``tokens`` rows
+    (in sequences of ``seq_len`` for attention; default: one sequence; ``fused_attention``: TE's fused
+    attention kernels, see ``attention_elements``)."""
     params = parameter_count(plan) * dtype_bytes(dtype)
     return MemoryEstimate(
         parameters=params * models,
         gradients=params * trained,
         optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
         # Backward holds the gradient of the activation it is working on next to the saved ones.
-        activations=2 * activation_bytes(plan, tokens, dtype) if tokens else 0,
+        activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused_attention) if tokens else 0,
     )
 
 
@@ -213,9 +245,11 @@ def _environment_limit() -> int | None:
 __all__ = [
     "MemoryEstimate",
     "activation_bytes",
+    "attention_elements",
     "available_bytes",
     "check_fits",
     "estimate",
     "format_bytes",
+    "fused_attention",
     "parameter_count",
 ]

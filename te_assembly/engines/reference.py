@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from te_assembly.catalog import ModuleSpec, OpSpec, load_object
-from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.base import AssembledModel, add_step, step_module
 from te_assembly.plan import Plan, PlannedStep
 
 if TYPE_CHECKING:
@@ -104,13 +104,6 @@ class ReferenceModel(AssembledModel):
             self.channel_tensors[name] = tensor
 
 
-def add_step(steps: torch.nn.ModuleDict, name: str, module: torch.nn.Module) -> None:
-    """Register a step under its config name. ``ModuleDict[name] = m`` refuses names that shadow an
-    ``nn.Module`` attribute (``half``, ``float``, ``train``...), which are valid step names; writing
-    ``_modules`` directly keeps parameter names ``steps.<name>.*`` and item access working."""
-    steps._modules[name] = module
-
-
 def _instantiate(step: PlannedStep, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     spec = step.spec
     if isinstance(spec, OpSpec):
@@ -155,7 +148,9 @@ def _compile(
             slot_register.get((step.index, slot), scratch) for slot in range(len(step.output_slots))
         )
         channels = tuple((name, slot) for slot, name in enumerate(step.output_channels) if name is not None)
-        program.append(_Instruction(modules[step.name], step.kind == "op", inputs, outputs, channels))
+        program.append(
+            _Instruction(step_module(modules, step.name), step.kind == "op", inputs, outputs, channels)
+        )
     returned = tuple(slot_register[(t.ref.step, t.ref.slot)] for t in plan.public_outputs)
     return program, count, tuple(public_in.values()), returned
 

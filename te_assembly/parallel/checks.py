@@ -75,20 +75,26 @@ def parallel_diagnostics(
     return layout, [*diags, *layout_diags]
 
 
-def tokens_diagnostics(settings: ParallelSettings, tokens: int, key: str) -> list[Diagnostic]:
-    """A batch of ``tokens`` rows (at config key ``key``) must cut evenly between the ranks reading rows."""
+def tokens_diagnostics(
+    settings: ParallelSettings, tokens: int, key: str, seq_len: int | None = None
+) -> list[Diagnostic]:
+    """A batch of ``tokens`` rows (at config key ``key``) must cut evenly between the ranks reading rows.
+    ``seq_len``: ``x`` is ``[batch, seq, features]`` and ranks read whole sequences of that many rows."""
     shards = settings.row_shards
-    if tokens % shards == 0:
+    unit = seq_len or 1
+    if (tokens // unit) % shards == 0:
         return []
     readers = f"{settings.data_shards} data/expert rank(s)" + (
         f" x {settings.tensor} sequence-parallel rank(s)" if settings.sequence_parallel else ""
     )
+    what = f"rows ({tokens // unit} sequences of {unit})" if seq_len else "rows"
     return [
         error(
             key,
             "parallel-indivisible",
-            f"{key}={tokens} rows cannot be split evenly between the {readers} that each read their own rows",
-            f"use a multiple of {shards}",
+            f"{key}={tokens} {what} cannot be split evenly between the {readers} that each read their own "
+            f"{'sequences' if seq_len else 'rows'}",
+            f"use a multiple of {shards * unit}",
         )
     ]
 

@@ -29,6 +29,7 @@ from te_assembly.parallel.rules import (
     divisibility,
     expert_rules,
     public_rows,
+    sequence_rules,
     step_path,
     tensor_regions,
     tp_mode,
@@ -199,6 +200,7 @@ def shard_plan(plan: Plan, settings: ParallelSettings) -> tuple[ShardPlan | None
     diags.extend(divisibility(plan, settings, entries, regions, column_blocks))
     diags.extend(channel_regions(plan, split_at, rows_split))
     diags.extend(expert_rules(plan, settings, entries))
+    diags.extend(sequence_rules(plan, settings, entries))
     public, public_diags = public_rows(plan, settings, split_at, rows_split)
     diags.extend(public_diags)
     warnings = warnings_for(plan, settings, entries, regions)

@@ -106,7 +106,8 @@ def tensor_regions(plan: Plan, entries: dict[int, Sharding]) -> tuple[list[Regio
                     step_path(step, "op" if step.kind == "op" else "module"),
                     "parallel-needs-whole-features",
                     f"{where} needs whole feature vectors; it cannot sit {inside}",
-                    "move it outside the region, or end the region before it with a row-parallel Linear",
+                    entry.note
+                    or "move it outside the region, or end the region before it with a row-parallel Linear",
                 )
             )
         else:
@@ -384,6 +385,27 @@ def public_rows(
                 )
             )
     return out, diags
+
+
+def sequence_rules(plan: Plan, settings: ParallelSettings, entries: dict[int, Sharding]) -> list[Diagnostic]:
+    """Sequence parallelism splits the main path's rows between tensor-parallel ranks: a step that mixes
+    the positions of a sequence (``whole_sequences`` in the catalog) cannot run on such a slice."""
+    if not settings.sequence_parallel:
+        return []
+    out = []
+    for step in plan.steps:
+        if entries[step.index].whole_sequences:
+            out.append(
+                error(
+                    "parallel.sequence",
+                    "parallel-sequence-attention",
+                    f"sequence parallelism splits the rows of the main path between the tensor-parallel "
+                    f"ranks, but {step.name!r} ({step.type}, {step_path(step, step.kind)}) mixes the "
+                    "positions of whole sequences",
+                    "drop parallel.sequence (keep parallel.sequence: 1)",
+                )
+            )
+    return out
 
 
 def warnings_for(

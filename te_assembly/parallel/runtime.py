@@ -50,16 +50,17 @@ def parallel_run(
     command: str,
     tokens: tuple[str, int] | None = None,
     layout: ShardPlan | None = None,
+    seq_len: int | None = None,
 ) -> Iterator[ParallelContext]:
     """The context for this process: single-process (nothing started) unless the ``parallel`` sizes ask
     for more. ``parallel``: the section (checked settings, or the raw mapping). ``tokens``: (config key,
-    rows per batch) that must split evenly between the ranks. ``layout``: ``plan``'s layout under these
-    settings when already known (``Analysis.layout``)."""
+    rows per batch) that must split evenly between the ranks (whole sequences of ``seq_len`` rows when
+    given). ``layout``: ``plan``'s layout under these settings when already known (``Analysis.layout``)."""
     settings = parallel if isinstance(parallel, ParallelSettings) else ParallelSettings.from_mapping(parallel)
     launch = current_launch()
     diags = launch_diagnostics(settings, launch, command)
     if tokens is not None:
-        diags.extend(tokens_diagnostics(settings, tokens[1], tokens[0]))
+        diags.extend(tokens_diagnostics(settings, tokens[1], tokens[0], seq_len))
     if diags:
         raise ConfigError(diags)
     if not settings.is_parallel:

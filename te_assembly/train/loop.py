@@ -125,7 +125,13 @@ def check_can_train(plan: Plan, settings: TrainSettings, device: torch.device, d
             ]
         )
     needed = estimate(
-        plan, dtype, tokens=settings.batch_tokens, models=2, trained=1, optimizer=settings.optimizer
+        plan,
+        dtype,
+        tokens=settings.batch_tokens,
+        models=2,
+        trained=1,
+        optimizer=settings.optimizer,
+        seq_len=settings.seq_len,
     )
     check_fits(needed, device, f"training {plan.name}", "lower train.batch_tokens or make the model smaller")
 
@@ -272,6 +278,7 @@ def _train_locked(
         tokens=settings.batch_tokens,
         device=dev,
         dtype=dtype,
+        seq_len=settings.seq_len,
         rows=(lambda x, inputs: (par.local_rows(x), par.local_inputs(inputs))) if par.is_parallel else None,
     )
     loss_names = loss_output_names(plan)

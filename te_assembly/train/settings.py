@@ -26,6 +26,9 @@ _MAX_TEACHER_OFFSET = 2**63
 class TrainSettings:
     steps: int = setting(200, minimum=1, doc="optimizer steps (the schedule spans them)")
     batch_tokens: int = setting(256, minimum=1, doc="rows of x per step")
+    seq_len: int = setting(
+        32, minimum=1, doc="positions per sequence when the model takes x as [batch, seq, features]"
+    )
     optimizer: str = setting("adamw", choices=OPTIMIZERS, doc="the optimizer")
     lr: float = setting(3e-3, minimum=0, doc="peak learning rate")
     weight_decay: float = setting(0.0, minimum=0, doc="decoupled weight decay (adamw) or L2 (sgd)")

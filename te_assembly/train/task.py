@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from te_assembly.engines.base import AssembledModel, loss_precision
-from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.data import DEFAULT_SEQ_LEN, sample_public_inputs, sample_x
 from te_assembly.plan import Plan
 
 RowSelector = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -43,8 +43,11 @@ class TeacherTask:
         device: torch.device,
         dtype: torch.dtype,
         rows: RowSelector | None = None,
+        seq_len: int = DEFAULT_SEQ_LEN,
     ) -> None:
         self.plan = plan
+        self.seq_len = seq_len
+        """Positions per sequence, for a model that takes ``[batch, seq, features]``."""
         self.rows = rows
         """Parallel runs: this rank's rows of each batch (x and public inputs), before the teacher runs."""
         self.teacher = teacher.eval().requires_grad_(False)
@@ -55,9 +58,10 @@ class TeacherTask:
 
     def batch(self, step: int) -> Batch:
         generator = torch.Generator().manual_seed(step_seed(self.seed, step))
-        x = sample_x(self.plan, self.tokens, generator=generator, device=self.device, dtype=self.dtype)
+        dev, dtype, seq_len = self.device, self.dtype, self.seq_len
+        x = sample_x(self.plan, self.tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
         inputs = sample_public_inputs(
-            self.plan, self.tokens, generator=generator, device=self.device, dtype=self.dtype
+            self.plan, self.tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len
         )
         if self.rows is not None:
             x, inputs = self.rows(x, inputs)

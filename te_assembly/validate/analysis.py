@@ -23,15 +23,17 @@ from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_
 from te_assembly.errors import ConfigError
 from te_assembly.parallel.layout import ShardPlan, shard_plan
 from te_assembly.parallel.settings import ParallelSettings
-from te_assembly.plan import FuserGroup, Plan, PlannedStep
+from te_assembly.plan import BlockGroup, FuserGroup, Plan, PlannedStep
 from te_assembly.recipes import Recipe, validate_recipe
 from te_assembly.schema import ModelConfig, check_structure
 from te_assembly.sections import read_section, section_diagnostics
 from te_assembly.settings import COMMON_KEYS, CommonSettings, RunSettings
 from te_assembly.validate.channels import ChannelGraph, RawChannels, check_channels
 from te_assembly.validate.fusers import assign_fusers
+from te_assembly.validate.layouts import check_layouts
+from te_assembly.validate.origins import present
 from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
-from te_assembly.validate.steps import check_step
+from te_assembly.validate.steps import check_step, scope_clashes
 from te_assembly.validate.widths import check_widths
 
 COMMON = ""
@@ -57,6 +59,9 @@ class ModelAnalysis:
     fusers: tuple[FuserGroup, ...] = ()
     graph: ChannelGraph | None = None
     diagnostics: tuple[Diagnostic, ...] = ()
+    input_layout: str = "any"
+    """What ``x`` must look like (``validate/layouts.py``)."""
+    input_layout_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,9 @@ class Analysis:
     layout: ShardPlan | None = None
     """Which rank holds which slice under the ``parallel`` sizes (one process: every step whole); None
     when the section was not checked, or the model or layout has errors."""
+    step_diagnostics: tuple[Diagnostic, ...] = ()
+    """The model's diagnostics as the passes found them, at the expanded model's key paths
+    (``model.ops[K]``, one step per use of a block): what ``graph`` marks on each step."""
     warnings: tuple[Diagnostic, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +98,12 @@ class Analysis:
     @property
     def graph(self) -> ChannelGraph | None:
         return self.model.graph
+
+    @property
+    def blocks(self) -> tuple[BlockGroup, ...]:
+        """The model's block steps and their uses (also for a model with errors)."""
+        expansion = self.resolved.expansion
+        return expansion.groups if expansion is not None else ()
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -127,15 +141,26 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
         diags.extend(step_diags)
     if isinstance(raw_ops, list) and not raw_ops:
         diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
+    if any("." in name for name in seen):
+        diags.extend(scope_clashes(seen))
     fused, fusers = assign_fusers(drafts)
     steps, width_diags = check_widths(fused, model.get("in_features"))
     diags.extend(width_diags)
     graph = check_channels(steps, fusers, RawChannels.of(ops))
     diags.extend(graph.diagnostics)
-    return ModelAnalysis(tuple(steps), tuple(fusers), graph, tuple(diags))
+    layouts = check_layouts(steps, model.get("input_layout"), graph)
+    diags.extend(layouts.diagnostics)
+    return ModelAnalysis(
+        tuple(layouts.steps), tuple(fusers), graph, tuple(diags), layouts.input_layout, layouts.source
+    )
 
 
-def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagnostic]) -> Plan:
+def _plan(
+    model: Mapping[str, Any],
+    result: ModelAnalysis,
+    warnings: list[Diagnostic],
+    blocks: tuple[BlockGroup, ...],
+) -> Plan:
     planned = [s for s in result.steps if s is not None]
     assert result.graph is not None
     last_width = planned[-1].out_width if planned else None
@@ -150,6 +175,10 @@ def _plan(model: Mapping[str, Any], result: ModelAnalysis, warnings: list[Diagno
         public_outputs=result.graph.public_outputs,
         dims=dict(model.get("dims") or {}),
         warnings=warnings,
+        input_layout=result.input_layout,
+        input_layout_source=result.input_layout_source,
+        reroutes=result.graph.reroutes,
+        blocks=blocks,
     )
 
 
@@ -174,11 +203,14 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     """Pass 3 (see the module docstring). ``sections``: settings sections to check and parse, by name
     (default: the top-level keys and ``run``)."""
     diags: list[Diagnostic] = list(resolved.diagnostics)
-    model = resolved.model
+    model = resolved.expanded_model
+    expansion = resolved.expansion
+    blocks = expansion.groups if expansion is not None else ()
     result = ModelAnalysis()
+    step_diags: list[Diagnostic] = []
     if model is not None:
         result = analyze_model(model)
-        diags.extend(result.diagnostics)
+        step_diags.extend(result.diagnostics)
     elif not any(d.path == "model" or d.path.startswith("model.") for d in diags):
         message = "no model is chosen: pick one with model=NAME or model=path/to/model.yaml"
         diags.append(error("model", "no-model", message))
@@ -192,14 +224,19 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     diags.extend(settings_diags)
     # The model as a plan as soon as the model itself is sound: checks across sections read it.
     sound = model is not None and result.graph is not None and not has_errors(result.diagnostics)
-    candidate = _plan(model, result, []) if sound and model is not None else None
+    sound = sound and not has_errors(d for d in resolved.diagnostics if d.path.startswith(("model", "block")))
+    candidate = _plan(model, result, [], blocks) if sound and model is not None else None
     cross, layout = _cross_checks(candidate, recipe, parsed.get(PARALLEL))
-    diags.extend(cross)
+    step_diags.extend(cross)
+    # Each finding of the expanded model at its source: the model file, or a block's file and use.
+    diags.extend(present(step_diags, expansion))
+    diags.extend(_sequence_checks(candidate, parsed))
     final = _finish(diags, resolved)
+    steps_found = tuple(step_diags)
     if candidate is None or has_errors(final):
-        return Analysis(resolved, result, recipe, parsed, tuple(final))
+        return Analysis(resolved, result, recipe, parsed, tuple(final), step_diagnostics=steps_found)
     plan = dataclasses.replace(candidate, warnings=[d for d in final if not d.is_error])
-    return Analysis(resolved, result, recipe, parsed, tuple(final), plan, layout)
+    return Analysis(resolved, result, recipe, parsed, tuple(final), plan, layout, steps_found)
 
 
 def _cross_checks(
@@ -219,20 +256,80 @@ def _cross_checks(
     return out, layout
 
 
+TOKEN_KEYS = {"run": "tokens", "train": "batch_tokens", "bench": "tokens"}
+"""Each section that makes synthetic batches: its rows-per-batch key (next to its ``seq_len``)."""
+
+
+def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
+    """A model that takes ``[batch, seq, features]`` needs whole sequences: each section's tokens a
+    multiple of its ``seq_len``."""
+    if plan is None or plan.input_layout != "sequence":
+        return []
+    out = []
+    for section, key in TOKEN_KEYS.items():
+        settings = parsed.get(section)
+        tokens, seq_len = getattr(settings, key, None), getattr(settings, "seq_len", None)
+        if not isinstance(tokens, int) or not isinstance(seq_len, int) or tokens % seq_len == 0:
+            continue
+        whole = max(seq_len, tokens - tokens % seq_len)
+        out.append(
+            error(
+                f"{section}.{key}",
+                "partial-sequence",
+                f"{plan.name} takes x as [batch, seq, features] ({plan.input_layout_source}): "
+                f"{section}.{key}={tokens} rows are not whole sequences of {section}.seq_len={seq_len} "
+                "positions",
+                f"use {section}.{key}={whole}, or a {section}.seq_len that divides {tokens}",
+            )
+        )
+    return out
+
+
 def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:
     """Every diagnostic located in its file (model, recipe, then the settings' config file), sorted
     file by file in source order, and deduplicated."""
-    order = [
-        resolved.sources[k] for k in ("model", "recipe", "config", "shipped config") if k in resolved.sources
-    ]
+    order = [resolved.sources[k] for k in ("model",) if k in resolved.sources]
+    order.extend(resolved.expansion.sources if resolved.expansion is not None else ())
+    order.extend(resolved.sources[k] for k in ("recipe", "config", "shipped config") if k in resolved.sources)
+    set_by = _command_line_keys(resolved.overrides)
     located = []
     for d in diags:
+        override = _override_for(d.path, set_by) if d.file is None else None
+        if override is not None:
+            # The file's line holds the default; what is wrong is the value the command line gave.
+            d = dataclasses.replace(d, override=override)
         for source in order:
             d = source.locate(d)
             if d.file is not None:
                 break
         located.append(d)
     return dedupe(sort_diagnostics(located, [s.file for s in order]))
+
+
+def _command_line_keys(overrides: Sequence[str]) -> dict[str, str]:
+    """Key path -> the override that set it (the last one wins, as in Hydra)."""
+    out: dict[str, str] = {}
+    for text in overrides:
+        key, sep, _ = text.partition("=")
+        key = key.lstrip("+~")
+        chosen_group = key in ("model", "recipe") or key.startswith("hydra.")
+        if key and (sep or text.startswith("~")) and not chosen_group:
+            out[key] = text
+    return out
+
+
+def _override_for(path: str, set_by: Mapping[str, str]) -> str | None:
+    """The override that set ``path`` or a key above it, if any. Model and recipe value overrides are
+    left to the file: their errors are located where the value is used (an interpolation site)."""
+    if not set_by:
+        return None
+    candidate = path
+    while candidate:
+        if candidate in set_by and not candidate.startswith(("model.", "recipe.")):
+            return set_by[candidate]
+        cut = max(candidate.rfind("."), candidate.rfind("["))
+        candidate = candidate[:cut] if cut > 0 else ""
+    return None
 
 
 __all__ = [

@@ -1,6 +1,10 @@
 """Pass 3d, the channel graph: which producer feeds each consumer slot, and the rules TE enforces at
 fuser construction, checked before any tensor exists.
 
+A channel may be consumed in a later fuser than its producer's (non-fusible modules between them): TE
+itself keeps channels inside one fuser, so such channels are listed as ``Reroute``s, which the TE
+engine carries across (``engines/te/routing.py``).
+
 ``ChannelGraph`` is the one answer to "which producer feeds this slot": the validator's rules, both
 engines (through the plan), ``graph`` (also for a config with errors), ``explain`` and bench's split all
 read it instead of re-deriving it from the steps.
@@ -14,7 +18,7 @@ from typing import Any
 
 from te_assembly.catalog import Slot
 from te_assembly.diagnostics import Diagnostic, closest, did_you_mean, error, warning
-from te_assembly.plan import Channel, FuserGroup, PlannedStep, PublicTensor, SlotRef
+from te_assembly.plan import Channel, FuserGroup, PlannedStep, PublicTensor, Reroute, SlotRef
 
 RESERVED_NAMES = {"x": "the main input tensor", "y": "the main output tensor"}
 """Names no public tensor may take: the call API (``model(x, **inputs)``), ``verify`` and the reports
@@ -39,6 +43,8 @@ class ChannelGraph:
     feeds: dict[tuple[int, int], SlotRef] = field(default_factory=dict)
     """(consumer step, input slot) -> the output slot it reads: the producer in its own fuser, else the
     first one of that name. Also for bindings with an error (drawn in red by ``graph``)."""
+    reroutes: tuple[Reroute, ...] = ()
+    """Channels whose consumers sit in later fusers than their producer (``plan.Reroute``)."""
 
     def producer_of(self, step: int, slot: int) -> SlotRef | None:
         return self.feeds.get((step, slot))
@@ -158,16 +164,14 @@ def check_channels(
                 continue
             producer = steps[source.step]
             assert producer is not None
-            if producer.fuser != step.fuser:
-                diags.append(_crossing(steps, fusers, name, producer, step, path))
-                continue
             if source.step >= step.index:
                 diags.append(
                     error(
                         path,
                         "producer-after-consumer",
                         f"channel {name!r} consumed by step {step.name!r} has no earlier producer: it is "
-                        f"produced by step {producer.name!r} at model.ops[{producer.index}]",
+                        f"produced by step {producer.name!r} at model.ops[{producer.index}]"
+                        + (f", in a later fuser ({producer.fuser})" if producer.fuser != step.fuser else ""),
                         "move the producer before its consumer",
                     )
                 )
@@ -215,7 +219,7 @@ def check_channels(
             if name is None or producers.get(name) != ref:
                 continue
             channels[name] = Channel(name, dtype, step.fuser or 0, ref, tuple(consumers[name]), public)
-            # A consumer rejected for another reason (crossing, order) already has its own error.
+            # A consumer rejected for another reason (order, dtype...) already has its own error.
             if not public and not consumers[name] and name not in wanted:
                 loss = step.output_slots[slot].is_loss
                 diags.append(
@@ -230,33 +234,33 @@ def check_channels(
                 )
     diags.extend(_name_clashes(public_inputs, "input"))
     diags.extend(_name_clashes(public_outputs, "output"))
-    return ChannelGraph(fusers, channels, public_inputs, public_outputs, diags, feeds)
+    reroutes = _reroutes(steps, channels)
+    return ChannelGraph(fusers, channels, public_inputs, public_outputs, diags, feeds, reroutes)
 
 
-def _crossing(
-    steps: Sequence[PlannedStep | None],
-    fusers: list[FuserGroup],
-    name: str,
-    producer: PlannedStep,
-    consumer: PlannedStep,
-    path: str,
-) -> Diagnostic:
-    assert producer.fuser is not None and consumer.fuser is not None
-    lo = min(producer.fuser, consumer.fuser)
-    splitter_index = fusers[lo].ended_by
-    splitter = steps[splitter_index] if splitter_index is not None else None
-    split = (
-        f"module step {splitter.name!r} ({splitter.type}) at model.ops[{splitter.index}] splits them"
-        if splitter is not None
-        else "a non-fusible step splits them"
-    )
-    return error(
-        path,
-        "crosses-fuser",
-        f"channel {name!r} crosses a fuser boundary: produced by step {producer.name!r} in fuser "
-        f"{producer.fuser}, consumed by step {consumer.name!r} in fuser {consumer.fuser}; {split}",
-        "channels live inside one fuser: move the module, or pass the tensor as a public output and input",
-    )
+def _reroutes(steps: Sequence[PlannedStep | None], channels: dict[str, Channel]) -> tuple[Reroute, ...]:
+    """Each channel with a consumer in a later fuser than its producer's: TE keeps channels inside one
+    fuser, so the TE engine carries these across (``plan.Reroute``)."""
+    out: list[Reroute] = []
+    for name, channel in channels.items():
+        later = [ref for ref in channel.consumers if _fuser(steps, ref.step) != channel.fuser]
+        if not later:
+            continue
+        last = max(ref.step for ref in later)
+        crosses = tuple(
+            i
+            for i in range(channel.producer.step + 1, last)
+            if (s := steps[i]) is not None and s.kind == "module"
+        )
+        fusers = tuple(sorted({_fuser(steps, ref.step) for ref in later}))
+        out.append(Reroute(name, channel.fuser, fusers, tuple(later), crosses))
+    return tuple(out)
+
+
+def _fuser(steps: Sequence[PlannedStep | None], index: int) -> int:
+    step = steps[index]
+    assert step is not None and step.fuser is not None
+    return step.fuser
 
 
 def _shape_mismatch(

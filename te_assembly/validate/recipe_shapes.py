@@ -20,7 +20,12 @@ Where each number comes from (TE 2.20.2):
   its weight-gradient GEMM, and TE's tests only run block-scaled GEMMs whose dimensions are all
   multiples of 128, so 128 is asked here: the rule TE's tests prove, not one they skip.
 - Token rows reaching a non-grouped GEMM (``Linear``/``BasicLinear`` before any ``Dispatch``): the
-  same multiple as the feature dimensions; known only at call time (``token_multiple``).
+  same multiple as the feature dimensions; known only at call time (``token_multiple``). For a model
+  that takes ``[batch, seq, features]`` the rows are ``batch * seq``.
+- ``Attention`` (a module) has no shape rule: it runs in the model's dtype, never in FP8. A recipe that
+  asks for FP8 attention (``fp8_dpa`` or ``fp8_mha`` true) is refused for a model with attention: TE's
+  DotProductAttention would quantize it, the reference engine would not, and nothing here measures what
+  that costs. Its QKV and output projections are ordinary ``Linear`` steps, checked above.
 """
 
 from __future__ import annotations
@@ -141,7 +146,36 @@ def recipe_shape_diagnostics(steps: Iterable[Any], recipe: Mapping[str, Any] | N
         for step in planned:
             if step.type == "Dispatch":
                 out.extend(_alignment_diagnostic(step, recipe, rule))
+    out.extend(_fp8_attention(steps, recipe))
     return out
+
+
+FP8_ATTENTION_FIELDS = ("fp8_dpa", "fp8_mha")
+"""Recipe fields that would make TE's DotProductAttention compute in FP8."""
+
+
+def _fp8_attention(steps: Iterable[Any], recipe: Mapping[str, Any]) -> list[Diagnostic]:
+    attention = next(
+        (
+            s
+            for s in steps
+            if s is not None and getattr(s, "kind", "op") == "module" and s.type == "Attention"
+        ),
+        None,
+    )
+    if attention is None:
+        return []
+    return [
+        error(
+            f"recipe.{field}",
+            "recipe-fp8-attention",
+            f"{field}: true asks TE for FP8 attention, which te_assembly does not support: attention step "
+            f"{attention.name!r} runs in the model's dtype (bfloat16 on a GPU) under every recipe",
+            f"set {field}: false (the recipe still quantizes the Linear GEMMs)",
+        )
+        for field in FP8_ATTENTION_FIELDS
+        if recipe.get(field) is True
+    ]
 
 
 def token_multiple(steps: Iterable[Any], recipe: Mapping[str, Any] | None) -> tuple[int, str] | None:

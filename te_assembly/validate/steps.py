@@ -6,6 +6,7 @@ data: mappings are dicts (``config/resolved.py`` makes sure)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,13 +27,13 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     if isinstance(name, str):
         # Any identifier, Unicode and keywords included: a name is a dict key and a string in both engines
         # and in state-dict keys, never Python syntax; public inputs are ``<step>_<slot>``, never a keyword.
-        if not name.isidentifier():
+        if not is_step_name(name):
             out.append(
                 error(
                     f"{path}.name",
                     "bad-name",
                     f"step name {name!r} must be a Python identifier (letters, digits, _; not starting "
-                    "with a digit)",
+                    "with a digit), or such names and use numbers joined by dots (layers.3.norm)",
                 )
             )
         elif name in seen:
@@ -77,7 +78,41 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     return step, out
 
 
-_KINDS = ("op", "module")
+def is_step_name(name: str) -> bool:
+    """An identifier, or identifiers and numbers joined by dots, the first an identifier: the steps of a
+    block's uses are ``<step>.<use>.<block step>``, and parameters nest the same way
+    (``steps.layers.3.norm.weight``)."""
+    first, *rest = name.split(".")
+    return first.isidentifier() and all(p.isidentifier() or _USE_NUMBER.fullmatch(p) for p in rest)
+
+
+_USE_NUMBER = re.compile(r"0|[1-9][0-9]*")
+
+
+def scope_clashes(seen: Mapping[str, int]) -> list[Diagnostic]:
+    """A step named ``a`` and one named ``a.b``: ``steps.a`` would be both a step and a scope of steps."""
+    out: list[Diagnostic] = []
+    for name, index in seen.items():
+        parts = name.split(".")
+        for cut in range(1, len(parts)):
+            outer = ".".join(parts[:cut])
+            if outer in seen:
+                out.append(
+                    error(
+                        f"model.ops[{index}].name",
+                        "step-name-scope",
+                        f"step name {name!r} lies inside step {outer!r} (model.ops[{seen[outer]}]): "
+                        "parameters are named steps.<step>.*, so no step name may begin with another "
+                        "step's name and a dot",
+                        "rename one of them",
+                    )
+                )
+                break
+    return out
+
+
+_KINDS = ("op", "module", "block")
+_BLOCK_KEYS = ("repeat", "uses", "dims")
 _STEP_KEYS = {f.name for f in dataclasses.fields(StepConfig)}
 
 
@@ -85,10 +120,16 @@ def _resolve_spec(
     raw: Mapping[str, Any], path: str
 ) -> tuple[OpSpec | ModuleSpec | None, str, list[Diagnostic]]:
     op, module = raw.get("op"), raw.get("module")
+    if raw.get("block") is not None:
+        return None, "", []  # a block step left unexpanded: the expansion (config/blocks.py) said why
+    misplaced = [k for k in _BLOCK_KEYS if raw.get(k) is not None]
+    if misplaced:
+        msg = f"{misplaced[0]!r} goes with 'block' (a step that uses a block), not with an op or module"
+        return None, "", [error(f"{path}.{misplaced[0]}", "block-key", msg)]
     if op is None and module is None and any(closest(k, _KINDS) for k in raw if k not in _STEP_KEYS):
         return None, "", []  # a misspelled 'op'/'module' key: the structural check suggests the fix
     if (op is None) == (module is None):
-        msg = "a step needs exactly one of 'op' (fusible) or 'module' (non-fusible)"
+        msg = "a step needs exactly one of 'op' (fusible), 'module' (non-fusible) or 'block' (a block's uses)"
         return None, "", [error(f"{path}.op", "op-or-module", msg)]
     if not isinstance(op if op is not None else module, str):
         return None, "", []  # not a name at all (a list, a number): the structural check reports it
@@ -135,12 +176,39 @@ def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -
                 )
         else:
             out.extend(check_value(param.spec, args[param.name], f"{path}.{param.name}"))
-    if not out and isinstance(spec, OpSpec):
-        out.extend(_arg_order(spec, spec.with_defaults(args), path))
+    if not out and (spec.arg_rules or spec.multiples):
+        full = spec.with_defaults(args)
+        out.extend(_arg_order(spec, full, path))
+        out.extend(_multiples(spec, full, path))
     return out
 
 
-def _arg_order(spec: OpSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
+def _multiples(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for rule in spec.multiples:
+        if rule.when is not None and not args.get(rule.when):
+            continue
+        value = args.get(rule.arg)
+        of = rule.of if isinstance(rule.of, int) else args.get(rule.of)
+        if not isinstance(value, int) or not isinstance(of, int) or of <= 0 or value % of == 0:
+            continue
+        named = str(of) if isinstance(rule.of, int) else f"{rule.of}={of}"
+        condition = f" when {rule.when} is true" if rule.when is not None else ""
+        out.append(
+            error(
+                f"{path}.{rule.arg}",
+                "not-a-multiple",
+                f"{spec.name} needs {rule.arg} to be a multiple of {named}{condition}, got "
+                f"{rule.arg}={value}: {rule.why}",
+                f"use a multiple of {of}"
+                if isinstance(rule.of, int)
+                else f"make {rule.arg} a multiple of {of}",
+            )
+        )
+    return out
+
+
+def _arg_order(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for smaller, larger, why in spec.arg_rules:
         low, high = args.get(smaller), args.get(larger)

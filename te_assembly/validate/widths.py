@@ -37,20 +37,12 @@ def check_widths(
         depth = None if depth is None else depth + delta
         rule = step.spec.width
         if not step.args_valid:
-            width = _width(step.args.get(rule.out_arg)) if rule.out_arg else None
+            width = _width(rule.declared_out(step.args)) if rule.out_arg or rule.out_formula else None
             result.append(step.evolve(row_depth=row_depth))
             continue
         in_width = width
-        if width is not None and rule.in_arg is not None and step.args.get(rule.in_arg) != width:
-            out.append(
-                error(
-                    f"model.ops[{step.index}].args.{rule.in_arg}",
-                    "width-mismatch",
-                    f"{step.type} step {step.name!r} has {rule.in_arg}={step.args.get(rule.in_arg)} but the "
-                    f"main path arrives with width {width} (from {came_from})",
-                    f"set {rule.in_arg}: {width}",
-                )
-            )
+        if width is not None and rule.checks_input and rule.expected_in(step.args) != width:
+            out.append(_width_mismatch(step, width, came_from))
         if width is not None and rule.divisor > 1 and width % rule.divisor:
             out.append(
                 error(
@@ -59,10 +51,31 @@ def check_widths(
                     f"{step.type} splits its input in {rule.divisor} parts but the width arriving is {width}",
                 )
             )
-        if rule.out_arg is not None and isinstance(step.args.get(rule.out_arg), int):
+        if rule.declared_out(step.args) is not None:
             width = rule.out_width(0, step.args)
         elif width is not None:
             width = rule.out_width(width, step.args)
         result.append(step.evolve(in_width=in_width, out_width=width, row_depth=row_depth))
         came_from = f"step {step.name!r} at model.ops[{step.index}]"
     return result, out
+
+
+def _width_mismatch(step: PlannedStep, width: int, came_from: str) -> Diagnostic:
+    rule = step.spec.width
+    if rule.in_arg is not None:
+        return error(
+            f"model.ops[{step.index}].args.{rule.in_arg}",
+            "width-mismatch",
+            f"{step.type} step {step.name!r} has {rule.in_arg}={step.args.get(rule.in_arg)} but the "
+            f"main path arrives with width {width} (from {came_from})",
+            f"set {rule.in_arg}: {width}",
+        )
+    formula = rule.in_formula
+    assert formula is not None
+    return error(
+        f"model.ops[{step.index}].args",
+        "width-mismatch",
+        f"{step.type} step {step.name!r} takes width {formula.text} = {formula.shown(step.args)} = "
+        f"{formula.value(step.args)} but the main path arrives with width {width} (from {came_from})",
+        f"choose {', '.join(formula.args)} so that {formula.text} = {width}, or change the width before it",
+    )

@@ -3,9 +3,10 @@
 Channel names come from one pool per slot dtype, shape and row space (token rows, or rows after each
 Dispatch/Combine: a channel may only join slots on the same side of them), and every op keeps the
 width and uses the same MoE arguments, so the only rules a graph can break are the ones TE itself
-enforces (dangling input, producer at or after the consumer, several producers) plus fuser crossings
-when modules split it. ``tests/validation/test_random_graph_generator.py`` holds the generator to
-that claim over many seeds.
+enforces (dangling input, producer at or after the consumer, several producers). When modules split
+it, a channel may also be read in a later fuser than its producer's: TE alone rejects that (the
+consumer's fuser has no producer), te_assembly carries it across (``plan.Reroute``).
+``tests/validation/test_random_graph_generator.py`` holds the generator to that claim over many seeds.
 """
 
 from __future__ import annotations

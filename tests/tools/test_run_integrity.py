@@ -718,6 +718,7 @@ def test_sizes_beyond_int64_are_config_errors(tmp_path: Path) -> None:
     code, _, err = _cli_run(["run", "model=moe_block", "engine=reference", "run.tokens=10" + "0" * 22])
     assert code == 2, err
     assert "config.yaml:" in err and "error: run.tokens: tokens must be at most 2**63-1" in err
+    assert "[set on the command line: run.tokens=1000" in err
     assert "Traceback" not in err
 
 

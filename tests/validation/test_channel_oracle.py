@@ -23,7 +23,6 @@ CHANNEL_CODES = {
     "dangling-input",
     "producer-after-consumer",
     "duplicate-producer",
-    "crosses-fuser",
     "channel-dtype",
     "channel-shape",
     "channel-rows",
@@ -59,6 +58,8 @@ SLOTS: dict[str, tuple[tuple[tuple[str, str, str], ...], tuple[tuple[str, str, s
     "Identity": ((), ()),  # the torch module: ends the fuser
 }
 KINDS = sorted(SLOTS)
+RESIDUAL_KINDS = ["MakeExtraOutput", "Identity", "AddExtraInput", "Bias"]
+"""Half the models are built from these alone: residuals around modules, channels carried across them."""
 Units = list[tuple[dict[str, Any], str]]
 """Each generated step with its kind (a key of SLOTS)."""
 
@@ -127,7 +128,9 @@ def _bind(step: dict[str, Any], kind: str, data: st.DataObject, produced: list[t
 @st.composite
 def models(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[dict[str, Any], str]]]:
     data = draw(st.data())
-    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=9))
+    kinds = draw(
+        st.lists(st.sampled_from(draw(st.sampled_from([KINDS, RESIDUAL_KINDS]))), min_size=1, max_size=9)
+    )
     ops: list[dict[str, Any]] = []
     units: list[tuple[dict[str, Any], str]] = []
     produced: list[tuple[str, str, str]] = []
@@ -150,6 +153,8 @@ class Verdict:
     public_inputs: list[tuple[str, int]]
     """(name, fuser), in TE's calling order."""
     public_outputs: list[tuple[str, int]]
+    reroutes: dict[str, tuple[int, ...]]
+    """Channel -> the later fusers it is carried to (for a valid graph)."""
 
 
 def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
@@ -183,6 +188,7 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
 
     ops = sorted(fuser_of)
     errors: set[tuple[int, str, str]] = set()
+    carried: dict[str, set[int]] = {}
     # name -> [(step, slot, dtype, shape, depth)] in model order
     producers: dict[str, list[tuple[int, str, str, str, int]]] = {}
     for i in ops:
@@ -197,19 +203,25 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
         for slot, dtype, shape, channel in inputs(i):
             if channel is None:
                 continue
+            # A consumer reads its name's producer in its own fuser (TE's rule); failing that, the
+            # model's producer of that name in an earlier fuser, carried across the modules between
+            # them (te_assembly reroutes it).
             local = [p for p in producers.get(channel, []) if fuser_of[p[0]] == fuser_of[i]]
-            if not local:
-                errors.add((i, slot, "crosses-fuser" if channel in producers else "dangling-input"))
-            elif local[0][0] >= i:
+            source = local[0] if local else producers[channel][0] if channel in producers else None
+            if source is None:
+                errors.add((i, slot, "dangling-input"))
+            elif source[0] >= i:
                 errors.add((i, slot, "producer-after-consumer"))
-            elif local[0][2] != dtype:
+            elif source[2] != dtype:
                 errors.add((i, slot, "channel-dtype"))
-            elif local[0][3] != shape:
+            elif source[3] != shape:
                 # Widths never differ here (the generator keeps them equal), so a main-shaped channel
                 # between main-shaped slots is always sound.
                 errors.add((i, slot, "channel-shape"))
-            elif shape in ("main", "rows", "token_topk") and local[0][4] != depth_of[i]:
+            elif shape in ("main", "rows", "token_topk") and source[4] != depth_of[i]:
                 errors.add((i, slot, "channel-rows"))
+            elif fuser_of[source[0]] != fuser_of[i]:
+                carried.setdefault(channel, set()).add(fuser_of[i])
 
     public_in = sorted(
         (fuser_of[i], basic_of[i], k, f"{units[i][0]['name']}_{slot}")
@@ -223,7 +235,10 @@ def oracle(units: list[tuple[dict[str, Any], str]]) -> Verdict:
         for k, (slot, _, _, channel, public) in enumerate(outputs(i))
         if public
     )
-    return Verdict(errors, [(n, f) for f, _, _, n in public_in], [(n, f) for f, _, _, n in public_out])
+    reroutes = {name: tuple(sorted(fusers)) for name, fusers in carried.items()}
+    return Verdict(
+        errors, [(n, f) for f, _, _, n in public_in], [(n, f) for f, _, _, n in public_out], reroutes
+    )
 
 
 _PATH = re.compile(r"^model\.ops\[(\d+)\]\.extra_(?:inputs|outputs)\.(\w+)")
@@ -252,6 +267,9 @@ def _check(model: dict[str, Any], units: Units) -> None:
     if plan is not None:
         assert [(t.name, t.fuser) for t in plan.public_inputs] == expected.public_inputs
         assert [(t.name, t.fuser) for t in plan.public_outputs] == expected.public_outputs
+        assert {r.channel: r.consumer_fusers for r in plan.reroutes} == expected.reroutes
+        if expected.reroutes:
+            event("rerouted")
 
 
 def _unit(step: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -284,5 +302,8 @@ _SPLIT = {"module": "Identity"}
 @example(
     _fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "c", **_ADD}, {"name": "p1", **_TAP})
 )
+# Consumed across a module, in a later fuser: valid (rerouted); and in an earlier fuser: no earlier producer.
+@example(_fixed({"name": "p0", **_TAP}, {"name": "m", **_SPLIT}, {"name": "c", **_ADD}))
+@example(_fixed({"name": "c", **_ADD}, {"name": "m", **_SPLIT}, {"name": "p0", **_TAP}))
 def test_channel_verdict_matches_oracle(generated: tuple[dict[str, Any], Units]) -> None:
     _check(*generated)

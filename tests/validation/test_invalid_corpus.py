@@ -169,11 +169,16 @@ CASES: list[Case] = [
         "'probs' already has a producer",
     ),
     Case(
-        "crosses-fuser",
-        {"ops[4]+": {"name": "split", "module": "Identity"}},
-        f"{MOE}[5].extra_inputs.split_sizes",
-        "crosses-fuser",
-        "module step 'split' (Identity) at model.ops[4]",
+        # A channel read across a module from a later fuser: no earlier producer (one read from an earlier
+        # fuser is valid, carried across: tests/engines/test_reroute.py).
+        "producer-in-later-fuser",
+        {
+            "ops[0]+": {"name": "early", "op": "AddExtraInput", "extra_inputs": {"addend": "residual"}},
+            "ops[1]+": {"name": "split", "module": "Identity"},
+        },
+        f"{MOE}[0].extra_inputs.addend",
+        "producer-after-consumer",
+        "produced by step 'residual' at model.ops[2], in a later fuser (1)",
     ),
     Case(
         "channel-dtype-int-into-float",

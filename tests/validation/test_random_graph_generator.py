@@ -19,8 +19,6 @@ from tests.te.graphs import MOE_OPS, TE_CPU_OPS, random_model
 
 TE_ENFORCED = {"dangling-input", "producer-after-consumer", "duplicate-producer"}
 """What ``OperationFuser`` (or ``te.ops.Sequential``'s first forward) rejects by itself."""
-SPLIT_ONLY = {"crosses-fuser"}
-"""With module steps, a channel can cross a fuser boundary (TE: the consumer's fuser has no producer)."""
 
 
 def _codes(model: dict[str, Any]) -> set[str]:
@@ -51,7 +49,8 @@ def test_module_split_graphs_break_only_rules_te_enforces(seed: int) -> None:
     for _ in range(20):
         model = random_model(rng, ops=TE_CPU_OPS + MOE_OPS, modules=("Identity", "Tanh"), steps=(3, 9))
         codes = _codes(model)
-        assert _allowed(codes, SPLIT_ONLY), (seed, codes, model)
+        # A channel read across a module is no error: te_assembly carries it to the later fuser.
+        assert _allowed(codes, set()), (seed, codes, model)
 
 
 def test_the_generator_reaches_every_rule_and_valid_graphs() -> None:

@@ -29,13 +29,35 @@ def test_any_python_identifier_is_a_step_name(name: str) -> None:
     assert plan is not None and plan.steps[1].name == name
 
 
-@pytest.mark.parametrize("name", ["pre-norm", "1norm", "norm two", "", "a.b"])
+@pytest.mark.parametrize(
+    "name", ["pre-norm", "1norm", "norm two", "", "a..b", ".a", "a.", "3.a", "a.03", "a.b-c"]
+)
 def test_non_identifier_step_name_is_rejected(name: str) -> None:
     model = copy.deepcopy(BASE)
     model["ops"][1]["name"] = name
     analysis = load(model)
     assert analysis.plan is None
     assert [(d.path, d.code) for d in analysis.errors] == [("model.ops[1].name", "bad-name")]
+
+
+@pytest.mark.parametrize("name", ["layers.3.norm", "a.b", "block.0.x_1"])
+def test_dotted_step_names_nest_their_parameters(name: str) -> None:
+    """What a block use expands to may also be written by hand: the same names, the same state dict."""
+    from te_assembly.engines import build
+
+    model = copy.deepcopy(BASE)
+    model["ops"][1]["name"] = name
+    assert _errors(model) == []
+    built = build(model, engine="reference")
+    assert f"steps.{name}.weight" in built.state_dict()
+
+
+def test_a_step_name_cannot_be_the_scope_of_another() -> None:
+    model = copy.deepcopy(BASE)
+    model["ops"][1]["name"] = "fc1.inner"  # fc1 is model.ops[4]
+    analysis = load(model)
+    assert [(d.path, d.code) for d in analysis.errors] == [("model.ops[1].name", "step-name-scope")]
+    assert "lies inside step 'fc1' (model.ops[4])" in analysis.errors[0].message
 
 
 def test_null_args_and_slot_mappings_mean_empty() -> None:

@@ -51,7 +51,7 @@ from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.engines.memory import check_fits, estimate
+from te_assembly.engines.memory import check_fits, estimate, fused_attention
 from te_assembly.errors import ConfigError
 from te_assembly.outputs import write_text_atomic
 from te_assembly.parallel.collectives import TIMER
@@ -162,7 +162,7 @@ def main(analysis: Analysis, console: Console) -> Outcome:
     session = start(analysis, console)
     settings: BenchSettings = session.section("bench")
     check_split_at(session.plan, settings.split_at)
-    with session.parallel("bench", ("bench.tokens", settings.tokens)) as par:
+    with session.parallel("bench", ("bench.tokens", settings.tokens), settings.seq_len) as par:
         if par.is_parallel and settings.compare:
             raise ConfigError(
                 [
@@ -185,7 +185,14 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
 
     count = 3 if settings.compare else 1
     needed = estimate(
-        plan, dtype, tokens=settings.tokens, models=count, trained=count, optimizer=settings.optimizer
+        plan,
+        dtype,
+        tokens=settings.tokens,
+        models=count,
+        trained=count,
+        optimizer=settings.optimizer,
+        seq_len=settings.seq_len,
+        fused_attention=fused_attention(session.engine, session.kernels, device, dtype),
     )
     check_fits(needed, device, f"benchmarking {plan.name}", "lower bench.tokens or make the model smaller")
 
@@ -204,10 +211,13 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
         parallel=par,
     )
     generator = torch.Generator().manual_seed(seed)
-    x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
-    inputs = sample_public_inputs(plan, settings.tokens, generator=generator, device=device, dtype=dtype)
+    seq_len = settings.seq_len
+    x = sample_x(plan, settings.tokens, generator=generator, device=device, dtype=dtype, seq_len=seq_len)
+    inputs = sample_public_inputs(
+        plan, settings.tokens, generator=generator, device=device, dtype=dtype, seq_len=seq_len
+    )
     x, inputs = par.local_rows(x), par.local_inputs(inputs)
-    tokens = int(x.shape[0])  # this rank's rows
+    tokens = x.numel() // x.shape[-1]  # this rank's rows ([batch, seq, features]: batch * seq)
     if plan.num_params == 0:
         # Without parameters only the input's gradient gives backward something to compute.
         x.requires_grad_(True)
@@ -239,7 +249,7 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
         console.print(split_summary(split), markup=False)
 
     te_kernels = session.engine == "te" and session.kernels == "te"
-    flops = _count_flops(variants[0], x, inputs, plan, tokens, te_kernels)
+    flops = _count_flops(variants[0], x, inputs, plan, tokens, te_kernels, seq_len)
     total = len(PHASES) * settings.repeats * len(variants)
     columns = (TextColumn("timing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     TIMER.enabled = par.is_parallel
@@ -303,13 +313,14 @@ def _count_flops(
     plan: Plan,
     tokens: int,
     te_kernels: bool,
+    seq_len: int | None,
 ) -> FlopCount:
     """One counted forward and backward of (a), before any timing; its gradients are cleared."""
 
     def forward() -> torch.Tensor:
         return bench_loss(variant.model(x, **inputs), variant.loss_outputs)
 
-    count = count_flops(forward, plan, tokens, te_kernels=te_kernels)
+    count = count_flops(forward, plan, tokens, te_kernels=te_kernels, seq_len=seq_len)
     variant.optimizer.zero_grad(set_to_none=True)
     if x.grad is not None:
         x.grad = None

@@ -1,6 +1,7 @@
 """``run`` (the default command): build the model and run a few forward+backward steps on synthetic data.
 
-Per step: a fresh ``x`` of shape ``[run.tokens, in_features]`` and a sample for every public input
+Per step: a fresh ``x`` of ``run.tokens`` rows (``[run.tokens, in_features]``, or ``[run.tokens / run.seq_len,
+run.seq_len, in_features]`` for a model that takes sequences) and a sample for every public input
 (``te_assembly.engines.data``), all seeded by ``seed``. The loss is
 
     y.square().mean()
@@ -35,8 +36,8 @@ from te_assembly.cli.report import plan_tables
 from te_assembly.diagnostics import printable
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names, loss_precision
-from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.engines.memory import check_fits, estimate
+from te_assembly.engines.data import DEFAULT_SEQ_LEN, sample_public_inputs, sample_x
+from te_assembly.engines.memory import check_fits, estimate, fused_attention
 from te_assembly.errors import NonFiniteError
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.plan import Plan
@@ -84,6 +85,7 @@ def run_steps(
     dtype: torch.dtype,
     progress: Progress | None = None,
     parallel: ParallelContext | None = None,
+    seq_len: int = DEFAULT_SEQ_LEN,
 ) -> list[StepResult]:
     """``steps`` forward+backward passes on fresh synthetic data; gradients are left from the last.
     ``parallel``: each rank runs its rows of every batch (``tokens`` is the whole batch); the loss shown
@@ -94,8 +96,10 @@ def run_steps(
     task = progress.add_task("forward+backward", total=steps) if progress is not None else None
     forward = parallel.wrap(model) if parallel is not None else model
     for step in range(steps):
-        x = sample_x(plan, tokens, generator=generator, device=device, dtype=dtype)
-        inputs = sample_public_inputs(plan, tokens, generator=generator, device=device, dtype=dtype)
+        x = sample_x(plan, tokens, generator=generator, device=device, dtype=dtype, seq_len=seq_len)
+        inputs = sample_public_inputs(
+            plan, tokens, generator=generator, device=device, dtype=dtype, seq_len=seq_len
+        )
         if parallel is not None:
             x, inputs = parallel.local_rows(x), parallel.local_inputs(inputs)
         x.requires_grad_(True)
@@ -192,11 +196,13 @@ def _progress(console: Console) -> Iterator[Progress]:
 def main(analysis: Analysis, console: Console) -> int:
     session = start(analysis, console)
     run: RunSettings = session.section("run")
-    with session.parallel("run", ("run.tokens", run.tokens)) as par:
-        return _run(session, run.steps, run.tokens, console, par)
+    with session.parallel("run", ("run.tokens", run.tokens), run.seq_len) as par:
+        return _run(session, run.steps, run.tokens, console, par, run.seq_len)
 
 
-def _run(session: Session, steps: int, tokens: int, console: Console, par: ParallelContext) -> int:
+def _run(
+    session: Session, steps: int, tokens: int, console: Console, par: ParallelContext, seq_len: int
+) -> int:
     plan, engine, kernels = session.plan, session.engine, session.kernels
     device, dtype, seed, recipe = par.device(session.device), session.dtype, session.seed, session.recipe
     header = (
@@ -210,7 +216,8 @@ def _run(session: Session, steps: int, tokens: int, console: Console, par: Paral
     if par.is_parallel:
         console.print(f"parallel: {par.settings.describe()}; tables show rank 0", markup=False)
     # Before anything is allocated: sizes that cannot fit are refused with the estimate.
-    needed = estimate(plan, dtype, tokens=tokens, trained=1)
+    fused = fused_attention(engine, kernels, device, dtype)
+    needed = estimate(plan, dtype, tokens=tokens, trained=1, seq_len=seq_len, fused_attention=fused)
     check_fits(needed, device, f"running {plan.name}", "lower run.tokens or make the model smaller")
     # Build before printing the plan, so an engine that cannot run here says so first.
     torch.manual_seed(seed)
@@ -239,6 +246,7 @@ def _run(session: Session, steps: int, tokens: int, console: Console, par: Paral
             dtype=dtype,
             progress=progress,
             parallel=par,
+            seq_len=seq_len,
         )
 
     last = results[-1]

@@ -66,14 +66,20 @@ class Session:
         the reference engine has none."""
         return self.recipe if self.engine == "te" else None
 
-    def parallel(self, command: str, tokens: tuple[str, int]) -> AbstractContextManager[ParallelContext]:
+    def parallel(
+        self, command: str, tokens: tuple[str, int], seq_len: int | None = None
+    ) -> AbstractContextManager[ParallelContext]:
         """This process's part of the ``parallel`` layout, for the duration of ``command`` (process
-        groups started and torn down; launch and ``tokens``, (key, rows per batch), checked first)."""
+        groups started and torn down; launch and ``tokens``, (key, rows per batch), checked first: whole
+        sequences of ``seq_len`` rows each when the model takes ``[batch, seq, features]``)."""
         from te_assembly.parallel.runtime import parallel_run
 
         settings = self.section(PARALLEL)
         layout = self.analysis.layout
-        return parallel_run(self.plan, settings, self.device, command=command, tokens=tokens, layout=layout)
+        sequences = seq_len if self.plan.input_layout == "sequence" else None
+        return parallel_run(
+            self.plan, settings, self.device, command=command, tokens=tokens, layout=layout, seq_len=sequences
+        )
 
 
 def start(analysis: Analysis, console: Console) -> Session:

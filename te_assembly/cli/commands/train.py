@@ -39,7 +39,7 @@ RUN_DIR = True
 def main(analysis: Analysis, console: Console) -> int:
     session = start(analysis, console)
     settings: TrainSettings = session.section("train")
-    with session.parallel("train", ("train.batch_tokens", settings.batch_tokens)) as par:
+    with session.parallel("train", ("train.batch_tokens", settings.batch_tokens), settings.seq_len) as par:
         return _train(session, settings, console, par)
 
 

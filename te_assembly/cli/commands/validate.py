@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from te_assembly.bench.settings import BenchSettings
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.diagnostics import printable
+from te_assembly.graph import GraphSettings
 from te_assembly.parallel.settings import ParallelSettings
+from te_assembly.train.settings import TrainSettings
 from te_assembly.validate.analysis import DEFAULT_SECTIONS, PARALLEL, Analysis
 
-SECTIONS = DEFAULT_SECTIONS
+SECTIONS = {**DEFAULT_SECTIONS, "train": TrainSettings, "bench": BenchSettings, "graph": GraphSettings}
+"""Every section a later command reads: a mistake in ``train:`` fails here, not after a build."""
 
 
 def main(analysis: Analysis, console: Console) -> Outcome:

@@ -91,6 +91,7 @@ def main(analysis: Analysis, console: Console) -> int:
         recipe=analysis.recipe,
         tokens=tokens,
         seed=seed,
+        seq_len=run.seq_len,
     )
     console.print(report_table(report))
     job = job_dir.current("verify")

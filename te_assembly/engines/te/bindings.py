@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from te_assembly.catalog import OPS
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS
 from te_assembly.plan import Plan
 
 SET_INPUT = "set_extra_input_channel"
@@ -38,28 +38,41 @@ class BindingCall:
 
 def binding_calls(plan: Plan) -> list[BindingCall]:
     """The setter calls for ``plan``, step by step in plan order, inputs before outputs, slots in TE
-    order. Unbound slots need no call: TE's default is a public input or output."""
+    order. Unbound slots need no call: TE's default is a public input or output.
+
+    A rerouted channel (``plan.reroutes``, see ``routing.py``) is also returned by its producer's fuser
+    (``output_to_caller=True`` whatever the config says about the caller), and its consumers in later
+    fusers stay unbound: the engine feeds them as public inputs of their fusers."""
+    from te_assembly.engines.te.routing import rerouted_input_slots
+
+    across = rerouted_input_slots(plan)
+    rerouted = {r.channel for r in plan.reroutes}
     calls: list[BindingCall] = []
     for step in plan.steps:
         if step.kind != "op":
             continue
         for slot, channel in enumerate(step.input_channels):
-            if channel is not None:
+            if channel is not None and (step.index, slot) not in across:
                 calls.append(BindingCall(step.name, SET_INPUT, slot, channel))
         for slot, channel in enumerate(step.output_channels):
             if channel is not None:
-                calls.append(BindingCall(step.name, SET_OUTPUT, slot, channel, step.output_public[slot]))
+                public = step.output_public[slot] or channel in rerouted
+                calls.append(BindingCall(step.name, SET_OUTPUT, slot, channel, public))
     return calls
 
 
 def gpu_only_steps(plan: Plan, kernels: str) -> list[str]:
     """Steps whose TE kernel needs a GPU under ``kernels`` (``"name (Type)"``). Our own ops (no
-    ``te_class``) always run through the reference adapter, and torch modules run anywhere."""
+    ``te_class``) always run through the reference adapter, torch modules run anywhere, and a module
+    with a TE class (attention) needs the GPU unless the catalog says otherwise."""
     if kernels != "te":
         return []
     out = []
     for step in plan.steps:
-        if step.kind != "op":
+        if step.kind == "module":
+            module = MODULE_ALLOWLIST[step.type]
+            if module.te_class is not None and not module.te_runs_on_cpu:
+                out.append(f"{step.name} ({step.type})")
             continue
         spec = OPS[step.type]
         if spec.te_class is not None and not spec.te_runs_on_cpu:

@@ -17,7 +17,7 @@ from transformer_engine.pytorch.ops import FusibleOperation
 from transformer_engine.pytorch.ops.fuser import OperationFuser
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
-from te_assembly.engines.reference import add_step
+from te_assembly.engines.base import add_step
 from te_assembly.engines.te.adapter import reference_op
 from te_assembly.engines.te.bindings import binding_calls, gpu_only_steps
 from te_assembly.engines.te.model import TEModel
@@ -54,7 +54,7 @@ def build_te(
             model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype)
         )
     for call in binding_calls(plan):
-        call.apply(model.steps[call.step])
+        call.apply(model.step_module(call.step))
     model.attach(_fuse(plan, model))
     return model
 
@@ -118,7 +118,10 @@ def _with_placement(
 
 def _construct(step: PlannedStep, kernels: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     if step.kind == "module":
-        cls = _class(MODULE_ALLOWLIST[step.type].torch_class)
+        module = MODULE_ALLOWLIST[step.type]
+        # TE's own module (attention) with TE's kernels; the reference module with kernels=reference.
+        path = module.te_class if kernels == "te" and module.te_class is not None else module.torch_class
+        cls = _class(path)
         return cls(**_with_placement(cls, step.args, device, dtype))
     spec = OPS[step.type]
     if kernels == "reference" or spec.te_class is None:
@@ -150,10 +153,10 @@ def _check_slots(step: PlannedStep, op: FusibleOperation) -> None:
 
 def _fuse(plan: Plan, model: TEModel) -> list[OperationFuser | str]:
     fusers = {}
-    for group in plan.fusers:
-        ops = [model.steps[plan.steps_by_index[i].name] for i in group.steps]
+    for group, io in zip(plan.fusers, model.routing, strict=True):
+        ops = [model.step_module(plan.steps_by_index[i].name) for i in group.steps]
         fuser = OperationFuser(ops)
-        expected = sum(1 for t in plan.public_inputs if t.fuser == group.index)
+        expected = len(io.inputs)  # the caller's public inputs, and the channels rerouted into it
         if fuser.num_extra_inputs != expected:
             raise EngineUnavailableError(
                 f"fuser {group.index}: TE counts {fuser.num_extra_inputs} public extra input(s), the plan "

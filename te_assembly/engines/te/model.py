@@ -10,6 +10,7 @@ import torch
 from transformer_engine.pytorch.ops.fuser import OperationFuser
 
 from te_assembly.engines.base import AssembledModel, CallError
+from te_assembly.engines.te.routing import FuserIO, fuser_io
 from te_assembly.plan import Plan
 
 
@@ -41,11 +42,15 @@ class TEModel(AssembledModel):
         self.te_recipe = te_recipe
         self.groups: list[OperationFuser | str] = []
         """In plan order: a fuser, or the name of the module step between two fusers."""
+        self.routing: list[FuserIO] = fuser_io(plan)
+        """Each fuser's public inputs and outputs: the caller's, and the channels rerouted across fusers."""
+        self._num_registers = len(plan.reroutes)
         from te_assembly.validate.recipe_shapes import token_multiple
 
         self.token_rule = token_multiple(plan.steps, recipe) if te_recipe is not None else None
         """(multiple, step): the recipe quantizes a GEMM over the caller's token rows."""
         self._program: tuple[tuple[OperationFuser | torch.nn.Module, int], ...] = ()
+        self._routed: tuple[tuple[OperationFuser | torch.nn.Module, FuserIO | None], ...] = ()
         # Without a GPU and without a recipe, even ``autocast(enabled=False)`` asks the GPU for TE's
         # default recipe; and asking torch for the GPU on every call costs time, so decide once.
         self._autocast = te_recipe is not None or torch.cuda.is_available()
@@ -54,7 +59,12 @@ class TEModel(AssembledModel):
         """Set the fusers and module steps (in plan order) and precompute the call path."""
         self.groups = groups
         self._program = tuple(
-            (g, g.num_extra_inputs) if isinstance(g, OperationFuser) else (self.steps[g], -1) for g in groups
+            (g, g.num_extra_inputs) if isinstance(g, OperationFuser) else (self.step_module(g), -1)
+            for g in groups
+        )
+        ios = iter(self.routing)
+        self._routed = tuple(
+            (g, next(ios)) if isinstance(g, OperationFuser) else (self.step_module(g), None) for g in groups
         )
         self.__dict__.pop("_forward_positional", None)
         if len(groups) == 1 and isinstance(groups[0], OperationFuser) and not self._autocast:
@@ -87,6 +97,8 @@ class TEModel(AssembledModel):
     def _run(
         self, x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self._num_registers:
+            return self._run_rerouted(x, extra_inputs)
         program = self._program
         if len(program) == 1 and program[0][1] >= 0:  # one fuser, no module step: no bookkeeping
             return program[0][0](x, *extra_inputs)  # type: ignore[no-any-return]
@@ -104,6 +116,29 @@ class TEModel(AssembledModel):
             else:
                 x = result
         return (x, *outputs) if outputs else x
+
+    def _run_rerouted(
+        self, x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Fusers and modules in order, the rerouted channels passed from fuser to fuser (``routing.py``)."""
+        registers: list[torch.Tensor | None] = [None] * self._num_registers
+        outputs: list[torch.Tensor | None] = [None] * len(self._output_names)
+        for group, io in self._routed:
+            if io is None:
+                x = group(x)
+                continue
+            args = [extra_inputs[i] if i >= 0 else registers[-1 - i] for i in io.inputs]
+            result = group(x, *args)
+            if not io.outputs:
+                x = result
+                continue
+            x = result[0]
+            for value, (to_caller, to_register) in zip(result[1:], io.outputs, strict=True):
+                if to_caller >= 0:
+                    outputs[to_caller] = value
+                if to_register >= 0:
+                    registers[to_register] = value
+        return (x, *outputs) if outputs else x  # type: ignore[arg-type]
 
     def _check_token_rows(self, x: torch.Tensor) -> None:
         if self.token_rule is None or x.dim() == 0 or not x.shape[-1]:
