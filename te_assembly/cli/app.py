@@ -52,8 +52,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ls": ("te_assembly.cli.commands.ls", "list the models, blocks, recipes and ops; `ls op NAME` shows one"),
     "cp": ("te_assembly.cli.commands.cp", "copy a shipped model, recipe or block into a folder to edit"),
 }
-POSITIONAL: dict[str, tuple[str, ...]] = {"ls": ("what", "name"), "cp": ("source", "dest")}
-"""Commands that take words after them: ``ls op GroupedLinear`` is ``ls ls.what=op ls.name=GroupedLinear``."""
+POSITIONAL: dict[str, tuple[str, ...]] = {
+    "ls": ("what", "name"),
+    "cp": ("source", "dest"),
+    "export": ("checkpoint", "to"),
+}
+"""Commands that take words after them: ``ls op GroupedLinear`` is ``ls ls.what=op ls.name=GroupedLinear``,
+``export RUN_DIR OUT`` is ``export export.checkpoint=RUN_DIR export.to=OUT``."""
 DEFAULT_COMMAND = "run"
 PROG = "python -m te_assembly"
 

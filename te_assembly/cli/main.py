@@ -22,6 +22,7 @@ from te_assembly.cli.app import (
 
 USAGE = """usage: python -m te_assembly [COMMAND] [HYDRA FLAGS] [KEY=VALUE ...]
        python -m te_assembly ls [WHAT [NAME]]   |   python -m te_assembly cp NAME DEST
+       python -m te_assembly export CHECKPOINT_OR_RUN_DIR [DEST]
 
 Hydra overrides select and change the config, e.g. model=residual_mlp recipe=mxfp8 model.dims.hidden=128;
 your own files: model=path/to/my_model.yaml, or a folder with -cd DIR (DIR/model/*.yaml, DIR/recipe/*.yaml).

@@ -2,11 +2,11 @@
 only, plain parameter names) and ``config.yaml`` (the model as trained), which
 ``te_assembly.from_pretrained(DIR, engine=...)`` loads in either engine.
 
-``export.checkpoint`` is a checkpoint file, or a run directory (its newest checkpoint, every tensor
-verified; a corrupt newest one is refused, naming the newest good one). ``export.to`` defaults to
-``pretrained/`` in the checkpoint's run directory; a directory that is not empty is refused unless
-``export.overwrite=true``. A checkpoint of a parallel run holds global tensors: its export loads in one
-process.
+``export RUN_DIR [DEST]`` (or ``export.checkpoint=... export.to=...``). ``export.checkpoint`` is a
+checkpoint file, or a run directory (its newest checkpoint, every tensor verified; a corrupt newest one
+is refused, naming the newest good one). ``export.to`` defaults to ``pretrained/`` in the checkpoint's
+run directory; a directory that is not empty is refused unless ``export.overwrite=true``. A checkpoint
+of a parallel run holds global tensors: its export loads in one process.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main(analysis: Analysis, console: Console) -> int:
     settings: ExportSettings = analysis.section("export")
     if settings.checkpoint is None:
         message = "export needs export.checkpoint: a checkpoint file or a run directory"
-        hint = "e.g. export.checkpoint=outputs/moe_block/<date>_<time>"
+        hint = "e.g. export outputs/moe_block/<date>_<time> (or export.checkpoint=...)"
         raise ConfigError([error("export.checkpoint", "missing", message, hint)])
     from te_assembly.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
 

@@ -231,7 +231,13 @@ def main(analysis: Analysis, console: Console) -> int:
         return _show_one(kind, settings.name, roots, console)
     for group in FILE_GROUPS:
         if kind in (None, group):
-            console.print(group_table(group, options(group, roots)))
+            found = options(group, roots)
+            if found:
+                console.print(group_table(group, found))
+            else:  # an empty table says less than a line
+                console.print(
+                    f"{group}s: none found (your own go in DIR/{group}/*.yaml, with -cd DIR)", markup=False
+                )
     if kind in (None, "op", "module"):
         console.print(catalog_table())
     if kind is None:
