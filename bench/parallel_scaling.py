@@ -42,6 +42,7 @@ def _bench(model: str, layout: str | None, args: argparse.Namespace, report: Pat
         f"bench.threads={args.threads}",
         f"bench.repeats={args.repeats}",
         f"bench.report={report}",
+        f"hydra.run.dir={report.parent / 'run'}",  # the run directory next to the report, not in the cwd
         "device=cpu",
     ]
     if layout is None:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from te_assembly.config.locations import configs_dir, shipped_config
     from te_assembly.engines import build
     from te_assembly.pipeline import load, validate_model
+    from te_assembly.pretrained import export_checkpoint, from_pretrained, save_pretrained
 
 _LAZY = {
     "build": "te_assembly.engines",
@@ -21,6 +22,9 @@ _LAZY = {
     "validate_model": "te_assembly.pipeline",
     "shipped_config": "te_assembly.config.locations",
     "configs_dir": "te_assembly.config.locations",
+    "save_pretrained": "te_assembly.pretrained",
+    "from_pretrained": "te_assembly.pretrained",
+    "export_checkpoint": "te_assembly.pretrained",
 }
 
 
@@ -32,4 +36,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'te_assembly' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "build", "configs_dir", "load", "shipped_config", "validate_model"]
+__all__ = [
+    "__version__",
+    "build",
+    "configs_dir",
+    "export_checkpoint",
+    "from_pretrained",
+    "load",
+    "save_pretrained",
+    "shipped_config",
+    "validate_model",
+]

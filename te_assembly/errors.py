@@ -76,3 +76,8 @@ class ResourceError(TeAssemblyError):
 
 class RunDirectoryInUseError(TeAssemblyError):
     """Another process holds the lock of a run directory (``train.out_dir``): two runs never share one."""
+
+
+class MissingToolError(TeAssemblyError):
+    """A program or optional package the work needs is not installed (Graphviz's ``dot`` for SVG/PNG,
+    ``tensorboard`` when asked for); the message says how to get it."""

@@ -8,6 +8,7 @@ node named after the missing channel, a channel crossing a fuser boundary as a r
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -17,10 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 from te_assembly.diagnostics import Diagnostic, printable
-from te_assembly.errors import ConfigError
+from te_assembly.errors import ArgumentError, ConfigError, MissingToolError
 from te_assembly.fields import FieldSpec, check_value
 from te_assembly.outline import EXPAND_DOC, Expand, Outline, Uses, local_name
-from te_assembly.outputs import prepare_out_dir, write_error
+from te_assembly.outputs import prepare_out_dir, write_text_atomic
 from te_assembly.plan import BlockGroup, FuserGroup, Plan, PlannedStep, Reroute, SlotRef
 from te_assembly.sections import section_specs, setting
 from te_assembly.validate.analysis import Analysis
@@ -37,7 +38,7 @@ class GraphSettings:
     """The ``graph:`` section."""
 
     out_dir: str | int | None = setting(
-        "graph_out", doc="where <model>.mmd/.dot/.svg/.png go (null: graph_out)", nonempty=True
+        None, doc="where <model>.mmd/.dot/.svg/.png go (null: the run directory)", nonempty=True
     )
     formats: list[str] = setting(
         [*FORMATS],
@@ -46,10 +47,6 @@ class GraphSettings:
         single_as_list=True,
     )
     expand: list[str] = setting([], doc=EXPAND_DOC, items=FieldSpec(str), single_as_list=True)
-
-    @property
-    def directory(self) -> str:
-        return "graph_out" if self.out_dir is None else str(self.out_dir)
 
     @property
     def chosen_formats(self) -> list[str]:
@@ -520,9 +517,18 @@ def dot_binary() -> str | None:
     return shutil.which("dot")
 
 
-def render(view: GraphView, out_dir: str | Path, formats: Sequence[str] = FORMATS) -> RenderResult:
-    """Write ``<name>.mmd``, ``<name>.dot`` and, when Graphviz's ``dot`` is on PATH, SVG/PNG. Raises
-    ``ConfigError`` for an unknown format and ``OutputPathError`` when ``out_dir`` cannot be written."""
+def file_stem(name: str) -> str:
+    """A model name as a file name (characters a path could trip on become ``_``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip(".") or "model"
+
+
+def render(
+    view: GraphView, out_dir: str | Path, formats: Sequence[str] = FORMATS, stem: str | None = None
+) -> RenderResult:
+    """Write ``<stem>.mmd``, ``<stem>.dot`` and, when Graphviz's ``dot`` is on PATH, SVG/PNG (``stem``:
+    the model's name by default; the ``graph`` command passes the model *choice*, so two configs never
+    share file names). Raises ``ConfigError`` for an unknown format and ``OutputPathError`` when
+    ``out_dir`` cannot be written."""
     if isinstance(formats, str):
         formats = [formats]  # one format, not one per character
     problems = check_value(section_specs(GraphSettings)["formats"], list(formats), "formats")
@@ -530,29 +536,59 @@ def render(view: GraphView, out_dir: str | Path, formats: Sequence[str] = FORMAT
         raise ConfigError(problems)
     out = prepare_out_dir(out_dir)
     result = RenderResult()
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", view.name) or "model"
-    dot_text = to_dot(view)
-    texts = {"mermaid": to_mermaid(view), "dot": dot_text}
+    base = stem or file_stem(view.name)
+    texts: dict[str, str] = {}
     for fmt in formats:
-        path = out / f"{stem}.{SUFFIX[fmt]}"
-        if fmt in texts:
-            try:
-                path.write_text(texts[fmt])
-            except OSError as exc:
-                raise write_error(path, exc) from None
+        path = out / f"{base}.{SUFFIX[fmt]}"
+        why = _write_format(view, fmt, path, texts)
+        if why is None:
             result.written[fmt] = path
-            continue
-        binary = dot_binary()
-        if binary is None:
-            result.skipped[fmt] = (
-                "Graphviz's 'dot' is not on PATH (install graphviz, e.g. apt-get install graphviz)"
-            )
-            continue
-        proc = subprocess.run(
-            [binary, f"-T{fmt}", "-o", str(path)], input=dot_text, text=True, capture_output=True, check=False
-        )
-        if proc.returncode != 0:
-            result.skipped[fmt] = f"dot -T{fmt} failed: {proc.stderr.strip() or proc.returncode}"
         else:
-            result.written[fmt] = path
+            result.skipped[fmt] = why
     return result
+
+
+NO_GRAPHVIZ = "Graphviz's 'dot' is not on PATH (install graphviz, e.g. apt-get install graphviz)"
+
+
+def _write_format(view: GraphView, fmt: str, path: Path, texts: dict[str, str]) -> str | None:
+    """Write ``view`` as ``fmt`` to ``path``; the reason when it cannot be drawn (no Graphviz, or
+    ``dot`` failed). ``texts`` caches the Mermaid and DOT text between formats."""
+    if "dot" not in texts:
+        texts["dot"] = to_dot(view)
+    if fmt in ("mermaid", "dot"):
+        text = texts.get(fmt) or texts.setdefault(fmt, to_mermaid(view))
+        write_text_atomic(path, text)  # OutputPathError when it cannot be written
+        return None
+    binary = dot_binary()
+    if binary is None:
+        return NO_GRAPHVIZ
+    proc = subprocess.run(
+        [binary, f"-T{fmt}", "-o", str(path)], input=texts["dot"], text=True, capture_output=True, check=False
+    )
+    if proc.returncode != 0:
+        return f"dot -T{fmt} failed: {proc.stderr.strip() or proc.returncode}"
+    return None
+
+
+def render_file(view: GraphView, path: str | os.PathLike[str]) -> Path:
+    """Draw ``view`` into one file, the format from its suffix: ``.mmd`` (Mermaid), ``.dot`` (DOT),
+    ``.svg`` or ``.png`` (drawn by Graphviz's ``dot``). Raises ``ArgumentError`` for another suffix,
+    ``MissingToolError`` when SVG/PNG is asked for without Graphviz, ``OutputPathError`` when the file
+    cannot be written."""
+    target = Path(path)
+    by_suffix = {f".{suffix}": fmt for fmt, suffix in SUFFIX.items()}
+    fmt = by_suffix.get(target.suffix.lower())
+    if fmt is None:
+        shown = ", ".join(by_suffix)
+        raise ArgumentError(f"cannot tell the format of {str(target)!r} from its suffix: use one of {shown}")
+    if target.parent != Path():
+        prepare_out_dir(target.parent)
+    why = _write_format(view, fmt, target, {})
+    if why == NO_GRAPHVIZ:
+        raise MissingToolError(
+            f"drawing {target.name} needs Graphviz: {NO_GRAPHVIZ}; .mmd and .dot files need nothing"
+        )
+    if why is not None:
+        raise MissingToolError(f"cannot draw {target}: {why}")
+    return target

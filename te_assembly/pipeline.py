@@ -26,8 +26,8 @@ from te_assembly.validate.analysis import Analysis, analyze_resolved
 _PLAIN_CHOICE = re.compile(r"[\w./\\:+-]+")
 
 
-def _choice(value: str) -> str:
-    """A model name or path as a Hydra override value (quoted when it holds grammar characters)."""
+def quoted_value(value: str) -> str:
+    """A name or path as a Hydra override value (quoted when it holds grammar characters)."""
     if _PLAIN_CHOICE.fullmatch(value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -68,7 +68,7 @@ def load(
         composed = list(overrides)
         if config is not None:
             value = str(Path(config).resolve()) if isinstance(config, os.PathLike) else str(config)
-            composed = [f"model={_choice(value)}", *composed]
+            composed = [f"model={quoted_value(value)}", *composed]
         cfg = _compose(composed, config_dirs)
         dirs = tuple(str(d) for d in config_dirs)
         return analyze_resolved(resolve_composed(cfg, task_overrides(cfg), dirs), sections)
@@ -126,4 +126,11 @@ def validate_model(model: Mapping[str, Any]) -> list:  # type: ignore[type-arg]
     return list(load(model).diagnostics)
 
 
-__all__ = ["CONFIG_KINDS", "check_config_argument", "load", "task_overrides", "validate_model"]
+__all__ = [
+    "CONFIG_KINDS",
+    "check_config_argument",
+    "load",
+    "quoted_value",
+    "task_overrides",
+    "validate_model",
+]

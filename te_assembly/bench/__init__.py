@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from te_assembly.bench.flops import PEAK_SOURCE, forward_flops, peak_tflops
+    from te_assembly.bench.flops import FlopCount, count_flops, forward_flops
+    from te_assembly.bench.peaks import Peak, gemm_precision, peak_for, peak_tflops
     from te_assembly.bench.plain import PlainModel, plain_source
     from te_assembly.bench.runner import (
         PHASES,
@@ -28,13 +29,17 @@ if TYPE_CHECKING:
         plan_to_model,
         split_plan,
     )
-    from te_assembly.bench.timing import Stats
+    from te_assembly.bench.timing import NOISE_THRESHOLD, Stats
     from te_assembly.bench.variants import build_variants
 
 _LAZY = {
-    "PEAK_SOURCE": "te_assembly.bench.flops",
+    "FlopCount": "te_assembly.bench.flops",
+    "count_flops": "te_assembly.bench.flops",
     "forward_flops": "te_assembly.bench.flops",
-    "peak_tflops": "te_assembly.bench.flops",
+    "Peak": "te_assembly.bench.peaks",
+    "gemm_precision": "te_assembly.bench.peaks",
+    "peak_for": "te_assembly.bench.peaks",
+    "peak_tflops": "te_assembly.bench.peaks",
     "PlainModel": "te_assembly.bench.plain",
     "plain_source": "te_assembly.bench.plain",
     "PHASES": "te_assembly.bench.runner",
@@ -51,6 +56,7 @@ _LAZY = {
     "cut_at": "te_assembly.bench.split",
     "plan_to_model": "te_assembly.bench.split",
     "split_plan": "te_assembly.bench.split",
+    "NOISE_THRESHOLD": "te_assembly.bench.timing",
     "Stats": "te_assembly.bench.timing",
     "build_variants": "te_assembly.bench.variants",
 }
@@ -66,10 +72,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "PEAK_SOURCE",
+    "NOISE_THRESHOLD",
     "PHASES",
     "BenchSettings",
     "Bridge",
+    "FlopCount",
+    "Peak",
     "PlainModel",
     "SplitError",
     "SplitModel",
@@ -79,9 +87,12 @@ __all__ = [
     "VariantResult",
     "bench_loss",
     "build_variants",
+    "count_flops",
     "cut_at",
     "forward_flops",
+    "gemm_precision",
     "make_optimizer",
+    "peak_for",
     "peak_tflops",
     "plain_source",
     "plan_to_model",

@@ -1,15 +1,24 @@
-"""FLOPs of a plan's matrix multiplies and the peak dense throughput of known GPUs.
+"""FLOPs of one forward and one backward: counted by ``torch.utils.flop_counter.FlopCounterMode``, or
+from the catalog where the counter cannot see the work.
 
-Only GEMMs are counted (2 * rows * in * out per linear; a grouped linear by the rows it receives,
-summed over groups; the router's scoring GEMM; attention's two batched GEMMs, q k^T and p v, 2 * 2 *
-head_dim multiply-adds per head per (query, key) pair it computes: every pair, or the s (s + 1) / 2 of
-each sequence when causal, as FlashAttention's benchmarks count); element-wise ops are left out.
-Backward is counted as twice the forward (data gradient + weight gradient), a full step as three times.
+``FlopCounterMode`` counts the matrix multiplies torch dispatches (``mm``, ``addmm``, ``bmm``...; other
+ops count nothing). That covers the reference engine and ``engine=te kernels=reference`` (our reference
+math inside TE's fusers), and it counts what really runs: the zero rows a ``Dispatch`` with ``align``
+pads expert groups with, a backward without the data gradient of an input that needs none. It cannot see
+TE's own GEMM kernels (custom CUDA extension calls, not torch ops): with ``engine=te kernels=te`` the
+count comes from the catalog (``forward_flops``; backward twice the forward), and ``bench`` says which
+was used.
+
+The catalog counts GEMMs only: 2 * rows * in * out per linear, a grouped linear by the rows it
+receives, summed over groups; the router's scoring GEMM; attention's two batched GEMMs, q k^T and p v,
+2 * 2 * head_dim multiply-adds per head per (query, key) pair it computes: every pair, or the
+s (s + 1) / 2 of each sequence when causal, as FlashAttention's benchmarks count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,18 +26,8 @@ import torch
 from te_assembly.engines.data import rows_per_step
 from te_assembly.plan import Plan
 
-# Dense (no sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets: "NVIDIA H100 Tensor Core
-# GPU" (SXM5: BF16/FP16 1,979 and TF32 989 with sparsity, FP32 67; PCIe: BF16 1,513 and TF32 756
-# sparse, FP32 51) and "NVIDIA H200 Tensor Core GPU" (SXM: BF16 1,979 and TF32 989 sparse, FP32 67).
-# Dense = sparse / 2. float32 counts as plain FP32 for torch's own matmuls (torch leaves TF32 off by
-# default) and as TF32 for TE's GEMMs (``tf32=True``): TE runs every all-float32 GEMM as TF32
-# (transformer_engine/common/gemm/cublaslt_gemm.cu, CUBLAS_COMPUTE_32F_FAST_TF32).
-_PEAKS: tuple[tuple[str, dict[torch.dtype, float], float], ...] = (
-    ("H200", {torch.bfloat16: 989.5, torch.float16: 989.5, torch.float32: 67.0}, 494.5),
-    ("H100 PCIe", {torch.bfloat16: 756.5, torch.float16: 756.5, torch.float32: 51.0}, 378.0),
-    ("H100", {torch.bfloat16: 989.5, torch.float16: 989.5, torch.float32: 67.0}, 494.5),
-)
-PEAK_SOURCE = "NVIDIA H100/H200 Tensor Core GPU datasheets, dense (sparsity figures / 2)"
+COUNTER = "torch.utils.flop_counter.FlopCounterMode"
+CATALOG = "the catalog's GEMM count"
 
 
 def attention_flops(args: Mapping[str, Any], rows: int, seq_len: int) -> int:
@@ -54,13 +53,63 @@ def forward_flops(plan: Plan, tokens: int, seq_len: int | None = None) -> int:
     return total
 
 
-def peak_tflops(device: torch.device, dtype: torch.dtype, tf32: bool = False) -> float | None:
-    """The device's dense peak for ``dtype``, or None (CPU, unknown GPU or dtype). ``tf32``: float32
-    GEMMs run as TF32 (TE's kernels)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for marker, peaks, tf32_peak in _PEAKS:
-        if marker in name:
-            return tf32_peak if tf32 and dtype == torch.float32 else peaks.get(dtype)
-    return None
+@dataclass(frozen=True)
+class FlopCount:
+    forward: int
+    backward: int
+    source: str
+    """``COUNTER`` or ``CATALOG``."""
+    note: str = ""
+
+    @property
+    def step(self) -> int:
+        """Forward + backward (the optimizer's element-wise update is not counted)."""
+        return self.forward + self.backward
+
+    def of(self, phase: str) -> int:
+        return {"forward": self.forward, "backward": self.backward, "step": self.step}[phase]
+
+
+def catalog_count(plan: Plan, tokens: int, note: str = "", seq_len: int | None = None) -> FlopCount:
+    forward = forward_flops(plan, tokens, seq_len)
+    return FlopCount(forward, 2 * forward, CATALOG, note)
+
+
+def count_flops(
+    forward: Callable[[], torch.Tensor],
+    plan: Plan,
+    tokens: int,
+    *,
+    te_kernels: bool,
+    seq_len: int | None = None,
+) -> FlopCount:
+    """Count one forward (``forward()`` returns the loss) and its backward with ``FlopCounterMode``;
+    the catalog's count where the counter is blind: TE's kernels (``te_kernels``), or a count of zero
+    where the plan has GEMMs. The caller clears the gradients this leaves."""
+    if te_kernels:
+        return catalog_count(
+            plan, tokens, "TE's GEMM kernels are CUDA extension calls FlopCounterMode cannot see", seq_len
+        )
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fwd:
+        loss = forward()
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    counted = FlopCount(int(fwd.get_total_flops()), int(bwd.get_total_flops()), COUNTER)
+    if counted.forward == 0 and forward_flops(plan, tokens, seq_len) > 0:
+        return catalog_count(
+            plan, tokens, "FlopCounterMode saw no matrix multiply where the plan has some", seq_len
+        )
+    return counted
+
+
+__all__ = [
+    "CATALOG",
+    "COUNTER",
+    "FlopCount",
+    "attention_flops",
+    "catalog_count",
+    "count_flops",
+    "forward_flops",
+]

@@ -7,12 +7,13 @@ drifts of the machine (clocks, other processes) hit all of them alike.
 from __future__ import annotations
 
 import resource
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from te_assembly.bench.timing import Stats, synchronize, timed
+from te_assembly.bench.timing import PhaseTimer, Stats, synchronize
 from te_assembly.engines.base import ModelOutput, loss_precision
 from te_assembly.train.task import aux_losses
 
@@ -39,7 +40,10 @@ class VariantResult:
     peak_bytes: int | None = None
     """CUDA ``max_memory_allocated`` during one full step; None on CPU."""
     comm_share: dict[str, float] = field(default_factory=dict)
-    """Phase -> fraction of the timed samples spent in collectives (parallel runs with a comm clock)."""
+    """Phase -> fraction of the samples' wall time spent in collectives (parallel runs with a comm
+    clock)."""
+    methods: dict[str, str] = field(default_factory=dict)
+    """Phase -> how it was timed (``timing.PhaseTimer.method``)."""
 
 
 def bench_loss(out: ModelOutput, loss_names: Sequence[str]) -> torch.Tensor:
@@ -75,21 +79,24 @@ def _forward(v: Variant, x: torch.Tensor, inputs: Mapping[str, torch.Tensor]) ->
     return v.model(x, **inputs)
 
 
-def _phase_sample(
+def phase_timer(
     phase: str, v: Variant, x: torch.Tensor, inputs: Mapping[str, torch.Tensor], device: torch.device
-) -> float:
+) -> PhaseTimer:
+    """The timer of one phase of one variant (``timing.py``: what is timed, and how)."""
     if phase == "forward":
-        return timed(lambda: _forward(v, x, inputs), device)
+        return PhaseTimer(lambda: _forward(v, x, inputs), label=v.name, phase=phase, device=device)
     if phase == "backward":
-        v.optimizer.zero_grad(set_to_none=True)
-        loss = bench_loss(_forward(v, x, inputs), v.loss_outputs)
 
-        def backward() -> None:
+        def prepare() -> torch.Tensor:  # untimed: a fresh graph for each backward
+            v.optimizer.zero_grad(set_to_none=True)
+            return bench_loss(_forward(v, x, inputs), v.loss_outputs)
+
+        def backward(loss: torch.Tensor) -> None:
             loss.backward()
             if v.after_backward is not None:
                 v.after_backward()
 
-        return timed(backward, device)
+        return PhaseTimer(backward, prepare, label=v.name, phase=phase, device=device)
 
     def step() -> None:
         v.optimizer.zero_grad(set_to_none=True)
@@ -98,7 +105,7 @@ def _phase_sample(
             v.after_backward()
         v.optimizer.step()
 
-    return timed(step, device)
+    return PhaseTimer(step, label=v.name, phase=phase, device=device)
 
 
 def _peak_bytes(
@@ -108,7 +115,8 @@ def _peak_bytes(
         return None
     synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    _phase_sample("step", v, x, inputs, device)
+    phase_timer("step", v, x, inputs, device).warm_up()
+    synchronize(device)
     return int(torch.cuda.max_memory_allocated(device))
 
 
@@ -124,31 +132,37 @@ def run_benchmark(
     on_sample: Callable[[], None] | None = None,
     comm_clock: Callable[[], float] | None = None,
 ) -> list[VariantResult]:
-    """Median and spread per variant and phase, plus CUDA peak memory of a full step. ``comm_clock``:
-    seconds spent in collectives so far (parallel runs), for each phase's communication share."""
+    """Median and spread per variant and phase, plus CUDA peak memory of a full step. The variants take
+    turns, one sample each in a rotating order, so a drift of the machine hits all of them alike.
+    ``comm_clock``: seconds spent in collectives so far (parallel runs), for each phase's share of time
+    in collectives."""
     if repeats < 1 or warmup < 0:
         raise ValueError("repeats must be >= 1 and warmup >= 0")
     results = [VariantResult(v.name) for v in variants]
     for v, r in zip(variants, results, strict=True):
         r.peak_bytes = _peak_bytes(v, x, inputs, device)
     for phase in phases:
-        for v in variants:
+        timers = [phase_timer(phase, v, x, inputs, device) for v in variants]
+        for t in timers:
             for _ in range(warmup):
-                _phase_sample(phase, v, x, inputs, device)
-        samples: list[list[float]] = [[] for _ in variants]
+                t.warm_up()
         comm = [0.0 for _ in variants]
+        wall = [0.0 for _ in variants]
         for rep in range(repeats):
             order = [(rep + i) % len(variants) for i in range(len(variants))]
             for i in order:
                 before = comm_clock() if comm_clock is not None else 0.0
-                samples[i].append(_phase_sample(phase, variants[i], x, inputs, device))
+                began = time.perf_counter()
+                timers[i].sample()
+                wall[i] += time.perf_counter() - began  # the untimed runs of a sample too
                 comm[i] += comm_clock() - before if comm_clock is not None else 0.0
                 if on_sample is not None:
                     on_sample()
-        for r, s, c in zip(results, samples, comm, strict=True):
-            r.stats[phase] = Stats.of(s)
+        for r, t, c, w in zip(results, timers, comm, wall, strict=True):
+            r.stats[phase] = t.stats()
+            r.methods[phase] = t.method
             if comm_clock is not None:
-                r.comm_share[phase] = c / sum(s) if sum(s) > 0 else 0.0
+                r.comm_share[phase] = c / w if w > 0 else 0.0
     return results
 
 

@@ -33,7 +33,7 @@ class Param:
     @property
     def type_name(self) -> str:
         types = self.type if isinstance(self.type, tuple) else (self.type,)
-        return " | ".join(t.__name__ for t in types)
+        return " | ".join("None" if t is type(None) else t.__name__ for t in types)
 
     @cached_property
     def spec(self) -> FieldSpec:
@@ -73,6 +73,30 @@ class Slot:
 
     def enabled(self, args: Mapping[str, Any]) -> bool:
         return all(bool(args.get(a)) for a in self.enabled_if)
+
+    def describe(self) -> str:
+        """What the slot carries, in words (``ls op NAME``, docs)."""
+        parts = [f"{self.dtype} tensor, {SHAPES.get(self.shape, self.shape)}"]
+        if self.agree:
+            parts.append(
+                "must agree across its channel: " + ", ".join(f"{arg} ({role})" for role, arg in self.agree)
+            )
+        if self.enabled_if:
+            parts.append(f"only when {' and '.join(self.enabled_if)} are true")
+        if self.is_loss:
+            parts.append("a loss term: the caller adds it to the objective")
+        return "; ".join(parts)
+
+
+SHAPES = {
+    "main": "shaped like the main-path tensor at the op",
+    "rows": "one value per row of the main path",
+    "token_topk": "[tokens, top_k]",
+    "groups": "one value per group (expert)",
+    "scalar": "a scalar",
+    "token_shape": "[ndim - 1]: the leading dimensions of a flattened tensor",
+}
+"""``Slot.shape`` in words."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +216,19 @@ class Width:
 
     def describe_out(self) -> str | None:
         return self.out_arg or (self.out_formula.text if self.out_formula else None)
+
+    def describe(self) -> str:
+        """The rule in words (``ls op NAME``, docs)."""
+        rule_in = self.describe_in()
+        arriving = f"the width arriving must equal {rule_in}" if rule_in else ""
+        rule_out = self.describe_out()
+        if rule_out is not None:
+            leaving = f"the width leaving is {rule_out}"
+        elif self.divisor != 1:
+            leaving = f"the width leaving is the width arriving / {self.divisor} (gated: two halves)"
+        else:
+            leaving = "the width leaving is the width arriving"
+        return "; ".join(part for part in (arriving, leaving) if part)
 
 
 LAYOUTS: dict[str, str] = {

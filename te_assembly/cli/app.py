@@ -45,7 +45,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("te_assembly.cli.commands.verify", "compare the TE engine against the reference engine"),
     "train": ("te_assembly.cli.commands.train", "train the block on a synthetic teacher task"),
     "bench": ("te_assembly.cli.commands.bench", "time forward, backward and step"),
+    "export": (
+        "te_assembly.cli.commands.export",
+        "turn a training checkpoint into a pretrained model directory",
+    ),
+    "ls": ("te_assembly.cli.commands.ls", "list the models, blocks, recipes and ops; `ls op NAME` shows one"),
+    "cp": ("te_assembly.cli.commands.cp", "copy a shipped model, recipe or block into a folder to edit"),
 }
+POSITIONAL: dict[str, tuple[str, ...]] = {
+    "ls": ("what", "name"),
+    "cp": ("source", "dest"),
+    "export": ("checkpoint", "to"),
+}
+"""Commands that take words after them: ``ls op GroupedLinear`` is ``ls ls.what=op ls.name=GroupedLinear``,
+``export RUN_DIR OUT`` is ``export export.checkpoint=RUN_DIR export.to=OUT``."""
 DEFAULT_COMMAND = "run"
 PROG = "python -m te_assembly"
 
@@ -65,12 +78,30 @@ class Split:
     unknown: str | None = None
     """A word in the command's place that is no command."""
     wants_help: bool = False
+    words: list[str] = field(default_factory=list)
+    """Bare words after a command that takes them (``POSITIONAL``)."""
+
+    def overrides(self) -> list[str] | str:
+        """The words as the overrides they stand for, or why they cannot be."""
+        names = POSITIONAL.get(self.command or "", ())
+        if len(self.words) > len(names):
+            usage = " ".join(n.upper() for n in names)
+            return (
+                f"{self.command} takes at most {len(names)} argument(s) ({usage or 'none'}), got {self.words}"
+            )
+        from te_assembly.pipeline import quoted_value
+
+        return [
+            f"{self.command}.{name}={quoted_value(word)}"
+            for name, word in zip(names, self.words, strict=False)
+        ]
 
 
 def split_command(args: Sequence[str]) -> Split:
     """Find the command word: the first argument that is neither a flag, a flag's value, nor an
     override (``key=value``); flags may come before it (``-cd DIR validate``)."""
     rest: list[str] = []
+    words: list[str] = []
     command = unknown = None
     wants_help = False
     i = 0
@@ -93,11 +124,15 @@ def split_command(args: Sequence[str]) -> Split:
                 unknown = arg
             i += 1
             continue
+        elif command in POSITIONAL and not arg.startswith("-") and "=" not in arg:
+            words.append(arg)
+            i += 1
+            continue
         rest.append(arg)
         i += 1
     if command == "help":
         command, wants_help = None, True
-    return Split(command, rest, unknown, wants_help)
+    return Split(command, rest, unknown, wants_help, words)
 
 
 @dataclass
@@ -211,8 +246,8 @@ def _job(state: AppState, cfg: Any) -> Outcome:
     if state.multirun:
         shown = " ".join(overrides) or "(no overrides)"
         state.io.out.print(f"[job {hydra_cfg.job.num}] {printable(shown)}", style="bold", markup=False)
+    module = _command_module(state.command)
     try:
-        module = _command_module(state.command)
         with paused():  # see collector.py
             resolved = resolve_composed(cfg, overrides, state.config_dirs, hydra=hydra_cfg)
             analysis = analyze_resolved(resolved, module.SECTIONS)
@@ -224,8 +259,38 @@ def _job(state: AppState, cfg: Any) -> Outcome:
         outcome = Outcome(130)
     except Exception as exc:  # te_assembly's, Hydra's and OmegaConf's errors; any other is one line too
         outcome = Outcome(_report(exc, state.io, overrides))
+    finally:
+        if writes_run_dir(state.command):  # a job that wrote nothing leaves no empty folder behind
+            from te_assembly.cli.job_dir import current, remove_if_unused
+
+            with contextlib.suppress(Exception):
+                remove_if_unused(current(state.command))
     state.outcomes.append((overrides, outcome))
     return outcome
+
+
+def writes_run_dir(command: str) -> bool:
+    """Does ``command`` write into this job's run directory (``cli/job_dir.py``)?"""
+    return bool(getattr(_command_module(command), "RUN_DIR", False))
+
+
+def _sets(overrides: Sequence[str], key: str) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)
+
+
+def _run_dir_overrides(state: AppState, overrides: list[str], scratch: str | None) -> list[str]:
+    """Hydra makes every job's output folder. Commands that write nothing get ``.`` (nothing made);
+    under torchrun, ranks other than 0 get a scratch folder: rank 0 alone makes and writes the run
+    directory (``train`` hands its path to the other ranks)."""
+    extra: list[str] = []
+    if not writes_run_dir(state.command):
+        extra += [] if _sets(overrides, "hydra.run.dir") else ["hydra.run.dir=."]
+        extra += [] if _sets(overrides, "hydra.sweep.subdir") else ["hydra.sweep.subdir=."]
+    elif scratch is not None:
+        extra.append(f"hydra.run.dir={scratch}")
+    if scratch is not None and state.multirun:
+        extra.append(f"hydra.sweep.dir={scratch}")
+    return [*overrides, *extra]
 
 
 def _check_launch(analysis: Any, command: str) -> None:
@@ -321,19 +386,26 @@ def _run(hydra: Any, state: AppState, config_name: str, overrides: list[str]) ->
     def task(cfg: Any) -> Outcome:
         return _job(state, cfg)
 
-    if not state.multirun:
-        hydra.run(config_name=config_name, task_function=task, overrides=overrides)
-        return state.outcomes[-1][1].code if state.outcomes else 2
-    from te_assembly.cli.report import sweep_table
     from te_assembly.parallel.launch import current_launch
 
+    with contextlib.ExitStack() as stack:
+        scratch = None
+        if not current_launch().is_main:
+            # Under torchrun every rank runs the app; rank 0 alone records a sweep (multirun.yaml) and
+            # makes the run directory.
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="te_assembly_rank_"))
+        overrides = _run_dir_overrides(state, overrides, scratch)
+        if not state.multirun:
+            hydra.run(config_name=config_name, task_function=task, overrides=overrides)
+            return state.outcomes[-1][1].code if state.outcomes else 2
+        return _multirun(hydra, state, config_name, overrides, task)
+
+
+def _multirun(hydra: Any, state: AppState, config_name: str, overrides: list[str], task: Any) -> int:
+    from te_assembly.cli.report import sweep_table
+
     try:
-        with contextlib.ExitStack() as stack:
-            if not current_launch().is_main:
-                # Under torchrun every rank runs the sweep; rank 0 alone records it (multirun.yaml).
-                scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="te_assembly_sweep_"))
-                overrides = [*overrides, f"hydra.sweep.dir={scratch}"]
-            hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
+        hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
     finally:  # also when a later job's config does not compose: the jobs that ran are still reported
         if state.outcomes:
             state.io.out.print(sweep_table(state.command, state.outcomes))

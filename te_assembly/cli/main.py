@@ -21,6 +21,8 @@ from te_assembly.cli.app import (
 )
 
 USAGE = """usage: python -m te_assembly [COMMAND] [HYDRA FLAGS] [KEY=VALUE ...]
+       python -m te_assembly ls [WHAT [NAME]]   |   python -m te_assembly cp NAME DEST
+       python -m te_assembly export CHECKPOINT_OR_RUN_DIR [DEST]
 
 Hydra overrides select and change the config, e.g. model=residual_mlp recipe=mxfp8 model.dims.hidden=128;
 your own files: model=path/to/my_model.yaml, or a folder with -cd DIR (DIR/model/*.yaml, DIR/recipe/*.yaml).
@@ -64,8 +66,14 @@ def _main(args: list[str], io: Consoles) -> int:
     if split.wants_help:
         from te_assembly.cli.help import print_help
 
-        return print_help(split.command, split.hydra_args, io, usage())
-    return run_command(split.command or DEFAULT_COMMAND, split.hydra_args, io)
+        words = split.overrides()
+        extra = words if isinstance(words, list) else []
+        return print_help(split.command, [*split.hydra_args, *extra], io, usage())
+    words = split.overrides()
+    if isinstance(words, str):
+        io.err.print(f"error: {words}", markup=False)
+        return 2
+    return run_command(split.command or DEFAULT_COMMAND, [*split.hydra_args, *words], io)
 
 
 def _silence_stdout() -> None:

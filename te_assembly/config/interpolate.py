@@ -50,6 +50,10 @@ def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("mul", check_mul, replace=True)
+    # ``hydra.run.dir``'s ``${dir_name:${hydra:runtime.choices.model}}``: a model choice as one folder name.
+    from te_assembly.config.locations import choice_stem
+
+    OmegaConf.register_new_resolver("dir_name", choice_stem, replace=True)
 
 
 def _get(data: Any, keys: Sequence[Key]) -> Any:

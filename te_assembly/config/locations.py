@@ -11,6 +11,7 @@ once installed from a wheel).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -55,6 +56,22 @@ def group_dir(root: Path, group: str) -> Path:
 def is_path_choice(choice: str) -> bool:
     """``model=path/to/x.yaml`` names a file; ``model=moe_block`` names an option of the group."""
     return choice.endswith(SUFFIXES) or "/" in choice or "\\" in choice
+
+
+def choice_stem(choice: object) -> str:
+    """A group choice as a file or folder name: ``moe_block`` as it is, ``path/to/my_block.yaml`` as
+    ``my_block``, any character a path could trip on as ``_``; ``none`` for no choice (``model=null``).
+    Run directories (``outputs/<model>/...``) and ``graph``'s files are named with it."""
+    if choice is None or str(choice).strip() == "":
+        return "none"
+    text = str(choice)
+    if is_path_choice(text):
+        name = re.split(r"[\\/]", text.rstrip("/\\"))[-1]
+        text = (
+            name[: -len(suffix)] if (suffix := next((s for s in SUFFIXES if name.endswith(s)), "")) else name
+        )
+    cleaned = re.sub(r"[^A-Za-z0-9_.+-]", "_", text).strip(".")
+    return cleaned or "model"
 
 
 def find_option(group: str, choice: str, roots: Iterable[Path]) -> Path | None:
@@ -105,6 +122,7 @@ __all__ = [
     "available_blocks",
     "available_models",
     "available_recipes",
+    "choice_stem",
     "configs_dir",
     "find_option",
     "group_dir",

@@ -62,6 +62,12 @@ class ResolvedConfig:
         source = self.sources.get(group)
         return source.file if source is not None else None
 
+    def as_config(self) -> dict[str, Any]:
+        """The whole config as the commands read it: the model and the recipe as read (overrides and
+        interpolations applied), then every settings section, resolved. A run directory's
+        ``config.yaml`` holds it, and ``te_assembly.load()`` takes it back as a mapping."""
+        return {"model": self.model, "recipe": self.recipe, **self.settings}
+
 
 # ------------------------------------------------------------------------------------------- reading
 

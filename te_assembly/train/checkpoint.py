@@ -27,7 +27,6 @@ import os
 import re
 import stat
 import struct
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 
 from te_assembly.errors import NonFiniteError, TeAssemblyError
+from te_assembly.outputs import create_temp, file_mode, fsync_dir
 
 FORMAT = "te_assembly.train/2"
 SUFFIX = ".safetensors"
@@ -143,7 +143,7 @@ def _corrupt(path: Path, what: str) -> CheckpointError:
     return CheckpointError(f"{path} is corrupt: {what}")
 
 
-def _parse_header(path: Path, fd: int) -> Header:
+def _parse_header(path: Path, fd: int, fmt: str = FORMAT) -> Header:
     size = os.fstat(fd).st_size
     if size < 8:
         raise _corrupt(path, f"{size} bytes, too short for a safetensors header (truncated?)")
@@ -157,9 +157,14 @@ def _parse_header(path: Path, fd: int) -> Header:
     if not isinstance(header, dict):
         raise _corrupt(path, "the header is not a JSON object")
     metadata = header.pop("__metadata__", None)
+    what = "training checkpoint" if fmt == FORMAT else "weights file"
     if not isinstance(metadata, dict) or "te_assembly" not in metadata:
-        raise CheckpointError(f"{path} is not a te_assembly training checkpoint (no te_assembly metadata)")
+        raise CheckpointError(f"{path} is not a te_assembly {what} (no te_assembly metadata)")
     meta = _checked_meta(path, metadata)
+    if fmt != FORMAT:
+        if meta.get("format") != fmt:
+            raise CheckpointError(f"{path} has format {meta.get('format')!r}, this te_assembly reads {fmt!r}")
+        return _checked_entries(path, header, meta, 0, length, size)
     if meta.get("format") != FORMAT:
         raise CheckpointError(
             f"{path} has format {meta.get('format')!r}, this te_assembly reads {FORMAT!r} (checkpoints of "
@@ -169,6 +174,12 @@ def _parse_header(path: Path, fd: int) -> Header:
     step = meta.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1 or str(step) != metadata.get("step"):
         raise _corrupt(path, f"its step field is invalid ({step!r})")
+    return _checked_entries(path, header, meta, step, length, size)
+
+
+def _checked_entries(
+    path: Path, header: dict[str, Any], meta: dict[str, Any], step: int, length: int, size: int
+) -> Header:
     recorded = meta.get("tensors")
     if not isinstance(recorded, dict) or set(recorded) != set(header):
         raise _corrupt(path, "its tensor list does not match the checksums recorded with it")
@@ -208,21 +219,22 @@ def _check_entry(path: Path, name: str, entry: Any, recorded: Any, data_size: in
         raise _corrupt(path, f"tensor {name!r} lies outside the file's data (truncated?)")
 
 
-def read_header(path: Path) -> Header:
+def read_header(path: Path, fmt: str = FORMAT) -> Header:
     """The checked header of ``path``; ``CheckpointError`` for anything that is not a readable
-    te_assembly checkpoint (a directory, a FIFO, a truncated or corrupt file, another format)."""
+    te_assembly checkpoint (a directory, a FIFO, a truncated or corrupt file, another format). ``fmt``:
+    the format expected (training checkpoints by default; ``pretrained.py``'s weights files)."""
     with _open_regular(path) as fd:
-        return _parse_header(path, fd)
+        return _parse_header(path, fd, fmt)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
     return read_header(path).meta
 
 
-def _verified_bytes(path: Path) -> tuple[Header, bytes]:
+def _verified_bytes(path: Path, fmt: str = FORMAT) -> tuple[Header, bytes]:
     """The whole file, every tensor's SHA-256 checked against the one recorded at save time."""
     with _open_regular(path) as fd:
-        header = _parse_header(path, fd)
+        header = _parse_header(path, fd, fmt)
         os.lseek(fd, 0, os.SEEK_SET)
         data = _read_exactly(fd, header.file_size, path)
     view = memoryview(data)[header.data_start :]
@@ -233,9 +245,24 @@ def _verified_bytes(path: Path) -> tuple[Header, bytes]:
     return header, data
 
 
-def verify(path: Path) -> Header:
+def verify(path: Path, fmt: str = FORMAT) -> Header:
     """Check ``path`` completely (header and every tensor's checksum) without loading it."""
-    return _verified_bytes(path)[0]
+    return _verified_bytes(path, fmt)[0]
+
+
+def read_verified(path: Path, fmt: str = FORMAT) -> tuple[Header, dict[str, torch.Tensor]]:
+    """Every tensor of ``path`` (CPU), after the whole file is verified (``CheckpointError`` first)."""
+    header, data = _verified_bytes(path, fmt)
+    try:
+        return header, load_bytes(data)
+    except SafetensorError as exc:
+        raise _corrupt(path, f"safetensors cannot read it ({str(exc).splitlines()[0]})") from None
+
+
+def model_state(path: Path) -> tuple[Header, dict[str, torch.Tensor]]:
+    """A training checkpoint's model state dict (the ``model/`` tensors under their plain names), verified."""
+    header, tensors = read_verified(path)
+    return header, {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
 
 
 # --- finding -------------------------------------------------------------------------------------
@@ -290,16 +317,6 @@ def remove_stale_temp(out_dir: Path) -> list[Path]:
 # --- writing -------------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not every platform can open a directory.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _write_problem(exc: BaseException) -> str | None:
     """A one-line reason for a failed write, or None when ``exc`` is not a write failure."""
     if isinstance(exc, OSError):
@@ -322,9 +339,12 @@ def write_atomic(
     tmp = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+        fd, tmp = create_temp(path, _TEMP_SUFFIX)
         os.close(fd)
         write(tmp)
+        # A writer may replace the temp file with its own (safetensors writes one of mode 0o600 and
+        # renames it): give it the mode any new file of the user gets.
+        os.chmod(tmp, file_mode())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         if check is not None:
@@ -338,7 +358,7 @@ def write_atomic(
         if problem is not None:
             raise CheckpointError(f"cannot write {path}: {problem} (any previous file is intact)") from exc
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -396,16 +416,31 @@ def save_checkpoint(
             else:
                 optim_scalars[f"{index}/{key}"] = value
     tensors.update(_rng_tensors())
+    path = checkpoint_path(out_dir, step)
+    meta = {**meta, "step": step, "optim_scalars": optim_scalars}
+    return write_verified(path, tensors, meta, FORMAT, {"step": str(step)})
+
+
+def write_verified(
+    path: Path,
+    tensors: Mapping[str, torch.Tensor],
+    meta: Mapping[str, Any],
+    fmt: str,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Write ``tensors`` (contiguous, CPU) to ``path`` as safetensors, with ``meta`` (JSON) and every
+    tensor's SHA-256 in its metadata, atomically, read back and verified (``write_atomic``). ``metadata``:
+    more plain string entries of the header (other tools read ``format: pt``)."""
     checksums = {
         name: {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "sha256": _digest(t)}
         for name, t in tensors.items()
     }
-    full_meta = {**meta, "format": FORMAT, "step": step, "optim_scalars": optim_scalars, "tensors": checksums}
-    raw = json.dumps(full_meta)
+    raw = json.dumps({**meta, "format": fmt, "tensors": checksums})
     digest = hashlib.sha256(raw.encode()).hexdigest()
-    metadata = {"te_assembly": raw, "te_assembly_sha256": digest, "step": str(step)}
-    path = checkpoint_path(out_dir, step)
-    write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), lambda tmp: verify(Path(tmp)))
+    header = {**(metadata or {}), "te_assembly": raw, "te_assembly_sha256": digest}
+    write_atomic(
+        path, lambda tmp: save_file(dict(tensors), tmp, metadata=header), lambda tmp: verify(Path(tmp), fmt)
+    )
     return path
 
 
@@ -416,11 +451,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     """Verify ``path`` completely, then restore model, optimizer and RNG states in place; return the step
     (the one stored inside) and metadata. Any problem is a ``CheckpointError`` and leaves the model as it
     was only if the problem is found before restoring (checksums and shapes are all checked first)."""
-    header, data = _verified_bytes(path)
-    try:
-        tensors = load_bytes(data)
-    except SafetensorError as exc:
-        raise _corrupt(path, f"safetensors cannot read it ({str(exc).splitlines()[0]})") from None
+    header, tensors = read_verified(path)
     model_state = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     mine = model.state_dict()
     if set(model_state) != set(mine):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -18,7 +17,8 @@ from te_assembly.diagnostics import error
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.engines.memory import check_fits, estimate
-from te_assembly.errors import ConfigError, NonFiniteError
+from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError
+from te_assembly.outputs import write_text_atomic
 from te_assembly.parallel import checkpoint as parallel_checkpoint
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.plan import Plan
@@ -27,8 +27,8 @@ from te_assembly.train.checkpoint import (
     prune,
     read_meta,
     remove_stale_temp,
-    write_text_atomic,
 )
+from te_assembly.train.metrics import MetricsLog, check_tensorboard
 from te_assembly.train.optim import lr_at, make_optimizer, set_lr
 from te_assembly.train.plot import save_loss_curve
 from te_assembly.train.run_dir import RunLock, out_dir_of, previous_run, remove_previous_run, resume_point
@@ -49,6 +49,26 @@ class StepRecord:
     seconds: float
     """Student forward + backward + optimizer step (the teacher's forward is data, not timed)."""
     tokens_per_s: float
+    grad_norm: float = float("nan")
+    """The whole model's gradient norm before the optimizer step."""
+    wall_time: float = 0.0
+    """Seconds since the epoch when the step ended."""
+    elapsed_s: float = 0.0
+    """Seconds since this invocation started training."""
+
+    def metrics(self) -> dict[str, Any]:
+        """The record ``metrics.jsonl`` keeps (``train/metrics.py``)."""
+        return {
+            "step": self.step,
+            "loss": self.loss,
+            "terms": dict(self.terms),
+            "lr": self.lr,
+            "grad_norm": self.grad_norm,
+            "tokens_per_s": self.tokens_per_s,
+            "step_time_s": self.seconds,
+            "wall_time": self.wall_time,
+            "elapsed_s": self.elapsed_s,
+        }
 
 
 @dataclass
@@ -59,7 +79,10 @@ class TrainResult:
     """Steps already done when this run started (0 unless resumed)."""
     last_step: int
     checkpoints: list[Path] = field(default_factory=list)
-    losses_file: Path | None = None
+    metrics_file: Path | None = None
+    """``metrics.jsonl``: one record per step (``train/metrics.py``)."""
+    tensorboard_dir: Path | None = None
+    config_file: Path | None = None
     plot: Path | None = None
     notes: list[str] = field(default_factory=list)
     model: AssembledModel | None = None
@@ -124,17 +147,6 @@ def _resumed_losses(path: Path, meta: Mapping[str, Any], start: int) -> list[flo
     return [float(v) for v in losses[:start]]
 
 
-def _from_main(par: ParallelContext, value: Any) -> Any:
-    """Rank 0's ``value`` on every rank (itself when not parallel)."""
-    if not par.is_parallel:
-        return value
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _resume_point(
     par: ParallelContext, out_dir: Path, settings: TrainSettings
 ) -> tuple[Path | None, list[str]]:
@@ -146,7 +158,7 @@ def _resume_point(
             found = (str(path) if path is not None else None, notes, None)
         except CheckpointError as exc:
             found = (None, [], str(exc))
-    path_text, notes, problem = _from_main(par, found)
+    path_text, notes, problem = par.from_main(found)
     if problem is not None:
         raise CheckpointError(problem)
     return (Path(path_text) if path_text is not None else None), (notes if par.is_main else [])
@@ -165,6 +177,7 @@ def train(
     recipe_config: Mapping[str, Any] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
     parallel: ParallelContext | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> TrainResult:
     """Train ``plan`` to regress a teacher built from the same plan with seed ``seed + offset``.
 
@@ -183,10 +196,20 @@ def train(
     checkpoint cannot be written (disk full...), every earlier file intact.
 
     ``parallel`` (``te_assembly.parallel``, under torchrun): every rank trains its slices on its rows of
-    each batch (``batch_tokens`` is the whole batch); losses are means over ranks; rank 0 alone writes."""
+    each batch (``batch_tokens`` is the whole batch); losses are means over ranks; rank 0 alone writes.
+
+    Besides checkpoints, the run directory gets ``metrics.jsonl`` (one record per step, as it goes;
+    ``train/metrics.py``), TensorBoard events under ``tensorboard/`` when ``tensorboard`` is installed
+    (``MissingToolError`` before anything starts if ``settings.tensorboard`` is true and it is not),
+    ``loss_curve.png``, and ``config`` (the invocation's resolved config, if given) as ``config.yaml``."""
     par = parallel if parallel is not None else ParallelContext.single(plan)
     dev = torch.device(device)
+    if settings.out_dir is None:
+        raise ArgumentError(
+            "train() writes into settings.out_dir: set it (the train command uses its run directory)"
+        )
     check_can_train(plan, settings, dev, dtype)
+    tensorboard = check_tensorboard(settings.tensorboard) if par.is_main else False
     out_dir = out_dir_of(settings)
     lock = RunLock(out_dir) if par.is_main else contextlib.nullcontext()
     with lock:
@@ -203,6 +226,8 @@ def train(
             recorded_recipe=recipe_config if recipe_config is not None else recipe,
             on_step=on_step,
             par=par,
+            config=config,
+            tensorboard=tensorboard,
         )
 
 
@@ -220,6 +245,8 @@ def _train_locked(
     recorded_recipe: Mapping[str, Any] | None,
     on_step: Callable[[StepRecord], None] | None,
     par: ParallelContext,
+    config: Mapping[str, Any] | None,
+    tensorboard: bool,
 ) -> TrainResult:
     dev = device
     parallel = par if par.is_parallel else None
@@ -289,16 +316,100 @@ def _train_locked(
     end = min(settings.steps, settings.stop_after or settings.steps)
     if start >= end:
         notes.append(f"nothing to do: already at step {start} (train.steps={settings.steps})")
+    # train.overwrite: this run's files wait for its first checkpoint (the earlier run's stay whole).
+    files = _RunFiles(out_dir, config, start, tensorboard, hold=bool(earlier_run)) if par.is_main else None
+    try:
+        return _steps(
+            plan,
+            settings,
+            out_dir,
+            run=_Training(student, model, optimizer, task, loss_names, par, dev, files, earlier_run, notes),
+            start=start,
+            end=end,
+            losses=losses,
+            meta_base={
+                "plan": plan.name,
+                "seed": seed,
+                "planned_steps": settings.steps,
+                "engine": student.engine,
+                "run": run,
+                "run_sha256": run_sha256,
+                "settings": dataclasses.asdict(settings),
+            },
+            on_step=on_step,
+        )
+    finally:
+        if files is not None:
+            files.close()
+
+
+class _RunFiles:
+    """What the run writes besides checkpoints while it goes: ``config.yaml`` and the metrics."""
+
+    def __init__(
+        self, out_dir: Path, config: Mapping[str, Any] | None, start: int, tensorboard: bool, hold: bool
+    ) -> None:
+        self.out_dir, self.config = out_dir, config
+        self.config_file: Path | None = None
+        self.metrics = MetricsLog(out_dir, start_step=start, tensorboard=tensorboard, hold=hold)
+        if not hold:
+            self._write_config()
+
+    def _write_config(self) -> None:
+        if self.config is not None:
+            from te_assembly.cli.job_dir import config_text
+
+            self.config_file = write_text_atomic(self.out_dir / "config.yaml", config_text(self.config, None))
+
+    def commit(self) -> None:
+        """The earlier run is gone (``train.overwrite``): this run's files now take its place."""
+        self._write_config()
+        self.metrics.commit()
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+@dataclass
+class _Training:
+    """What the step loop works with: the models, optimizer and data, where its files go, and the notes
+    for the user it adds to."""
+
+    student: AssembledModel
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    task: TeacherTask
+    loss_names: tuple[str, ...]
+    par: ParallelContext
+    device: torch.device
+    files: _RunFiles | None
+    earlier_run: list[Path]
+    notes: list[str]
+
+
+def _steps(
+    plan: Plan,
+    settings: TrainSettings,
+    out_dir: Path,
+    *,
+    run: _Training,
+    start: int,
+    end: int,
+    losses: list[float],
+    meta_base: dict[str, Any],
+    on_step: Callable[[StepRecord], None] | None,
+) -> TrainResult:
+    student, model, optimizer, task, par, dev = (
+        run.student,
+        run.model,
+        run.optimizer,
+        run.task,
+        run.par,
+        run.device,
+    )
+    loss_names, notes, earlier_run, files = run.loss_names, run.notes, run.earlier_run, run.files
     checkpoints: list[Path] = []
-    meta_base = {
-        "plan": plan.name,
-        "seed": seed,
-        "planned_steps": settings.steps,
-        "engine": student.engine,
-        "run": run,
-        "run_sha256": run_sha256,
-        "settings": dataclasses.asdict(settings),
-    }
+    began_training = time.perf_counter()
     for step in range(start + 1, end + 1):
         batch = task.batch(step)
         lr = lr_at(step, settings)
@@ -322,20 +433,26 @@ def _train_locked(
             first = next(p for p in student.parameters() if p.grad is not None)
             first.grad.view(-1)[0] = float("nan")  # type: ignore[union-attr]
         _check_grads(step, student)
+        grad_norm = par.norm_of_grads(student)
         optimizer.step()
         _sync(dev)
         seconds = time.perf_counter() - began
         losses.append(value)
+        record = StepRecord(
+            step,
+            end,
+            value,
+            {k: par.mean(t.item()) for k, t in terms.items()},
+            lr,
+            seconds,
+            settings.batch_tokens / seconds if seconds > 0 else float("inf"),
+            grad_norm,
+            time.time(),
+            time.perf_counter() - began_training,
+        )
+        if files is not None:
+            files.metrics.record(record.metrics())
         if on_step is not None:
-            record = StepRecord(
-                step,
-                end,
-                value,
-                {k: t.item() for k, t in terms.items()},
-                lr,
-                seconds,
-                settings.batch_tokens / seconds if seconds > 0 else float("inf"),
-            )
             on_step(record)
         every = settings.checkpoint_every
         if step == end or (every and step % every == 0):
@@ -352,12 +469,17 @@ def _train_locked(
                     "checkpoint was written (train.overwrite=true)"
                 )
                 earlier_run = []
-            prune(out_dir, settings.keep_checkpoints, latest=written, run_sha256=run_sha256)
+                if files is not None:
+                    files.commit()
+            prune(out_dir, settings.keep_checkpoints, latest=written, run_sha256=meta_base["run_sha256"])
 
     result = TrainResult(losses, start, max(start, end), checkpoints, notes=notes, model=student)
+    if files is not None and not earlier_run:
+        result.metrics_file = files.metrics.path
+        result.config_file = files.config_file
+        if files.metrics.use_tensorboard:
+            result.tensorboard_dir = files.metrics.tensorboard_dir
     if losses and par.is_main:
-        result.losses_file = out_dir / "losses.json"
-        write_text_atomic(result.losses_file, json.dumps({"plan": plan.name, "losses": losses}, indent=1))
         if settings.plot:
             title = f"{plan.name}: teacher regression ({student.engine} engine)"
             result.plot = save_loss_curve(losses, out_dir / "loss_curve.png", title, start or None)

@@ -40,8 +40,11 @@ except ImportError:  # pragma: no cover - not POSIX: runs are not locked (docume
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".te_assembly.lock"
-RUN_FILES = ("losses.json", "loss_curve.png")
-"""Files a run writes next to its checkpoints (removed with them by ``train.overwrite=true``)."""
+RUN_FILES = ("metrics.jsonl", "loss_curve.png", "config.yaml", "losses.json")
+"""Files a run writes next to its checkpoints (removed with them by ``train.overwrite=true``; the
+TensorBoard event files under ``tensorboard/`` too). ``losses.json``: what runs before metrics.jsonl
+wrote."""
+TENSORBOARD_DIR = "tensorboard"
 CORRUPT_SUFFIX = ".corrupt"
 
 
@@ -85,7 +88,7 @@ class RunLock:
         if fcntl is None:
             return self
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask
         except OSError as exc:
             raise RunDirectoryInUseError(f"cannot lock {self.path}: {exc.strerror or exc}") from None
         try:
@@ -244,13 +247,42 @@ def resume_point(out_dir: Path, resume_from: str | None = None) -> tuple[Path | 
     return good.path, notes
 
 
+def latest_run(root: Path | None, exclude: Path | None = None) -> Path | None:
+    """The run directory under ``root`` (its sub-directories: ``outputs/<model>/<date>_<time>``) whose
+    newest checkpoint-like file was written last, or None. A directory holding only unreadable
+    checkpoint files counts too: resuming it then says what is wrong, instead of silently continuing an
+    older run."""
+    if root is None or not root.is_dir():
+        return None
+    best: tuple[float, str, Path] | None = None
+    for folder in root.iterdir():
+        if not folder.is_dir() or (exclude is not None and folder.resolve() == exclude.resolve()):
+            continue
+        found = scan(folder)
+        if not found:
+            continue
+        newest = max((_mtime(f.path) for f in found), default=0.0)
+        key = (newest, folder.name, folder)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    return best[2] if best is not None else None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 # --- starting over -------------------------------------------------------------------------------
 
 
 def previous_run(out_dir: Path) -> list[Path]:
     """An earlier run's files: every checkpoint-like entry and the run files next to them."""
     entries = [f.path for f in scan(out_dir) if f.path.is_file() or f.path.is_symlink()]
-    return entries + [out_dir / name for name in RUN_FILES if (out_dir / name).is_file()]
+    events = sorted((out_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"))
+    return entries + [out_dir / name for name in RUN_FILES if (out_dir / name).is_file()] + events
 
 
 def remove_previous_run(paths: Iterable[Path], keep: Iterable[Path]) -> list[Path]:
@@ -270,6 +302,7 @@ __all__ = [
     "LOCK_NAME",
     "RunLock",
     "check_unlocked",
+    "latest_run",
     "out_dir_of",
     "previous_run",
     "remove_previous_run",

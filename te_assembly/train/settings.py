@@ -39,11 +39,18 @@ class TrainSettings:
     teacher_seed_offset: int = setting(
         1, minimum=0, maximum=_MAX_TEACHER_OFFSET, doc="teacher seed = seed + offset"
     )
-    out_dir: str = setting("train_out", nonempty=True, doc="checkpoints, losses.json and loss_curve.png")
+    out_dir: str | None = setting(
+        None,
+        nonempty=True,
+        doc="where the run's files go (null: the run directory, outputs/<model>/<date>_<time>)",
+    )
     checkpoint_every: int = setting(50, minimum=0, doc="also at the last step; 0 = only at the last step")
     keep_checkpoints: int = setting(2, minimum=1, doc="checkpoints kept in out_dir")
-    resume: bool = setting(
-        False, doc="continue from the last checkpoint in out_dir (refused if the run's settings differ)"
+    resume: bool | str = setting(
+        False,
+        nonempty=True,
+        doc="true: continue this model's newest run that has checkpoints; a run directory (or a "
+        "checkpoint in one): continue that run (refused if the run's settings differ)",
     )
     overwrite: bool = setting(
         False, doc="replace an earlier run in out_dir (deleted after the new run's first checkpoint)"
@@ -52,6 +59,11 @@ class TrainSettings:
         None, nonempty=True, doc="with resume: this checkpoint of out_dir instead of the newest"
     )
     plot: bool = setting(True, doc="write loss_curve.png")
+    tensorboard: bool | None = setting(
+        None,
+        doc="TensorBoard events in <run dir>/tensorboard (null: when tensorboard is installed; true: "
+        "required, an error without it; false: never)",
+    )
     stop_after: int | None = setting(
         None, minimum=1, doc="stop (with a checkpoint) after this step, as if interrupted"
     )
@@ -68,6 +80,17 @@ class TrainSettings:
                         "train.resume_from",
                         "conflicting-settings",
                         "train.resume_from names a checkpoint to resume from: set train.resume=true too",
+                    )
+                ]
+            )
+        if isinstance(self.resume, str) and self.out_dir is not None:
+            raise ConfigError(
+                [
+                    error(
+                        "train.resume",
+                        "conflicting-settings",
+                        f"train.resume={self.resume} names the run to continue, and so does train.out_dir="
+                        f"{self.out_dir}: give only one (train.resume=true continues train.out_dir)",
                     )
                 ]
             )
@@ -91,6 +114,14 @@ class TrainSettings:
 
 RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plot")
 """Settings a resumed run may change (a changed ``steps`` reshapes the cosine schedule: noted)."""
-NOT_RECORDED = ("out_dir", "resume", "overwrite", "resume_from", "inject_nan_at_step", "inject_nan_into")
+NOT_RECORDED = (
+    "out_dir",
+    "resume",
+    "overwrite",
+    "resume_from",
+    "tensorboard",
+    "inject_nan_at_step",
+    "inject_nan_into",
+)
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""

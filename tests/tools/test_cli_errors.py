@@ -92,7 +92,7 @@ def test_a_single_graph_format_string_is_one_format(
 ) -> None:
     rc, err = _err(capsys, "graph", "model=two_stage", f"graph.out_dir={tmp_path}", "graph.formats=dot")
     assert rc == 0, err
-    assert [p.name for p in tmp_path.iterdir()] == ["two_stage.dot"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "two_stage.dot"]
 
 
 def _unwritable(tmp_path: Path) -> list[Path]:

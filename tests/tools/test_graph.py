@@ -173,7 +173,7 @@ def test_cli_valid_config_exits_0_and_writes_files(
     rc = cli_main(["graph", "model=moe_block", f"graph.out_dir={tmp_path}", "graph.formats=[mermaid,dot]"])
     captured = capsys.readouterr()
     assert rc == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["moe_block.dot", "moe_block.mmd"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "moe_block.dot", "moe_block.mmd"]
     assert captured.out.startswith("flowchart LR")
 
 

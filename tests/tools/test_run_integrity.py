@@ -81,6 +81,19 @@ def _bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != LOCK_NAME}
 
 
+def _unchanged_but_metrics(before: dict[str, bytes], after: dict[str, bytes], steps: int) -> None:
+    """Every file as it was, except the run files written as a run goes: ``metrics.jsonl`` now holds the
+    earlier records and those of the steps that ran (a crash keeps them), ``config.yaml`` the
+    invocation's config (a resume's ``train.resume: true``)."""
+    growing = ("metrics.jsonl", "config.yaml")
+    assert {k: v for k, v in after.items() if k not in growing} == {
+        k: v for k, v in before.items() if k not in growing
+    }
+    metrics = after["metrics.jsonl"]
+    assert metrics.startswith(before["metrics.jsonl"])
+    assert [json.loads(line)["step"] for line in metrics.splitlines()] == list(range(1, steps + 1))
+
+
 def _flip(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x10
@@ -527,7 +540,8 @@ def test_a_checkpoint_that_does_not_read_back_is_never_renamed_into_place(
         CheckpointError, match=r"cannot write .*ckpt-0000008.*checksum|does not match its checksum"
     ):
         train(small_plan, dataclasses.replace(s, resume=True), seed=0)
-    assert _bytes(tmp_path) == before  # keep_checkpoints=1, yet step 4 (the last good one) is still there
+    # keep_checkpoints=1, yet step 4 (the last good one) is still there, and so is every other file.
+    _unchanged_but_metrics(before, _bytes(tmp_path), 8)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -550,7 +564,7 @@ def test_disk_full_is_a_one_line_error_and_loses_nothing(
         match=r"cannot write .*ckpt-0000008\.safetensors: No space left on device \(any previous file",
     ):
         train(small_plan, dataclasses.replace(s, resume=True), seed=0)
-    assert _bytes(tmp_path) == before
+    _unchanged_but_metrics(before, _bytes(tmp_path), 8)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -579,7 +593,7 @@ def test_cli_real_write_failure_through_safetensors(tmp_path: Path) -> None:
         in err
     )
     assert "Traceback" not in err + out
-    assert _bytes(tmp_path) == before
+    _unchanged_but_metrics(before, _bytes(tmp_path), 4)
 
 
 def test_non_finite_parameters_are_never_saved(
@@ -618,16 +632,18 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     small_plan: Plan, tmp_path: Path
 ) -> None:
     old = _settings(tmp_path, steps=6)
-    train(small_plan, old, seed=0)
-    (tmp_path / "losses.json").write_text('{"old": true}')
+    train(small_plan, old, seed=0, config={"marker": "old run"})
     before = _bytes(tmp_path)
+    assert {"metrics.jsonl", "config.yaml"} <= set(before)
     failing = _settings(tmp_path, steps=8, overwrite=True, inject_nan_at_step=3, lr=1e-2)
     with pytest.raises(NonFiniteError):
-        train(small_plan, failing, seed=1)  # fails before its first checkpoint (step 4)
-    assert _bytes(tmp_path) == before
-    result = train(small_plan, dataclasses.replace(failing, inject_nan_at_step=None), seed=1)
+        train(small_plan, failing, seed=1, config={"marker": "new run"})  # fails before its checkpoint 4
+    assert _bytes(tmp_path) == before  # its metrics and config waited for that checkpoint
+    result = train(small_plan, dataclasses.replace(failing, inject_nan_at_step=None), seed=1, config={})
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 8]
-    assert json.loads((tmp_path / "losses.json").read_text())["losses"] == result.losses
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in records] == result.losses and len(records) == 8
+    assert "old run" not in (tmp_path / "config.yaml").read_text()
     assert all(read_header(p).meta["seed"] == 1 for _, p in list_checkpoints(tmp_path))
 
 

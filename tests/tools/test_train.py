@@ -150,7 +150,8 @@ def test_checkpoint_write_is_atomic(
     with pytest.raises(CheckpointError, match="simulated crash") as info:
         save_checkpoint(tmp_path, 12, model, optimizer, {"plan": small_plan.name})
     assert isinstance(info.value.__cause__, OSError)
-    left = sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".json" and p.name != LOCK_NAME)
+    run_files = (LOCK_NAME, "metrics.jsonl", "tensorboard")
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name not in run_files)
     assert left == sorted(before)
     assert {p.name: p.read_bytes() for _, p in list_checkpoints(tmp_path)} == before
 

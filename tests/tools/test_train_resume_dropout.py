@@ -127,7 +127,8 @@ def _train_args(out: Path, *extra: str) -> list[str]:
 
 
 def _losses(out: Path) -> list[float]:
-    return [float(v) for v in json.loads((out / "losses.json").read_text())["losses"]]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [float(json.loads(line)["loss"]) for line in lines]
 
 
 def test_cli_resume_in_a_new_process_with_dropout(

@@ -1,9 +1,19 @@
 """``bench``: forward, backward and full-step (forward + backward + optimizer) times, tokens/s, peak
-memory and, on a known GPU, achieved TFLOP/s against the device's dense peak.
+memory and achieved TFLOP/s, against the GPU's dense peak on a GPU the table knows
+(``te_assembly/bench/peaks.py``, Ampere to Blackwell).
+
+Forward and step are timed with ``torch.utils.benchmark.Timer``; backward by hand, since it frees its
+graph (``te_assembly/bench/timing.py`` says how). FLOPs are counted by
+``torch.utils.flop_counter.FlopCounterMode``, or from the catalog for TE's own GEMM kernels, which the
+counter cannot see (``te_assembly/bench/flops.py``). A phase whose spread is wide (IQR over 10% of the
+median), or a full step that comes out faster than its forward or backward alone, is reported as noise.
 
 ``bench.compare=true`` also times, interleaved in the same process, (b) the block cut in two fusers
 with the crossing channels returned and passed back by the caller (TE's way before channels) and
 (c) the same math as plain PyTorch, and prints ratios to (a).
+
+Writes the numbers as ``bench.json`` and the resolved config as ``config.yaml`` into the run directory
+(``outputs/<model>/<date>_<time>/``); ``bench.report=FILE`` writes the JSON there too.
 """
 
 from __future__ import annotations
@@ -19,26 +29,31 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from te_assembly.bench import (
-    PEAK_SOURCE,
+    NOISE_THRESHOLD,
     PHASES,
     BenchSettings,
+    FlopCount,
+    Peak,
     SplitPlan,
     Stats,
     VariantResult,
+    bench_loss,
     build_variants,
-    forward_flops,
-    peak_tflops,
+    count_flops,
+    gemm_precision,
+    peak_for,
     run_benchmark,
 )
-from te_assembly.bench.runner import process_peak_rss_mib
+from te_assembly.bench.runner import Variant, process_peak_rss_mib
 from te_assembly.bench.split import split_points
+from te_assembly.cli import job_dir
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.engines.memory import check_fits, estimate, fused_attention
 from te_assembly.errors import ConfigError
-from te_assembly.outputs import write_error
+from te_assembly.outputs import write_text_atomic
 from te_assembly.parallel.collectives import TIMER
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.parallel.throughput import gather_rank_results, rank_table
@@ -46,9 +61,7 @@ from te_assembly.plan import Plan
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
 SECTIONS = {**COMMON_SECTIONS, "bench": BenchSettings}
-
-# Backward does two GEMMs per forward GEMM (data and weight gradients).
-FLOP_FACTOR = {"forward": 1, "backward": 2, "step": 3}
+RUN_DIR = True
 
 
 def _ms(seconds: float) -> str:
@@ -59,14 +72,14 @@ def _spread(s: Stats) -> str:
     return f"IQR {_ms(s.q1)}-{_ms(s.q3)}, min {_ms(s.min)}, max {_ms(s.max)}"
 
 
-def _tflops(flops: int, seconds: float, peak: float | None) -> str:
-    if peak is None:
-        return "n/a"
+def _tflops(flops: int, seconds: float, peak: Peak) -> str:
     achieved = flops / seconds / 1e12
-    return f"{achieved:.1f} ({100 * achieved / peak:.1f}% of {peak:g})"
+    if peak.tflops is None:
+        return f"{achieved:.3g}"
+    return f"{achieved:.3g} ({100 * achieved / peak.tflops:.1f}% of {peak.tflops:g})"
 
 
-def single_table(r: VariantResult, tokens: int, flops: int, peak: float | None) -> Table:
+def single_table(r: VariantResult, tokens: int, flops: FlopCount, peak: Peak) -> Table:
     table = Table(title=f"{r.name}: {tokens} tokens per call", title_justify="left")
     for col in ("phase", "median ms", "spread (ms)", "tokens/s", "TFLOP/s"):
         table.add_column(col, justify="left" if col in ("phase", "spread (ms)") else "right")
@@ -76,9 +89,36 @@ def single_table(r: VariantResult, tokens: int, flops: int, peak: float | None) 
             _ms(s.median),
             _spread(s),
             f"{tokens / s.median:,.0f}",
-            _tflops(FLOP_FACTOR[phase] * flops, s.median, peak),
+            _tflops(flops.of(phase), s.median, peak),
         )
     return table
+
+
+def noise_warnings(results: Sequence[VariantResult]) -> list[str]:
+    """What the timings' own spread says about them: a phase whose IQR is wide, a full step faster
+    than a part of it."""
+    out = []
+    for r in results:
+        for phase, s in r.stats.items():
+            if s.noisy:
+                out.append(
+                    f"{r.name}, {phase}: the IQR is {100 * s.relative_spread:.0f}% of the median (over "
+                    f"{100 * NOISE_THRESHOLD:.0f}%): these times are noise"
+                )
+        step = r.stats.get("step")
+        for part in ("forward", "backward"):
+            alone = r.stats.get(part)
+            if step is not None and alone is not None and step.median < alone.median:
+                out.append(
+                    f"{r.name}: the full step ({_ms(step.median)} ms) came out faster than the {part} alone "
+                    f"({_ms(alone.median)} ms), which is part of it: these times are noise"
+                )
+    if out:
+        out.append(
+            "(the machine is busy or the work too small: rerun with bench.threads=1, more bench.repeats, "
+            "or a larger bench.tokens on a quieter machine)"
+        )
+    return out
 
 
 def compare_table(results: Sequence[VariantResult], tokens: int) -> Table:
@@ -208,6 +248,8 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
     if split is not None:
         console.print(split_summary(split), markup=False)
 
+    te_kernels = session.engine == "te" and session.kernels == "te"
+    flops = _count_flops(variants[0], x, inputs, plan, tokens, te_kernels, seq_len)
     total = len(PHASES) * settings.repeats * len(variants)
     columns = (TextColumn("timing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     TIMER.enabled = par.is_parallel
@@ -225,13 +267,12 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
         )
     TIMER.enabled = False
 
-    flops = forward_flops(plan, tokens, seq_len)
-    peak = peak_tflops(device, dtype, tf32=te_gemms)
+    recipe_kind = str(session.recipe.get("kind")) if te_kernels else None
+    peak = peak_for(device, gemm_precision(dtype, te_gemms=te_gemms, recipe_kind=recipe_kind))
     console.print(single_table(results[0], tokens, flops, peak))
-    if par.is_parallel:
-        rows = gather_rank_results(par, results[0], tokens)
-        if rows is not None:
-            console.print(rank_table(rows, settings.tokens))
+    rows = gather_rank_results(par, results[0], tokens) if par.is_parallel else None
+    if rows is not None:
+        console.print(rank_table(rows, settings.tokens))
     if settings.compare:
         console.print(compare_table(results, settings.tokens))
     if device.type == "cuda":
@@ -242,11 +283,48 @@ def _bench(session: Session, settings: BenchSettings, console: Console, par: Par
             f"peak memory: n/a per phase on CPU; process peak RSS so far {process_peak_rss_mib():,.0f} MiB",
             markup=False,
         )
-    where = f"peak: {PEAK_SOURCE}" if peak is not None else "TFLOP/s: n/a (CPU or a GPU without a peak entry)"
-    console.print(f"forward GEMM FLOPs per call: {flops:,} (backward 2x, step 3x); {where}", markup=False)
-    if settings.report is not None and par.is_main:
-        write_report(settings.report, plan, par, results[0], tokens, rows if par.is_parallel else None)
+    note = f" ({flops.note})" if flops.note else ""
+    console.print(
+        f"FLOPs per call: forward {flops.forward:,}, backward {flops.backward:,}, from {flops.source}{note}; "
+        f"{peak.describe()}",
+        markup=False,
+        soft_wrap=True,
+    )
+    methods = results[0].methods
+    for phase in PHASES:
+        if phase in methods:
+            console.print(f"{phase} timed with {methods[phase]}", markup=False, soft_wrap=True)
+    warnings = noise_warnings(results)
+    if settings.repeats < 2:
+        warnings.append("1 sample per phase: no spread to judge the times by (bench.repeats >= 5 is better)")
+    for line in warnings:
+        console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
+    if par.is_main:
+        report = report_data(plan, session, par, results, tokens, flops, peak, warnings, rows, dev_name)
+        for path in _write_reports(report, settings, session):
+            console.print(f"wrote {printable(str(path))}", markup=False, soft_wrap=True)
     return Outcome(0, sweep_summary(results, tokens))
+
+
+def _count_flops(
+    variant: Variant,
+    x: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    plan: Plan,
+    tokens: int,
+    te_kernels: bool,
+    seq_len: int | None,
+) -> FlopCount:
+    """One counted forward and backward of (a), before any timing; its gradients are cleared."""
+
+    def forward() -> torch.Tensor:
+        return bench_loss(variant.model(x, **inputs), variant.loss_outputs)
+
+    count = count_flops(forward, plan, tokens, te_kernels=te_kernels, seq_len=seq_len)
+    variant.optimizer.zero_grad(set_to_none=True)
+    if x.grad is not None:
+        x.grad = None
+    return count
 
 
 def sweep_summary(results: Sequence[VariantResult], tokens: int) -> dict[str, float | str]:
@@ -258,32 +336,94 @@ def sweep_summary(results: Sequence[VariantResult], tokens: int) -> dict[str, fl
     return out
 
 
-def write_report(
-    path: str,
-    plan: Plan,
-    par: ParallelContext,
-    result: VariantResult,
-    tokens: int,
-    rows: list[dict[str, Any]] | None,
-) -> None:
-    """``bench.report``: the numbers as JSON, for scripts (``bench/parallel_scaling.py``)."""
-    from te_assembly.parallel.throughput import aggregate
-    from te_assembly.train.checkpoint import write_text_atomic
+def _stats_json(s: Stats, tokens: int, flops: int, peak: Peak, method: str | None) -> dict[str, Any]:
+    achieved = flops / s.median / 1e12
+    return {
+        "median_s": s.median,
+        "q1_s": s.q1,
+        "q3_s": s.q3,
+        "min_s": s.min,
+        "max_s": s.max,
+        "n": s.n,
+        "iqr_over_median": s.relative_spread,
+        "noisy": s.noisy,
+        "tokens_per_s": tokens / s.median,
+        "flops": flops,
+        "tflops": achieved,
+        "pct_of_peak": 100 * achieved / peak.tflops if peak.tflops else None,
+        "method": method,
+    }
 
+
+def report_data(
+    plan: Plan,
+    session: Session,
+    par: ParallelContext,
+    results: Sequence[VariantResult],
+    tokens: int,
+    flops: FlopCount,
+    peak: Peak,
+    warnings: Sequence[str],
+    rows: list[dict[str, Any]] | None,
+    device_name: str,
+) -> dict[str, Any]:
+    """The numbers as JSON data, for scripts (``bench/parallel_scaling.py``) and for keeping."""
+    from te_assembly.parallel.throughput import aggregate
+
+    first = results[0]
     report: dict[str, Any] = {
         "model": plan.name,
+        "device": device_name,
+        "engine": session.engine,
+        "kernels": session.kernels,
+        "dtype": str(session.dtype).removeprefix("torch."),
+        "tokens": tokens,
+        "flops": {
+            "forward": flops.forward,
+            "backward": flops.backward,
+            "source": flops.source,
+            "note": flops.note,
+        },
+        "peak": {
+            "gpu": peak.gpu.name if peak.gpu is not None else None,
+            "device": peak.device,
+            "precision": peak.precision,
+            "tflops": peak.tflops,
+            "source": peak.gpu.source if peak.gpu is not None else None,
+            "why_none": peak.why_none or None,
+        },
+        "variants": [
+            {
+                "name": r.name,
+                "phases": {
+                    p: _stats_json(st, tokens, flops.of(p), peak, r.methods.get(p))
+                    for p, st in r.stats.items()
+                },
+                "peak_bytes": r.peak_bytes,
+            }
+            for r in results
+        ],
+        "warnings": list(warnings),
         "parallel": par.settings.sizes(),
         "world_size": par.settings.world_size,
-        "rank0": {"tokens": tokens, "phases": {p: s.median for p, s in result.stats.items()}},
+        "rank0": {"tokens": tokens, "phases": {p: s.median for p, s in first.stats.items()}},
     }
     if rows is not None:
         report["ranks"] = rows
         report["job"] = aggregate(rows, tokens * par.settings.row_shards)
     else:
-        step = result.stats["step"].median
+        step = first.stats["step"].median
         report["job"] = {"step_s": step, "tokens_per_s": tokens / step, "comm_share": 0.0}
-    target = Path(path)
-    try:
-        write_text_atomic(target, json.dumps(report, indent=1))
-    except OSError as exc:
-        raise write_error(target, exc) from None
+    return report
+
+
+def _write_reports(report: dict[str, Any], settings: BenchSettings, session: Session) -> list[Path]:
+    """``bench.json`` and ``config.yaml`` in the run directory, and ``bench.report`` if set."""
+    text = json.dumps(report, indent=1)
+    job = job_dir.current("bench")
+    out = job_dir.claim(job)
+    written = [job_dir.write_config(out, session.analysis.resolved.as_config(), job)]
+    written.append(write_text_atomic(out / "bench.json", text))
+    if settings.report is not None:
+        written.append(write_text_atomic(Path(settings.report), text))
+    return written

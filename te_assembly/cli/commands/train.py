@@ -1,27 +1,39 @@
 """``train``: a short run regressing a fixed random teacher of the same plan (see ``te_assembly.train``).
 
-Prints a progress bar with loss and tokens/s, writes checkpoints, ``losses.json`` and
-``loss_curve.png`` to ``train.out_dir``. A NaN/Inf loss or gradient stops the run with the step and the
-tensor's name (exit 1). Checkpoints of an earlier run in ``train.out_dir`` stop it before it starts
-(exit 1) unless ``train.resume=true`` continues that run or ``train.overwrite=true`` replaces it; a
+Prints a progress bar with loss and tokens/s. Each run has its own directory, by default
+``outputs/<model>/<date>_<time>/`` (``train.out_dir`` names another), holding its checkpoints, the
+resolved config (``config.yaml``), one metrics record per step (``metrics.jsonl``; TensorBoard events
+under ``tensorboard/`` when tensorboard is installed) and ``loss_curve.png``.
+
+``train.resume=true`` continues this model's newest run that has checkpoints (the newest directory next
+to this run's, ``outputs/<model>/``); ``train.resume=DIR`` continues the run in DIR (or, for a
+checkpoint file, from that checkpoint); with ``train.out_dir``, that directory. A NaN/Inf loss or
+gradient stops the run with the step and the tensor's name (exit 1). Checkpoints of an earlier run in
+the directory stop a fresh run before it starts (exit 1) unless ``train.overwrite=true`` replaces it; a
 directory another run holds (its lock) stops it too, naming the holder.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from te_assembly.cli import job_dir
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
 from te_assembly.parallel.context import ParallelContext
 from te_assembly.train import StepRecord, TrainSettings, train
+from te_assembly.train.checkpoint import CheckpointError, scan
 from te_assembly.train.loop import check_can_train
-from te_assembly.train.run_dir import check_unlocked, out_dir_of
+from te_assembly.train.run_dir import check_unlocked, latest_run, out_dir_of
 from te_assembly.train.run_record import check_fresh_start
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
 SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings}
+RUN_DIR = True
 
 
 def main(analysis: Analysis, console: Console) -> int:
@@ -31,16 +43,79 @@ def main(analysis: Analysis, console: Console) -> int:
         return _train(session, settings, console, par)
 
 
+def _continued(target: str, settings: TrainSettings) -> TrainSettings:
+    """``train.resume=PATH``: the run directory PATH (or the one holding checkpoint PATH)."""
+    path = Path(target).expanduser()
+    if path.is_file():
+        if settings.resume_from and Path(settings.resume_from).expanduser().resolve() != path.resolve():
+            raise CheckpointError(
+                f"train.resume={target} and train.resume_from={settings.resume_from} name different "
+                "checkpoints: give one"
+            )
+        return dataclasses.replace(settings, out_dir=str(path.parent), resume=True, resume_from=str(path))
+    if not path.is_dir():
+        raise CheckpointError(f"train.resume={target}: no such run directory or checkpoint file")
+    if not scan(path):
+        raise CheckpointError(f"train.resume={target}: {path} holds no checkpoint to continue")
+    return dataclasses.replace(settings, out_dir=str(path), resume=True)
+
+
+def run_directory(settings: TrainSettings, job: job_dir.JobDir) -> tuple[TrainSettings, list[str]]:
+    """The settings with ``out_dir`` set to this run's directory and ``resume`` a bool, and what to tell
+    the user about the choice (module docstring)."""
+    if settings.out_dir is not None:
+        return dataclasses.replace(settings, resume=bool(settings.resume)), []
+    if isinstance(settings.resume, str):
+        return _continued(settings.resume, settings), []
+    if not settings.resume:
+        return dataclasses.replace(settings, out_dir=str(job_dir.claim(job))), []
+    if not job.default:  # hydra.run.dir named on the command line: that run
+        return dataclasses.replace(settings, out_dir=str(job.path)), []
+    chosen = Path(settings.resume_from).expanduser() if settings.resume_from else None
+    if chosen is not None and chosen.is_file():  # a checkpoint by its path: its run
+        return dataclasses.replace(settings, out_dir=str(chosen.parent)), []
+    found = latest_run(job.runs_root, exclude=job.path)
+    if found is not None:
+        note = f"train.resume=true: continuing the newest run of {job.model} that has checkpoints, {found}"
+        return dataclasses.replace(settings, out_dir=str(found)), [note]
+    out = job_dir.claim(job)
+    where = job.runs_root or out.parent
+    note = f"train.resume=true: no run of {job.model} with checkpoints in {where}; starting one in {out}"
+    return dataclasses.replace(settings, out_dir=str(out)), [note]
+
+
+def _agreed(settings: TrainSettings, par: ParallelContext) -> tuple[TrainSettings, list[str]]:
+    """Rank 0 decides the run directory (``run_directory``) and every rank gets its answer, or its
+    error: the ranks of a job never disagree on where it writes (each rank's own Hydra folder is a
+    scratch one, ``cli/app.py``)."""
+    decided: tuple[dict[str, object] | None, list[str], str | None] = (None, [], None)
+    if par.is_main:
+        try:
+            chosen, notes = run_directory(settings, job_dir.current("train"))
+            decided = (dataclasses.asdict(chosen), notes, None)
+        except CheckpointError as exc:
+            decided = (None, [], str(exc))
+    values, notes, problem = par.from_main(decided)
+    if problem is not None:
+        raise CheckpointError(problem)
+    assert values is not None
+    return dataclasses.replace(settings, **values), notes
+
+
 def _train(session: Session, settings: TrainSettings, console: Console, par: ParallelContext) -> int:
     plan, device, dtype, seed = session.plan, par.device(session.device), session.dtype, session.seed
     # Before the progress bar: a model without parameters, sizes that cannot fit, a bad path, a directory
     # another run holds, or an earlier run in the way fails first and alone (train() checks the
     # directory again under its lock). Every rank probes the lock (shared probes never collide).
     check_can_train(plan, settings, device, dtype)
+    settings, notes = _agreed(settings, par)
     out_dir = out_dir_of(settings)
     check_unlocked(out_dir)
     check_fresh_start(out_dir, settings)
     par.barrier()  # every rank has probed before rank 0 takes the lock for the run
+    for note in notes:
+        console.print(note, markup=False, soft_wrap=True)
+    console.print(f"run directory: {printable(str(out_dir))}", markup=False, soft_wrap=True)
     if par.is_parallel:
         console.print(
             f"parallel: {par.settings.describe()}; each rank trains on its rows of every batch", markup=False
@@ -80,6 +155,7 @@ def _train(session: Session, settings: TrainSettings, console: Console, par: Par
             recipe_config=session.recipe,
             on_step=on_step,
             parallel=par,
+            config=session.analysis.resolved.as_config(),
         )
     for note in result.notes:
         console.print(note, style="yellow", markup=False)
@@ -92,7 +168,15 @@ def _train(session: Session, settings: TrainSettings, console: Console, par: Par
             f"(mean of {len(tail)}) after step {result.last_step}",
             markup=False,
         )
-    for path in (*result.checkpoints[-1:], result.losses_file, result.plot):
+    written = (*result.checkpoints[-1:], result.config_file, result.metrics_file, result.plot)
+    for path in written:
         if path is not None:
-            console.print(f"wrote {path}", markup=False)
+            console.print(f"wrote {printable(str(path))}", markup=False, soft_wrap=True)
+    if result.tensorboard_dir is not None:
+        console.print(
+            f"TensorBoard events in {printable(str(result.tensorboard_dir))} "
+            f"(tensorboard --logdir {printable(str(out_dir.parent))})",
+            markup=False,
+            soft_wrap=True,
+        )
     return 0

@@ -6,26 +6,35 @@ locking and gradient accumulation against the reference engine on any machine.
 
 Both models run in eval mode: dropout masks come from each implementation's own RNG and are not
 comparable, so dropout is the identity for the comparison.
+
+Writes the comparison as ``verify.json`` and the resolved config as ``config.yaml`` into the run
+directory (``outputs/<model>/<date>_<time>/``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from te_assembly.cli import job_dir
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.cli.commands.session import DTYPES, resolve_device
 from te_assembly.diagnostics import printable
 from te_assembly.engines import te_available
 from te_assembly.errors import EngineUnavailableError
+from te_assembly.outputs import write_text_atomic
 from te_assembly.settings import CommonSettings, RunSettings
 from te_assembly.validate.analysis import COMMON, DEFAULT_SECTIONS, Analysis
 from te_assembly.verify import VerifyReport, verify
 
 SECTIONS = DEFAULT_SECTIONS
+RUN_DIR = True
 
 INSTALL_HINT = (
     "verify needs Transformer Engine: pip install 'te_assembly[te]' "
@@ -85,6 +94,11 @@ def main(analysis: Analysis, console: Console) -> int:
         seq_len=run.seq_len,
     )
     console.print(report_table(report))
+    job = job_dir.current("verify")
+    out = job_dir.claim(job)
+    job_dir.write_config(out, analysis.resolved.as_config(), job)
+    written = write_text_atomic(out / "verify.json", json.dumps(report_json(report), indent=1))
+    console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
     failures = report.failures
     if failures:
         names = printable(", ".join(c.name for c in failures))
@@ -96,3 +110,10 @@ def main(analysis: Analysis, console: Console) -> int:
         return 1
     console.print(f"verify passed: {len(report.comparisons)} tensors match", style="green", markup=False)
     return 0
+
+
+def report_json(report: VerifyReport) -> dict[str, Any]:
+    """The report as JSON data: the setting, the tolerance, every tensor's comparison, the verdict."""
+    data = dataclasses.asdict(report)
+    data["passed"] = report.passed
+    return data

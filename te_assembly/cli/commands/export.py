@@ -1,0 +1,57 @@
+"""``export``: a training checkpoint as a pretrained model directory, ``model.safetensors`` (weights
+only, plain parameter names) and ``config.yaml`` (the model as trained), which
+``te_assembly.from_pretrained(DIR, engine=...)`` loads in either engine.
+
+``export RUN_DIR [DEST]`` (or ``export.checkpoint=... export.to=...``). ``export.checkpoint`` is a
+checkpoint file, or a run directory (its newest checkpoint, every tensor verified; a corrupt newest one
+is refused, naming the newest good one). ``export.to`` defaults to ``pretrained/`` in the checkpoint's
+run directory; a directory that is not empty is refused unless ``export.overwrite=true``. A checkpoint
+of a parallel run holds global tensors: its export loads in one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from te_assembly.diagnostics import error, printable
+from te_assembly.errors import ConfigError
+from te_assembly.sections import setting
+from te_assembly.validate.analysis import Analysis
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    checkpoint: str | None = setting(
+        None, nonempty=True, doc="a checkpoint file, or a run directory (its newest good checkpoint)"
+    )
+    to: str | None = setting(None, nonempty=True, doc="the directory to write (null: <run dir>/pretrained)")
+    overwrite: bool = setting(False, doc="write into a directory that is not empty")
+
+
+SECTIONS = {"export": ExportSettings}
+
+
+def main(analysis: Analysis, console: Console) -> int:
+    settings: ExportSettings = analysis.section("export")
+    if settings.checkpoint is None:
+        message = "export needs export.checkpoint: a checkpoint file or a run directory"
+        hint = "e.g. export outputs/moe_block/<date>_<time> (or export.checkpoint=...)"
+        raise ConfigError([error("export.checkpoint", "missing", message, hint)])
+    from te_assembly.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
+
+    out = export_checkpoint(settings.checkpoint, settings.to, overwrite=settings.overwrite)
+    size = (out / WEIGHTS_FILE).stat().st_size / 2**20
+    console.print(
+        f"wrote {printable(str(out / WEIGHTS_FILE))} ({size:,.2f} MiB) and "
+        f"{printable(str(out / CONFIG_FILE))}",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"load it with: te_assembly.from_pretrained({printable(repr(str(out)))}, engine='reference' or 'te')",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0

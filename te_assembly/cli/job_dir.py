@@ -1,0 +1,124 @@
+"""Where a command's files go: this job's run directory, Hydra's ``hydra.run.dir`` (``hydra.sweep.dir``
+and ``subdir`` with ``-m``), by default ``outputs/<model>/<date>_<time>``.
+
+``train``, ``bench``, ``graph`` and ``verify`` write there (``RUN_DIR = True`` in their module), each
+with the fully resolved config beside its results (``config.yaml``); the other commands write nothing
+there, and the app keeps Hydra from making a folder for them (``app.py``).
+
+Hydra makes the folder before the job starts. Two jobs of the same model started in the same second
+get the same default name, so a job *claims* its folder by creating ``config.yaml`` exclusively; the
+second finds it taken and uses ``<name>_1`` (then ``_2``...). A folder named on the command line
+(``hydra.run.dir=...``) is used as it is. A job that ends without writing anything leaves no folder
+behind (``remove_if_unused``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from te_assembly.outputs import write_text_atomic
+
+CONFIG_FILE = "config.yaml"
+_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+
+
+@dataclass(frozen=True)
+class JobDir:
+    path: Path
+    """Hydra's output directory of this job (absolute), already made by Hydra."""
+    default: bool
+    """The config's pattern, not a directory named on the command line."""
+    runs_root: Path | None
+    """Where this model's runs are kept: the parent of ``hydra.run.dir`` (``train.resume=true`` looks
+    for the run to continue there). None when the directory was named on the command line."""
+    model: str
+    """The model choice as a file name (``config.locations.choice_stem``)."""
+    command: str
+    overrides: tuple[str, ...]
+
+
+def _sets(overrides: Any, keys: tuple[str, ...]) -> bool:
+    return any(str(o).lstrip("+~").split("=", 1)[0] in keys for o in overrides or ())
+
+
+def current(command: str) -> JobDir:
+    """This job's directory, from Hydra's config of the running job."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from te_assembly.config.locations import choice_stem
+
+    hydra: Any = HydraConfig.get()
+    path = Path(str(hydra.runtime.output_dir)).resolve()
+    named = _sets(OmegaConf.to_container(hydra.overrides.hydra, resolve=False), _DIR_KEYS)
+    runs_root = None
+    if not named:
+        with contextlib.suppress(Exception):  # resolving the pattern again only needs Hydra's own nodes
+            runs_root = Path(str(OmegaConf.select(hydra, "run.dir"))).resolve().parent
+    choice = OmegaConf.select(hydra, "runtime.choices.model", default=None)
+    task = OmegaConf.to_container(hydra.overrides.task, resolve=False)
+    overrides = tuple(str(o) for o in task) if isinstance(task, list) else ()
+    return JobDir(path, not named, runs_root, choice_stem(choice), command, overrides)
+
+
+def claim(job: JobDir) -> Path:
+    """The directory this job writes to, made if needed: Hydra's, or for a default name another job
+    already holds (same model, same second), the first free ``<name>_<n>``. Claimed by creating an
+    empty ``config.yaml`` exclusively (``write_config`` fills it)."""
+    if not job.default:
+        job.path.mkdir(parents=True, exist_ok=True)
+        return job.path
+    candidate, n = job.path, 0
+    while True:
+        candidate.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(candidate / CONFIG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = job.path.with_name(f"{job.path.name}_{n}")
+
+
+def config_text(config: Mapping[str, Any], job: JobDir | None) -> str:
+    """The resolved config as YAML, with a header saying which command line produced it."""
+    from te_assembly import __version__
+
+    when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    lines = [f"# te_assembly {__version__}: the fully resolved config of this run ({when})"]
+    if job is not None:
+        shown = " ".join(job.overrides) or "(no overrides)"
+        lines.append(f"# python -m te_assembly {job.command} {shown}")
+    lines.append("# model and recipe as read (overrides and interpolations applied), then every setting")
+    body = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return "\n".join(lines) + "\n" + body
+
+
+def write_config(directory: Path, config: Mapping[str, Any], job: JobDir | None = None) -> Path:
+    """``<directory>/config.yaml``, written atomically (``OutputPathError`` if it cannot be)."""
+    return write_text_atomic(directory / CONFIG_FILE, config_text(config, job))
+
+
+def remove_if_unused(job: JobDir) -> None:
+    """A default run directory the job left empty (a config error, a resumed run that lives elsewhere)
+    is removed, and so are the parents it emptied below the working directory (``outputs/<model>``)."""
+    if not job.default:
+        return
+    here = Path.cwd().resolve()
+    folder = job.path
+    while folder != here and here in folder.parents:
+        try:
+            folder.rmdir()  # only an empty directory goes
+        except OSError:
+            return
+        folder = folder.parent
+
+
+__all__ = ["CONFIG_FILE", "JobDir", "claim", "config_text", "current", "remove_if_unused", "write_config"]

@@ -1,0 +1,178 @@
+"""``save_pretrained`` / ``from_pretrained`` / ``export``: weights with plain names and the resolved
+config, loaded in either engine; a training checkpoint exported from the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+
+import te_assembly
+from te_assembly.engines import build
+from te_assembly.engines.reference import ReferenceModel
+from te_assembly.errors import OutputPathError
+from te_assembly.pretrained import CONFIG_FILE, WEIGHTS_FILE
+from te_assembly.train.checkpoint import CheckpointError, model_state
+from tests.conftest import REPO_ROOT
+from tests.engines._helpers import build_yaml, plan_from_yaml, randomize
+
+# Dotted step names (as blocks make them), a hidden channel, a public output and a bias-free linear.
+NESTED = """
+name: nested_names
+in_features: 8
+ops:
+  - {name: keep, op: MakeExtraOutput, extra_outputs: {out: {channel: res, public: false}}}
+  - {name: layers.0.fc, op: Linear, args: {in_features: 8, out_features: 12}}
+  - {name: layers.0.act, op: GELU}
+  - {name: layers.1.fc, op: Linear, args: {in_features: 12, out_features: 8, bias: false}}
+  - {name: layers.1.norm, op: LayerNorm, args: {normalized_shape: 8}}
+  - {name: back, op: AddExtraInput, extra_inputs: {addend: res}}
+  - {name: tap, op: MakeExtraOutput, extra_outputs: {out: {channel: seen}}}
+"""
+
+
+def _inputs(seed: int = 3) -> torch.Tensor:
+    return torch.randn(5, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _keys(path: Path) -> set[str]:
+    with safe_open(str(path), framework="pt") as f:
+        return set(f.keys())
+
+
+def test_round_trip_in_the_reference_engine(tmp_path: Path) -> None:
+    model = build_yaml(NESTED)
+    randomize(model)
+    saved = te_assembly.save_pretrained(model, tmp_path / "pre")
+    assert saved == tmp_path / "pre"
+    # Plain parameter names, exactly the model's own (no "model/" prefix, no optimizer, no RNG).
+    assert _keys(saved / WEIGHTS_FILE) == set(model.state_dict())
+    assert any(k.startswith("steps.layers.0.fc.") for k in _keys(saved / WEIGHTS_FILE))
+    config = yaml.safe_load((saved / CONFIG_FILE).read_text())
+    assert config["model"]["name"] == "nested_names" and config["dtype"] == "float64"
+    loaded = te_assembly.from_pretrained(saved, engine="reference")
+    assert isinstance(loaded, ReferenceModel) and not loaded.training
+    assert loaded.plan.name == model.plan.name
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+        assert loaded.state_dict()[name].dtype == torch.float64
+    x = _inputs()
+    model.eval()
+    want, got = model(x), loaded(x)
+    torch.testing.assert_close(got.y, want.y, rtol=0, atol=0)
+    torch.testing.assert_close(got.extras["seen"], want.extras["seen"], rtol=0, atol=0)
+
+
+def test_a_fresh_build_differs_so_the_round_trip_means_something() -> None:
+    first, second = build_yaml(NESTED, seed=0), build_yaml(NESTED, seed=0)
+    randomize(first)
+    assert not torch.equal(first(_inputs()).y, second(_inputs()).y)
+
+
+def test_save_refuses_a_directory_in_use_and_overwrites_when_asked(tmp_path: Path) -> None:
+    model = build_yaml(NESTED)
+    target = tmp_path / "pre"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(OutputPathError):
+        te_assembly.save_pretrained(model, target)
+    assert not (target / WEIGHTS_FILE).exists()
+    te_assembly.save_pretrained(model, target, overwrite=True)
+    assert (target / WEIGHTS_FILE).exists()
+
+
+def test_load_refuses_weights_of_another_model(tmp_path: Path) -> None:
+    model = build_yaml(NESTED)
+    saved = te_assembly.save_pretrained(model, tmp_path / "pre")
+    config = yaml.safe_load((saved / CONFIG_FILE).read_text())
+    config["model"]["ops"][1]["args"]["out_features"] = 16  # layers.0.fc now 8 -> 16
+    config["model"]["ops"][3]["args"]["in_features"] = 16
+    (saved / CONFIG_FILE).write_text(yaml.safe_dump(config))
+    with pytest.raises(CheckpointError, match=r"layers\.0\.fc"):
+        te_assembly.from_pretrained(saved, engine="reference")
+
+
+def test_load_refuses_a_corrupt_or_missing_weights_file(tmp_path: Path) -> None:
+    saved = te_assembly.save_pretrained(build_yaml(NESTED), tmp_path / "pre")
+    data = bytearray((saved / WEIGHTS_FILE).read_bytes())
+    data[-3] ^= 0xFF  # a flipped byte inside the last tensor
+    (saved / WEIGHTS_FILE).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError):
+        te_assembly.from_pretrained(saved, engine="reference")
+    (saved / WEIGHTS_FILE).unlink()
+    with pytest.raises(CheckpointError, match=WEIGHTS_FILE):
+        te_assembly.from_pretrained(saved, engine="reference")
+    with pytest.raises(CheckpointError, match="no such directory"):
+        te_assembly.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.te
+@pytest.mark.parametrize("model_name", ["residual_mlp", "moe_block"])
+def test_weights_load_across_engines(tmp_path: Path, model_name: str) -> None:
+    """Reference -> TE and TE -> reference (TE's fuser on CPU with kernels=reference)."""
+    torch.manual_seed(0)
+    ref = build(model_name, engine="reference")
+    randomize(ref, scale=0.2)
+    te_assembly.save_pretrained(ref, tmp_path / "from_ref")
+    te_model = te_assembly.from_pretrained(
+        tmp_path / "from_ref", engine="te", device="cpu", kernels="reference"
+    )
+    assert type(te_model).__name__ == "TEModel"
+    x = torch.randn(32, ref.plan.in_features, generator=torch.Generator().manual_seed(1))
+    ref.eval()
+    torch.testing.assert_close(te_model(x).y, ref(x).y, rtol=1e-5, atol=1e-5)
+    # And back: a TE model's save loads into the reference engine with the same tensors.
+    te_assembly.save_pretrained(te_model, tmp_path / "from_te")
+    back = te_assembly.from_pretrained(tmp_path / "from_te", engine="reference")
+    for name, tensor in ref.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+def test_export_a_training_run_from_the_command_line(tmp_path: Path) -> None:
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": str(REPO_ROOT)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "te_assembly", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    done = cli("train", "model=residual_mlp", "train.steps=2", "train.batch_tokens=32")
+    assert done.returncode == 0, done.stderr
+    (run,) = (tmp_path / "outputs" / "residual_mlp").iterdir()
+    done = cli("export", str(run.relative_to(tmp_path)), "shared_model")
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "shared_model"
+    assert sorted(p.name for p in out.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
+    _, trained = model_state(run / "ckpt-0000002.safetensors")
+    loaded = te_assembly.from_pretrained(out, engine="reference")
+    assert set(loaded.state_dict()) == set(trained)
+    for name, tensor in trained.items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    # The default destination is pretrained/ in the run; a second export into it is refused.
+    assert cli("export", f"export.checkpoint={run}").returncode == 0
+    assert (run / "pretrained" / WEIGHTS_FILE).exists()
+    again = cli("export", str(run))
+    assert again.returncode == 1 and "overwrite" in again.stderr
+    missing = cli("export")
+    assert missing.returncode == 2 and "export.checkpoint" in missing.stderr
+
+
+def test_from_pretrained_builds_a_plan_equal_to_the_saved_models(tmp_path: Path) -> None:
+    plan = plan_from_yaml(NESTED)
+    saved = te_assembly.save_pretrained(build_yaml(NESTED), tmp_path / "pre")
+    loaded = te_assembly.from_pretrained(saved, engine="reference")
+    assert [(s.name, s.type, s.fuser) for s in loaded.plan.steps] == [
+        (s.name, s.type, s.fuser) for s in plan.steps
+    ]
+    assert list(loaded.plan.channels) == list(plan.channels)
