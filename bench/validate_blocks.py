@@ -121,7 +121,11 @@ def main() -> int:
         for name, cli_s, lib_s in rows:
             kind = "blocks (repeat)" if name == blocks else "flat (written out)"
             table.add_row(
-                f"{name}: {kind}", f"{cli_s:.2f}", f"{lib_s:.4f}", f"{cli_s / base_cli:.2f}", f"{lib_s / base_lib:.2f}"
+                f"{name}: {kind}",
+                f"{cli_s:.2f}",
+                f"{lib_s:.4f}",
+                f"{cli_s / base_cli:.2f}",
+                f"{lib_s / base_lib:.2f}",
             )
         console.print(table)
         verdict = "met" if rows[0][1] < GOAL_S else "MISSED"

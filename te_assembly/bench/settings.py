@@ -29,7 +29,7 @@ class BenchSettings:
     )
     split_at: str | None = setting(
         None,
-        doc="step name the split variant cuts before (null: the midpoint; rerouted channels: cut where they cross)",
+        doc="step name the split variant cuts before (null: the midpoint, or where rerouted channels cross)",
     )
     threads: int | None = setting(
         None,

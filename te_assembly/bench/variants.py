@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from te_assembly.parallel.context import ParallelContext
 
 CHANNELLED = "(a) channelled, one fuser"
-REROUTED = "(a) channelled, rerouted across modules"
+REROUTED = "(a) channelled, rerouted"
 SPLIT = "(b) split, public tensors"
 PLAIN = "(c) plain PyTorch"
 

@@ -105,9 +105,8 @@ def split_summary(split: SplitPlan, shown: int = 4) -> str:
     bridged = "; ".join(f"{b.channel} -> {', '.join(b.inputs)}" for b in split.bridges[:shown]) or "none"
     if len(split.bridges) > shown:
         bridged += f"; and {len(split.bridges) - shown} more"
-    return printable(
-        f"(b) {len(split.parts)} parts, cut before step(s) {cuts}{more}; channels passed by the caller: {bridged}"
-    )
+    parts = f"(b) {len(split.parts)} parts, cut before step(s) {cuts}{more}"
+    return printable(f"{parts}; channels passed by the caller: {bridged}")
 
 
 def check_split_at(plan: Plan, split_at: str | None) -> None:
