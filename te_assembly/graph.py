@@ -19,13 +19,14 @@ from typing import Literal
 from te_assembly.diagnostics import Diagnostic, printable
 from te_assembly.errors import ConfigError
 from te_assembly.fields import FieldSpec, check_value
+from te_assembly.outline import EXPAND_DOC, Expand, Outline, Uses, local_name
 from te_assembly.outputs import prepare_out_dir, write_error
-from te_assembly.plan import FuserGroup, Plan, PlannedStep, SlotRef
+from te_assembly.plan import BlockGroup, FuserGroup, Plan, PlannedStep, Reroute, SlotRef
 from te_assembly.sections import section_specs, setting
 from te_assembly.validate.analysis import Analysis
 
-NodeKind = Literal["x", "y", "op", "module", "invalid", "public_input", "public_output", "missing"]
-EdgeKind = Literal["spine", "internal", "public", "error"]
+NodeKind = Literal["x", "y", "op", "module", "block", "invalid", "public_input", "public_output", "missing"]
+EdgeKind = Literal["spine", "internal", "public", "rerouted", "error"]
 
 FORMATS = ("mermaid", "dot", "svg", "png")
 SUFFIX = {"mermaid": "mmd", "dot": "dot", "svg": "svg", "png": "png"}
@@ -44,6 +45,7 @@ class GraphSettings:
         items=FieldSpec(str, choices=FORMATS),
         single_as_list=True,
     )
+    expand: list[str] = setting([], doc=EXPAND_DOC, items=FieldSpec(str), single_as_list=True)
 
     @property
     def directory(self) -> str:
@@ -106,21 +108,53 @@ def step_id(index: int) -> str:
     return f"s{index}"
 
 
-def view_from_plan(plan: Plan) -> GraphView:
-    return build_view(plan.name, list(plan.steps), plan.fusers, plan.warnings, plan.producer_of)
+def view_from_plan(plan: Plan, expand: Expand | None = None) -> GraphView:
+    """Draw a plan; its block steps collapsed unless ``expand`` names them (``outline.py``)."""
+    return build_view(
+        plan.name,
+        list(plan.steps),
+        plan.fusers,
+        plan.warnings,
+        plan.producer_of,
+        blocks=plan.blocks,
+        reroutes=plan.reroutes,
+        expand=expand,
+    )
 
 
-def view_from_analysis(analysis: Analysis) -> GraphView:
-    """Draw a config, valid or not, with every diagnostic of its analysis."""
+def view_from_analysis(analysis: Analysis, expand: Expand | None = None) -> GraphView:
+    """Draw a config, valid or not, with every diagnostic of its analysis (marked on the steps they
+    concern, also inside a block's uses)."""
+    marks = analysis.step_diagnostics
     if analysis.plan is not None:
         plan = analysis.plan
-        return build_view(plan.name, list(plan.steps), plan.fusers, analysis.diagnostics, plan.producer_of)
+        return build_view(
+            plan.name,
+            list(plan.steps),
+            plan.fusers,
+            analysis.diagnostics,
+            plan.producer_of,
+            step_diagnostics=marks,
+            blocks=plan.blocks,
+            reroutes=plan.reroutes,
+            expand=expand,
+        )
     model = analysis.resolved.model or {}
     name = model.get("name") if isinstance(model, Mapping) else None
     graph = analysis.graph
     producer_of = graph.producer_of if graph is not None else (lambda step, slot: None)
     title = name if isinstance(name, str) and name else "model"
-    return build_view(title, list(analysis.steps), analysis.fusers, analysis.diagnostics, producer_of)
+    return build_view(
+        title,
+        list(analysis.steps),
+        analysis.fusers,
+        analysis.diagnostics,
+        producer_of,
+        step_diagnostics=marks,
+        blocks=analysis.blocks,
+        reroutes=graph.reroutes if graph is not None else (),
+        expand=expand,
+    )
 
 
 def _step_errors(diagnostics: Sequence[Diagnostic]) -> dict[int, str]:
@@ -138,18 +172,39 @@ def build_view(
     fusers: Sequence[FuserGroup],
     diagnostics: Sequence[Diagnostic] = (),
     producer_of: Callable[[int, int], SlotRef | None] = lambda step, slot: None,
+    *,
+    step_diagnostics: Sequence[Diagnostic] | None = None,
+    blocks: Sequence[BlockGroup] = (),
+    reroutes: Sequence[Reroute] = (),
+    expand: Expand | None = None,
 ) -> GraphView:
     """Nodes and edges of the steps; ``producer_of(step, slot)`` is the channel graph's answer to which
-    output feeds an input slot (``ChannelGraph.producer_of``, ``Plan.producer_of``)."""
+    output feeds an input slot (``ChannelGraph.producer_of``, ``Plan.producer_of``). ``diagnostics``
+    are the ones printed; ``step_diagnostics`` (default: the same) are the ones marked on steps, at the
+    expanded model's key paths. A block step's uses are one node per run of uses unless ``expand`` names
+    them; a channel read in a later fuser is drawn as a rerouted edge."""
     view = GraphView(name, diagnostics=list(diagnostics))
-    errors = _step_errors(diagnostics)
+    marks = list(diagnostics if step_diagnostics is None else step_diagnostics)
+    errors = _step_errors(marks)
+    shown = Outline(len(steps), blocks, expand)
+    hidden = shown.collapsed
     view.nodes.append(Node("x", "x", "x"))
     for f in fusers:
-        view.clusters[f.index] = []
-        view.cluster_labels[f.index] = f"fuser {f.index} ({f.num_basic_ops} basic ops)"
+        if any(i not in hidden for i in f.steps):
+            view.clusters[f.index] = []
+            view.cluster_labels[f.index] = f"fuser {f.index} ({f.num_basic_ops} basic ops)"
     fuser_after_module = {f.ended_by: f.index for f in fusers if f.ended_by is not None}
     spine: list[str] = ["x"]
-    for index, step in enumerate(steps):
+    for item in shown.items:
+        if isinstance(item, Uses):
+            nid = _block_id(item)
+            error = next((errors[i] for i in item.steps if i in errors), None)
+            label = f"{item.label}\n{item.what}" + _reroute_note(item, steps, reroutes)
+            view.nodes.append(Node(nid, label, "block", error=error))
+            spine.append(nid)
+            continue
+        index = item
+        step = steps[index]
         sid = step_id(index)
         if step is None:
             label = f"ops[{index}]: invalid step"
@@ -168,30 +223,72 @@ def build_view(
     view.nodes.append(Node("y", "y", "y"))
     spine.append("y")
     view.edges.extend(Edge(a, b, "spine") for a, b in itertools.pairwise(spine))
-    _channel_edges(view, steps, producer_of)
+    _channel_edges(view, steps, producer_of, marks, shown, {r.channel: r for r in reroutes})
     return view
+
+
+def _block_id(item: Uses) -> str:
+    return f"b{item.steps.start}"
+
+
+def _reroute_note(item: Uses, steps: Sequence[PlannedStep | None], reroutes: Sequence[Reroute]) -> str:
+    """What each use of a collapsed item reroutes (the same in every use, fusers counted from the
+    channel's producer's): ``residual: fuser +0 -> +1 across attn (Attention)``."""
+    first = item.uses[0]
+    prefix = item.group.prefix(first.index)
+    notes = []
+    for r in reroutes:
+        if r.channel.startswith(prefix) and r.consumers and r.consumers[0].step in first.steps:
+            crossed = [s for s in (steps[i] for i in r.crosses) if s is not None]
+            modules = ", ".join(f"{local_name(s.name, item.group, first)} ({s.type})" for s in crossed)
+            later = ", ".join(f"+{f - r.producer_fuser}" for f in r.consumer_fusers)
+            notes.append(f"{local_name(r.channel, item.group, first)}: fuser +0 -> {later} across {modules}")
+    return ("\nrerouted in each use: " + "; ".join(notes)) if notes else ""
 
 
 def _channel_edges(
     view: GraphView,
     steps: Sequence[PlannedStep | None],
     producer_of: Callable[[int, int], SlotRef | None],
+    marks: Sequence[Diagnostic],
+    shown: Outline,
+    reroutes: Mapping[str, Reroute],
 ) -> None:
     ops = [s for s in steps if s is not None and s.kind == "op"]
     by_index = {s.index: s for s in ops}
+
+    # A step inside a collapsed item is drawn as that item's node; what the item's uses do alike
+    # (their own channels, their public tensors) is drawn once, named use-relative (``layers[0-3].res``).
+    def node_of(index: int) -> str:
+        item = shown.item_of(index)
+        return _block_id(item) if item is not None else step_id(index)
+
     # The validator already judged each consumer slot; the drawing only shows its verdict.
-    slot_errors = {d.path: d.message for d in view.diagnostics if d.is_error}
+    slot_errors = {d.path: d.message for d in marks if d.is_error}
     # Node ids are numbered, never derived from names: channel names may hold any character, and any
     # name-to-id mapping (``a b`` -> ``a_b``) would merge distinct tensors. Names stay in the labels.
     missing_ids: dict[str, str] = {}
     inputs = itertools.count()
+    drawn: set[tuple[str, str, str]] = set()  # (source, destination, label) of a collapsed item's edges
+
+    def add(edge: Edge, collapsed: bool) -> None:
+        if collapsed:
+            key = (edge.src, edge.dst, edge.label)
+            if key in drawn:
+                return
+            drawn.add(key)
+        view.edges.append(edge)
 
     for step in ops:
+        dst = node_of(step.index)
+        inside = shown.item_of(step.index) is not None
         for slot, channel in enumerate(step.input_channels):
             dst_slot = step.input_slots[slot].name
-            dst = step_id(step.index)
             if channel is None:
-                public = step.public_input_name(slot)
+                public = shown.local(step.index, step.public_input_name(slot))
+                if inside and (f"in:{public}", dst, public) in drawn:
+                    continue
+                drawn.add((f"in:{public}", dst, public))
                 nid = f"in{next(inputs)}"
                 view.nodes.append(Node(nid, public, "public_input"))
                 view.edges.append(Edge(nid, dst, "public", public, None, dst_slot))
@@ -199,31 +296,48 @@ def _channel_edges(
             why = slot_errors.get(f"model.ops[{step.index}].extra_inputs.{dst_slot}")
             ref = producer_of(step.index, slot)
             producer = by_index.get(ref.step) if ref is not None else None
+            label = shown.local(step.index, channel)
             if ref is None or producer is None:
                 missing = why or f"no producer of {channel!r}"
-                nid = missing_ids.get(channel, f"missing{len(missing_ids)}")
-                if channel not in missing_ids:
-                    missing_ids[channel] = nid
-                    view.nodes.append(Node(nid, f"missing channel '{channel}'", "missing", error=missing))
-                view.edges.append(Edge(nid, dst, "error", channel, None, dst_slot, missing))
+                nid = missing_ids.get(label, f"missing{len(missing_ids)}")
+                if label not in missing_ids:
+                    missing_ids[label] = nid
+                    view.nodes.append(Node(nid, f"missing channel '{label}'", "missing", error=missing))
+                add(Edge(nid, dst, "error", label, None, dst_slot, missing), inside)
                 continue
-            src, src_slot = step_id(producer.index), ref.slot_name
+            src, src_slot = node_of(producer.index), ref.slot_name
             if why is not None:
-                view.edges.append(Edge(src, dst, "error", channel, src_slot, dst_slot, why))
+                add(Edge(src, dst, "error", label, src_slot, dst_slot, why), inside)
+                continue
+            if src == dst:  # inside one collapsed item: its label says what its uses reroute
+                continue
+            route = reroutes.get(channel)
+            if route is not None or producer.fuser != step.fuser:  # carried across modules
+                where = (
+                    shown.describe(route, steps)
+                    if route is not None
+                    else f"fuser {producer.fuser} -> {step.fuser}"
+                )
+                add(Edge(src, dst, "rerouted", f"{label} (rerouted: {where})", src_slot, dst_slot), inside)
                 continue
             kind: EdgeKind = "public" if producer.output_public[ref.slot] else "internal"
-            view.edges.append(Edge(src, dst, kind, channel, src_slot, dst_slot))
+            add(Edge(src, dst, kind, label, src_slot, dst_slot), inside)
 
     outputs = itertools.count()
     for step in ops:
+        src = node_of(step.index)
+        inside = shown.item_of(step.index) is not None
         for slot, is_public in enumerate(step.output_public):
             if not is_public:
                 continue
-            out_name = step.public_output_name(slot)
+            out_name = shown.local(step.index, step.public_output_name(slot))
+            if inside and (src, f"out:{out_name}", out_name) in drawn:
+                continue
+            drawn.add((src, f"out:{out_name}", out_name))
             nid = f"out{next(outputs)}"
             view.nodes.append(Node(nid, out_name, "public_output"))
             src_slot = step.output_slots[slot].name
-            view.edges.append(Edge(step_id(step.index), nid, "public", out_name, src_slot, None))
+            view.edges.append(Edge(src, nid, "public", out_name, src_slot, None))
 
 
 # ----------------------------------------------------------------------------------------------- Mermaid
@@ -233,12 +347,20 @@ _MERMAID_SHAPES: dict[NodeKind, tuple[str, str]] = {
     "y": ("([", "])"),
     "op": ("[", "]"),
     "module": ("[[", "]]"),
+    "block": ("[[", "]]"),
     "invalid": ("[", "]"),
     "public_input": ("[/", "/]"),
     "public_output": ("[\\", "\\]"),
     "missing": ("{{", "}}"),
 }
-_MERMAID_ARROWS: dict[EdgeKind, str] = {"spine": "-->", "internal": "-.->", "public": "==>", "error": "-.->"}
+_MERMAID_ARROWS: dict[EdgeKind, str] = {
+    "spine": "-->",
+    "internal": "-.->",
+    "public": "==>",
+    "rerouted": "-.->",
+    "error": "-.->",
+}
+_REROUTED = "#9467bd"
 _RED = "#d62728"
 
 
@@ -278,6 +400,7 @@ def to_mermaid(view: GraphView) -> str:
         lines.extend(node_line(by_id[nid], "    ") for nid in ids)
         lines.append("  end")
     red_links: list[int] = []
+    rerouted_links: list[int] = []
     for i, edge in enumerate(view.edges):
         arrow = _MERMAID_ARROWS[edge.kind]
         text = _edge_text(edge)
@@ -285,17 +408,23 @@ def to_mermaid(view: GraphView) -> str:
         lines.append(f"  {edge.src} {arrow}{label} {edge.dst}")
         if edge.kind == "error":
             red_links.append(i)
+        elif edge.kind == "rerouted":
+            rerouted_links.append(i)
     lines.append("  classDef public_input fill:#e8f0fe,stroke:#1f77b4")
     lines.append("  classDef public_output fill:#e6f4ea,stroke:#2ca02c")
     lines.append("  classDef module fill:#fff4e5,stroke:#ff7f0e")
+    lines.append(f"  classDef block fill:#f3e8fd,stroke:{_REROUTED}")
     lines.append(f"  classDef error fill:#fdecea,stroke:{_RED},color:{_RED},stroke-width:2px")
-    for kind in ("public_input", "public_output", "module"):
+    for kind in ("public_input", "public_output", "module", "block"):
         ids = [n.id for n in view.nodes if n.kind == kind and n.error is None]
         if ids:
             lines.append(f"  class {','.join(ids)} {kind}")
     bad = [n.id for n in view.nodes if n.error is not None]
     if bad:
         lines.append(f"  class {','.join(bad)} error")
+    if rerouted_links:
+        links = ",".join(map(str, rerouted_links))
+        lines.append(f"  linkStyle {links} stroke:{_REROUTED},color:{_REROUTED},stroke-width:2px")
     if red_links:
         lines.append(
             f"  linkStyle {','.join(map(str, red_links))} stroke:{_RED},color:{_RED},stroke-width:2px"
@@ -310,6 +439,7 @@ _DOT_NODE: dict[NodeKind, str] = {
     "y": 'shape=oval, style=filled, fillcolor="#eeeeee"',
     "op": 'shape=box, style="rounded,filled", fillcolor=white',
     "module": 'shape=component, style=filled, fillcolor="#fff4e5", color="#ff7f0e"',
+    "block": 'shape=box3d, style=filled, fillcolor="#f3e8fd", color="#9467bd"',
     "invalid": "shape=box, style=dashed",
     "public_input": 'shape=invhouse, style=filled, fillcolor="#e8f0fe", color="#1f77b4"',
     "public_output": 'shape=house, style=filled, fillcolor="#e6f4ea", color="#2ca02c"',
@@ -319,6 +449,7 @@ _DOT_EDGE: dict[EdgeKind, str] = {
     "spine": "penwidth=2.5, weight=100",
     "internal": 'style=dashed, color="#555555", constraint=false',
     "public": 'style=bold, penwidth=2, color="#1f77b4"',
+    "rerouted": f'style=dashed, penwidth=2, color="{_REROUTED}", fontcolor="{_REROUTED}", constraint=false',
     "error": f'style=bold, penwidth=2, color="{_RED}", fontcolor="{_RED}", constraint=false',
 }
 

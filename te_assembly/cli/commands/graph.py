@@ -1,5 +1,6 @@
 """``graph``: draw the channel graph. A config with errors still draws, with the problems in red, and
-then exits 2 after printing every diagnostic."""
+then exits 2 after printing every diagnostic. Block steps are drawn collapsed, one node per run of
+identical uses, unless ``graph.expand`` names them (``all``, ``layers``, ``layers.3``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from te_assembly.cli.report import print_diagnostics
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
 from te_assembly.graph import GraphSettings, render, view_from_analysis
+from te_assembly.outline import parse_expand
 from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
 SECTIONS = {**COMMON_SECTIONS, "graph": GraphSettings}
@@ -18,7 +20,10 @@ def main(analysis: Analysis, console: Console) -> int:
     if "graph" not in analysis.sections:  # where and what to write must be right before drawing
         raise ConfigError(list(analysis.diagnostics))
     settings: GraphSettings = analysis.section("graph")
-    result = render(view_from_analysis(analysis), settings.directory, settings.chosen_formats)
+    expand, problems = parse_expand(settings.expand, analysis.blocks, "graph.expand")
+    if problems:  # before anything is written: the user asked for a drawing this model cannot give
+        raise ConfigError([*analysis.diagnostics, *problems])
+    result = render(view_from_analysis(analysis, expand), settings.directory, settings.chosen_formats)
     text = result.written.get("mermaid")
     shown = printable(text.read_text(), keep_newlines=True) if text is not None else ""
     console.print(shown, markup=False, end="", soft_wrap=True)

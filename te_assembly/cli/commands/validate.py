@@ -8,18 +8,33 @@ from te_assembly.bench.settings import BenchSettings
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.diagnostics import printable
+from te_assembly.errors import ConfigError
 from te_assembly.graph import GraphSettings
+from te_assembly.outline import ExplainSettings, parse_expand
 from te_assembly.parallel.settings import ParallelSettings
 from te_assembly.plan import Plan
 from te_assembly.train.settings import TrainSettings
 from te_assembly.validate.analysis import DEFAULT_SECTIONS, PARALLEL, Analysis
 
-SECTIONS = {**DEFAULT_SECTIONS, "train": TrainSettings, "bench": BenchSettings, "graph": GraphSettings}
+SECTIONS = {
+    **DEFAULT_SECTIONS,
+    "train": TrainSettings,
+    "bench": BenchSettings,
+    "graph": GraphSettings,
+    "explain": ExplainSettings,
+}
 """Every section a later command reads: a mistake in ``train:`` fails here, not after a build."""
 
 
 def main(analysis: Analysis, console: Console) -> Outcome:
     plan = checked_plan(analysis, console)
+    problems = [  # names only the plan can judge: the block steps to expand
+        d
+        for section in ("explain", "graph")
+        for d in parse_expand(analysis.section(section).expand, plan.blocks, f"{section}.expand")[1]
+    ]
+    if problems:
+        raise ConfigError(problems)
     file = analysis.resolved.file_of("model")
     where = f" ({printable(file)})" if file else ""
     summary = {
