@@ -25,10 +25,11 @@ class BenchSettings:
     optimizer: str = setting("adamw", choices=OPTIMIZERS, doc="optimizer of the full-step phase")
     lr: float = setting(1e-3, minimum=0, exclusive_minimum=True, doc="its learning rate")
     compare: bool = setting(
-        False, doc="also time the block split in two fusers, and plain PyTorch, interleaved"
+        False, doc="also time the block split into fusers with public tensors, and plain PyTorch, interleaved"
     )
     split_at: str | None = setting(
-        None, doc="step name that starts part 2 of the split variant (null: the midpoint)"
+        None,
+        doc="step name the split variant cuts before (null: the midpoint, or where rerouted channels cross)",
     )
     threads: int | None = setting(
         None,

@@ -1,5 +1,7 @@
-"""Cut a plan in two fusers, the way blocks were written before TE's channels: every channel that
-crosses the cut becomes a public output of part 1 and a public input of part 2 (one per consumer).
+"""Cut a plan into parts, the way blocks were written before TE's channels: every channel that
+crosses a cut becomes a public output of its producer's part and a public input of each later part
+that reads it (one per consumer). A model whose channels are rerouted across modules is cut after each
+module they cross: the same model written by hand as separate fusers with public tensors.
 
 The cut works on the model mapping rebuilt from the plan and re-validates both halves, so each part is
 an ordinary, checked plan that any engine builds.
@@ -7,7 +9,7 @@ an ordinary, checked plan that any engine builds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +27,8 @@ class SplitError(TeAssemblyError):
 
 @dataclass(frozen=True)
 class Bridge:
-    """A channel crossing the cut: returned by part 1 as ``output``, fed to part 2 as ``inputs``."""
+    """A channel crossing a cut: returned by the producer's part as ``output``, fed to later parts as
+    ``inputs`` (one per consumer; public input names are unique across parts)."""
 
     channel: str
     output: str
@@ -35,11 +38,23 @@ class Bridge:
 @dataclass(frozen=True)
 class SplitPlan:
     original: Plan
-    part1: Plan
-    part2: Plan
-    cut: int
-    """Index of the first step of part 2."""
+    parts: tuple[Plan, ...]
+    cuts: tuple[int, ...]
+    """Index of the first step of each part after the first, ascending."""
     bridges: tuple[Bridge, ...]
+
+    @property
+    def part1(self) -> Plan:
+        return self.parts[0]
+
+    @property
+    def part2(self) -> Plan:
+        return self.parts[1]
+
+    @property
+    def cut(self) -> int:
+        """The first cut (the only one when the split has two parts)."""
+        return self.cuts[0]
 
 
 def plan_to_model(plan: Plan) -> dict[str, Any]:
@@ -109,35 +124,59 @@ def cut_at(plan: Plan, step_name: str | None) -> int:
     return k
 
 
-def split_plan(plan: Plan, cut: int | None = None) -> SplitPlan:
-    """Steps ``[0, cut)`` become part 1, ``[cut, n)`` part 2; crossing channels are bridged."""
-    k = default_cut(plan) if cut is None else cut
-    if not 0 < k < len(plan.steps):
-        raise SplitError(f"cut {k} is outside 1..{len(plan.steps) - 1}")
+def reroute_cuts(plan: Plan) -> list[int]:
+    """The cuts that write a rerouted model by hand: one after every module a rerouted channel crosses,
+    so no part has a channel consumed past its own fuser (each such channel becomes a public output of
+    one part and a public input of a later one, as before TE's channels)."""
+    return sorted({m + 1 for r in plan.reroutes for m in r.crosses if m + 1 < len(plan.steps)})
+
+
+def compare_cuts(plan: Plan, split_at: str | None = None) -> list[int]:
+    """Where ``bench.compare``'s variant (b) cuts: at every fuser boundary a rerouted channel crosses,
+    and at ``split_at`` (left out: the midpoint of a fuser, when there are no such boundaries)."""
+    cuts = set(reroute_cuts(plan))
+    if split_at is not None or not cuts:
+        cuts.add(cut_at(plan, split_at))
+    return sorted(cuts)
+
+
+def split_plan(plan: Plan, cut: int | Sequence[int] | None = None) -> SplitPlan:
+    """Steps ``[0, cut)`` become part 1, ``[cut, n)`` part 2 (several cuts: several parts); channels
+    that cross a cut are bridged."""
+    cuts = [default_cut(plan)] if cut is None else [cut] if isinstance(cut, int) else sorted(set(cut))
+    if not cuts:
+        raise SplitError("no cut given")
+    for k in cuts:
+        if not 0 < k < len(plan.steps):
+            raise SplitError(f"cut {k} is outside 1..{len(plan.steps) - 1}")
     model = plan_to_model(plan)
-    ops1, ops2 = model["ops"][:k], model["ops"][k:]
+    bounds = [0, *cuts, len(plan.steps)]
+    part_of = {i: p for p in range(len(bounds) - 1) for i in range(bounds[p], bounds[p + 1])}
+    ops = model["ops"]  # plan_to_model made fresh dicts: edited in place below
     bridges: list[Bridge] = []
-    # The channel graph says who feeds whom: a channel crosses the cut when a consumer is past it.
+    # The channel graph says who feeds whom: a channel is bridged when a consumer is in a later part.
     for name, channel in plan.channels.items():
-        crossing = [c for c in channel.consumers if c.step >= k]
-        if channel.producer.step >= k or not crossing:
+        home = part_of[channel.producer.step]
+        crossing = [c for c in channel.consumers if part_of[c.step] != home]
+        if not crossing:
             continue
-        producer = ops1[channel.producer.step]
-        producer["extra_outputs"][channel.producer.slot_name]["public"] = True
+        ops[channel.producer.step]["extra_outputs"][channel.producer.slot_name]["public"] = True
         inputs = []
         for ref in crossing:
-            consumer = ops2[ref.step - k]
-            del consumer["extra_inputs"][ref.slot_name]  # unbound: a public input <step>_<slot>
+            del ops[ref.step]["extra_inputs"][ref.slot_name]  # unbound: a public input <step>_<slot>
             inputs.append(plan.steps[ref.step].public_input_name(ref.slot))
         bridges.append(Bridge(name, name, tuple(inputs)))
-    width = plan.steps[k].in_width if plan.steps[k].in_width is not None else plan.steps[k - 1].out_width
-    part1 = _validated({**model, "name": f"{plan.name}_part1", "ops": ops1})
-    # Part 2 takes the main path as it is at the cut (token rows inside a FlattenTokens span).
-    layout = plan.steps[k].layout or "any"
-    part2 = _validated(
-        {**model, "name": f"{plan.name}_part2", "in_features": width, "input_layout": layout, "ops": ops2}
-    )
-    return SplitPlan(plan, part1, part2, k, tuple(bridges))
+    parts = []
+    for p in range(len(bounds) - 1):
+        first, end = bounds[p], bounds[p + 1]
+        entry: dict[str, Any] = {**model, "name": f"{plan.name}_part{p + 1}", "ops": ops[first:end]}
+        if first > 0:
+            step, before = plan.steps[first], plan.steps[first - 1]
+            entry["in_features"] = step.in_width if step.in_width is not None else before.out_width
+            # A later part takes the main path as it is there (token rows inside a FlattenTokens span).
+            entry["input_layout"] = step.layout or "any"
+        parts.append(_validated(entry))
+    return SplitPlan(plan, tuple(parts), tuple(cuts), tuple(bridges))
 
 
 def _validated(model: Mapping[str, Any]) -> Plan:
@@ -152,30 +191,30 @@ def _validated(model: Mapping[str, Any]) -> Plan:
 
 
 class SplitModel(torch.nn.Module):
-    """Two models called one after the other, the bridged tensors passed by the caller in between.
+    """Its parts called one after the other, the bridged tensors passed by the caller in between.
     Called like the original: ``y, extras = model(x, **public_inputs)``."""
 
-    def __init__(self, split: SplitPlan, part1: AssembledModel, part2: AssembledModel) -> None:
+    def __init__(self, split: SplitPlan, *parts: AssembledModel) -> None:
         super().__init__()
+        if len(parts) != len(split.parts):
+            raise ValueError(f"{len(split.parts)} parts planned, {len(parts)} given")
         self.split = split
-        self.part1 = part1
-        self.part2 = part2
-        self._part1_inputs = [t.name for t in split.part1.public_inputs]
-        self._part2_inputs = {t.name for t in split.part2.public_inputs}
+        self.parts = torch.nn.ModuleList(parts)
+        self._inputs = [[t.name for t in p.public_inputs] for p in split.parts]
         self._feeds = {name: b.output for b in split.bridges for name in b.inputs}
         self._outputs = [t.name for t in split.original.public_outputs]
 
     def load_from(self, model: torch.nn.Module) -> SplitModel:
-        """Copy the weights of the unsplit model (parameters are named ``steps.<step>.*`` in both)."""
+        """Copy the weights of the unsplit model (parameters are named ``steps.<step>.*`` in all)."""
         full = model.state_dict()
-        for part in (self.part1, self.part2):
-            names = {s.name for s in part.plan.steps}
-            part.load_state_dict({k: v for k, v in full.items() if k.split(".")[1] in names})
+        for part in self.parts:
+            part.load_state_dict({k: full[k] for k in part.state_dict()})
         return self
 
     def forward(self, x: torch.Tensor, **named: torch.Tensor) -> ModelOutput:
-        y1, extras1 = self.part1(x, **{n: named[n] for n in self._part1_inputs})
-        inputs2 = {n: extras1[self._feeds[n]] if n in self._feeds else named[n] for n in self._part2_inputs}
-        y, extras2 = self.part2(y1, **inputs2)
-        merged = {**extras1, **extras2}
-        return ModelOutput(y, {n: merged[n] for n in self._outputs})
+        produced: dict[str, torch.Tensor] = {}
+        for part, inputs in zip(self.parts, self._inputs, strict=True):
+            fed = {n: produced[self._feeds[n]] if n in self._feeds else named[n] for n in inputs}
+            x, extras = part(x, **fed)
+            produced.update(extras)
+        return ModelOutput(x, {n: produced[n] for n in self._outputs})

@@ -1,5 +1,6 @@
 """The models ``bench`` times: the block as configured and, for ``compare``, (b) the same block cut in
-two fusers with the crossing channels passed by the caller, and (c) the same math as plain PyTorch.
+two fusers with the crossing channels passed by the caller (a model with rerouted channels: cut at every
+fuser boundary they cross, each one passed by the caller), and (c) the same math as plain PyTorch.
 All three share the weights of (a)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from te_assembly.bench.plain import PlainModel
 from te_assembly.bench.runner import Variant, make_optimizer
-from te_assembly.bench.split import SplitModel, SplitPlan, cut_at, split_plan
+from te_assembly.bench.split import SplitModel, SplitPlan, compare_cuts, split_plan
 from te_assembly.engines import build
 from te_assembly.engines.base import loss_output_names
 from te_assembly.plan import Plan
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from te_assembly.parallel.context import ParallelContext
 
 CHANNELLED = "(a) channelled, one fuser"
+REROUTED = "(a) channelled, rerouted"
 SPLIT = "(b) split, public tensors"
 PLAIN = "(c) plain PyTorch"
 
@@ -56,7 +58,7 @@ def build_variants(
         plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe, parallel=parallel
     )
     losses = loss_output_names(plan)
-    name = CHANNELLED if compare else plan.name
+    name = (REROUTED if plan.reroutes else CHANNELLED) if compare else plan.name
     optim = make_optimizer(model, optimizer, lr)
     if parallel is not None and parallel.is_parallel:
         finish = functools.partial(parallel.finish_grads, model)
@@ -64,12 +66,12 @@ def build_variants(
     variants = [Variant(name, model, optim, losses)]
     if not compare:
         return variants, None
-    split = split_plan(plan, cut_at(plan, split_at))
+    split = split_plan(plan, compare_cuts(plan, split_at))
     parts = [
         build(p, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
-        for p in (split.part1, split.part2)
+        for p in split.parts
     ]
-    two = SplitModel(split, parts[0], parts[1]).load_from(model)
+    two = SplitModel(split, *parts).load_from(model)
     plain = PlainModel(plan, device=device, dtype=dtype)
     copy_weights(model, plain)
     variants.append(Variant(SPLIT, two, make_optimizer(two, optimizer, lr), losses))

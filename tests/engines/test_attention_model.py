@@ -307,7 +307,7 @@ def test_bench_variants_of_the_decoder_layer_compute_the_same(split_at: str | No
         out = v.model(x, **inputs)
         bench_loss(out, v.loss_outputs).backward()
         grads = {
-            n.split(".", 1)[1] if n.startswith("part") else n: p.grad for n, p in v.model.named_parameters()
+            n.split(".", 2)[2] if n.startswith("parts.") else n: p.grad for n, p in v.model.named_parameters()
         }
         outs.append((out, grads))
     (ref, ref_grads), *others = outs

@@ -11,6 +11,7 @@ import torch
 from te_assembly.config import available_models
 from te_assembly.engines import build
 from te_assembly.engines.base import CallError
+from te_assembly.engines.te.routing import rerouted_input_slots
 from te_assembly.errors import EngineUnavailableError
 from te_assembly.pipeline import load
 from te_assembly.plan import Plan
@@ -46,19 +47,33 @@ def test_fusers_are_built_and_every_op_locked_at_build_time(model: str, kernels:
     assert te_model.engine == "te"
     assert len(te_model.fusers) == len(plan.fusers)
     assert all(isinstance(f, OperationFuser) for f in te_model.fusers)
+    # A channel rerouted from an earlier fuser is an extra input of each fuser that reads it (unbound
+    # there), and its producer's slot is returned by the producer's fuser.
+    rerouted = rerouted_input_slots(plan)
+    carried = {r.channel for r in plan.reroutes}
     for group, fuser in zip(plan.fusers, te_model.fusers, strict=True):
-        assert fuser.num_extra_inputs == sum(1 for t in plan.public_inputs if t.fuser == group.index)
+        reads = sum(
+            1
+            for i in group.steps
+            for k in range(len(plan.steps_by_index[i].input_slots))
+            if (i, k) in rerouted
+        )
+        assert fuser.num_extra_inputs == reads + sum(1 for t in plan.public_inputs if t.fuser == group.index)
     for step in plan.steps:
         if step.kind != "op":
-            assert not isinstance(te_model.steps[step.name], BasicOperation)
+            assert not isinstance(te_model.step_module(step.name), BasicOperation)
             continue
-        ops = _basic_ops(te_model.steps[step.name])
+        ops = _basic_ops(te_model.step_module(step.name))
         assert len(ops) == len(step.basic_ops)
         # The bindings TE holds are the plan's, and nothing can change them any more.
         if len(ops) == 1:
-            assert ops[0]._extra_input_channels == list(step.input_channels)
+            inputs = [None if (step.index, k) in rerouted else c for k, c in enumerate(step.input_channels)]
+            to_caller = [
+                p or c in carried for p, c in zip(step.output_public, step.output_channels, strict=True)
+            ]
+            assert ops[0]._extra_input_channels == inputs
             assert ops[0]._extra_output_channels == list(step.output_channels)
-            assert ops[0]._extra_output_to_caller == list(step.output_public)
+            assert ops[0]._extra_output_to_caller == to_caller
         for op in ops:
             if op.num_extra_inputs:
                 with pytest.raises(RuntimeError, match=LOCKED):
@@ -78,7 +93,7 @@ def test_te_engine_matches_reference_engine_on_shipped_configs(model: str) -> No
 
     plan = load(model).checked_plan()
     for dtype in (F64, torch.float32):
-        report = verify(plan, kernels="reference", dtype=dtype, tokens=24, seed=5)
+        report = verify(plan, kernels="reference", dtype=dtype, tokens=24, seed=5, seq_len=8)
         assert report.passed, report.failures
         names = {c.name for c in report.comparisons}
         reference = build(plan, engine="reference")
@@ -137,7 +152,7 @@ def test_param_names_equal_te_ops_and_reference_engine() -> None:
             }
             got = {
                 k: tuple(v.shape)
-                for k, v in adapted.steps[step.name].state_dict().items()
+                for k, v in adapted.step_module(step.name).state_dict().items()
                 if not k.endswith("_extra_state")
             }
             assert got == expected, (name, step.name)

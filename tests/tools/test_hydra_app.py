@@ -112,7 +112,12 @@ def test_shell_completion_installs_and_completes_models(tmp_path: Path) -> None:
     line = f"te-assembly validate -cd {tmp_path} model=m"
     done = _cli("-sc", "query=bash", env={"COMP_LINE": line, "COMP_POINT": str(len(line))})
     _clean(done)
-    assert set(done.stdout.split()) == {"model=moe_block", "model=moe_block_wide", "model=my_block"}
+    assert set(done.stdout.split()) == {
+        "model=moe_block",
+        "model=moe_block_wide",
+        "model=moe_transformer",
+        "model=my_block",
+    }
 
 
 def test_hydra_help_and_version() -> None:
@@ -149,7 +154,7 @@ def test_command_help_lists_its_settings(command: str, rows: list[tuple[str, str
         assert re.search(
             rf"^\s*{re.escape(key)}\s+{re.escape(value)}\s+.*{re.escape(doc)}", done.stdout, re.M
         ), key
-    assert "model: channel_demo, fanout_mlp, moe_block" in done.stdout
+    assert "model: channel_demo, dense_transformer, fanout_mlp, moe_block" in done.stdout
     assert "--multirun" in done.stdout
     if command not in ("train", "validate"):  # validate checks every section a command reads
         assert "train.lr" not in done.stdout

@@ -37,7 +37,16 @@ def test_shipped_config_is_valid(path: Path, run_cli: RunCli) -> None:
     plan = analysis.plan
     assert plan is not None
     assert plan.name == source.data["name"]
-    assert len(plan.steps) == len(source.data["ops"])
+    # A block step becomes its uses' steps (the transformers' layers), each use all of the block's ops.
+    block_steps = [op for op in source.data["ops"] if "block" in op]
+    assert [g.position for g in plan.blocks] == [source.data["ops"].index(op) for op in block_steps]
+    for group in plan.blocks:
+        assert len({u.num_steps for u in group.uses}) == 1
+        assert [u.first_step for u in group.uses] == [
+            group.uses[0].first_step + k * group.uses[0].num_steps for k in range(len(group.uses))
+        ]
+    expanded = sum(u.num_steps for g in plan.blocks for u in g.uses)
+    assert len(plan.steps) == len(source.data["ops"]) - len(block_steps) + expanded
 
     result = run_cli(["validate", f"model={_model_name(path)}"])
     assert result.returncode == 0, result.stderr

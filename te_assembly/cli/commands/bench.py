@@ -138,12 +138,15 @@ def compare_table(results: Sequence[VariantResult], tokens: int) -> Table:
     return table
 
 
-def split_summary(split: SplitPlan) -> str:
-    cut = split.original.steps[split.cut].name
-    bridged = "; ".join(f"{b.channel} -> {', '.join(b.inputs)}" for b in split.bridges) or "none"
-    return printable(
-        f"(b) cuts before step {cut!r} (model.ops[{split.cut}]); channels passed by the caller: {bridged}"
-    )
+def split_summary(split: SplitPlan, shown: int = 4) -> str:
+    steps = split.original.steps
+    cuts = ", ".join(f"{steps[k].name!r} (model.ops[{k}])" for k in split.cuts[:shown])
+    more = f" and {len(split.cuts) - shown} more" if len(split.cuts) > shown else ""
+    bridged = "; ".join(f"{b.channel} -> {', '.join(b.inputs)}" for b in split.bridges[:shown]) or "none"
+    if len(split.bridges) > shown:
+        bridged += f"; and {len(split.bridges) - shown} more"
+    parts = f"(b) {len(split.parts)} parts, cut before step(s) {cuts}{more}"
+    return printable(f"{parts}; channels passed by the caller: {bridged}")
 
 
 def check_split_at(plan: Plan, split_at: str | None) -> None:

@@ -12,6 +12,7 @@ from te_assembly.errors import ConfigError
 from te_assembly.graph import GraphSettings
 from te_assembly.outline import ExplainSettings, parse_expand
 from te_assembly.parallel.settings import ParallelSettings
+from te_assembly.plan import Plan
 from te_assembly.train.settings import TrainSettings
 from te_assembly.validate.analysis import DEFAULT_SECTIONS, PARALLEL, Analysis
 
@@ -43,6 +44,7 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         "public inputs": len(plan.public_inputs),
         "public outputs": len(plan.public_outputs),
         "warnings": len(analysis.warnings),
+        "rerouted channels": len(plan.reroutes),
     }
     console.print(
         f"{printable(plan.name)}{where}: valid — {len(plan.steps)} steps, {len(plan.fusers)} fuser(s), "
@@ -51,6 +53,8 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         markup=False,
         soft_wrap=True,
     )
+    if plan.reroutes:
+        console.print(reroute_summary(plan), markup=False, soft_wrap=True)
     parallel: ParallelSettings = analysis.section(PARALLEL)
     if parallel.is_parallel:
         from te_assembly.parallel.launch import torchrun_command
@@ -58,3 +62,16 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         launch = torchrun_command(parallel.world_size)
         console.print(f"parallel: {parallel.describe()}; launch {launch}", markup=False)
     return Outcome(0, summary)
+
+
+def reroute_summary(plan: Plan, shown: int = 3) -> str:
+    """One line: the channels read across modules (carried between fusers by the engine), the first few
+    with the fusers and modules they cross."""
+    names = {s.index: s.name for s in plan.steps}
+    listed = "; ".join(
+        f"{r.channel} (fuser {r.producer_fuser} -> {', '.join(map(str, r.consumer_fusers))}, across "
+        f"{', '.join(names[m] for m in r.crosses)})"
+        for r in plan.reroutes[:shown]
+    )
+    more = f"; and {len(plan.reroutes) - shown} more" if len(plan.reroutes) > shown else ""
+    return printable(f"rerouted across modules: {len(plan.reroutes)} channel(s): {listed}{more}")
