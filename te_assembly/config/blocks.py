@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.config import interpolate, overrides
-from te_assembly.config.locations import SUFFIXES, group_dir, is_path_choice, list_options
+from te_assembly.config.locations import (
+    is_path_choice,
+    list_options,
+    option_files,
+    shadowed,
+)
 from te_assembly.config.source import Key, Source
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
 from te_assembly.plan import BlockGroup, BlockUse
@@ -163,7 +168,7 @@ class _Expander:
             sites = [s[2:] for s in self.ctx.inline_sites if len(s) > 2 and s[1] == ref]
             where = BlockSource(ref, f"model.blocks.{ref}", self.ctx.model_source)
             return self._checked(where, self.inline[ref], sites)
-        location = self._locate(ref)
+        location = self._locate(ref, path)
         if location is None:
             self.diags.append(self._not_found(ref, path))
             return None
@@ -184,20 +189,18 @@ class _Expander:
             BlockSource(name, f"block.{name}", source), source.data, list(source.interpolations)
         )
 
-    def _locate(self, ref: str) -> Path | None:
+    def _locate(self, ref: str, path: str) -> Path | None:
         if is_path_choice(ref):
             model_file = self.ctx.model_source.file if self.ctx.model_source is not None else None
             base = Path(model_file).parent if model_file and Path(model_file).is_file() else Path.cwd()
             candidate = Path(ref).expanduser()
             candidate = candidate if candidate.is_absolute() else base / candidate
             return candidate.resolve() if candidate.is_file() else None
-        for root in self.ctx.search:
-            folder = group_dir(root, "block")
-            for suffix in SUFFIXES:
-                candidate = folder / f"{ref}{suffix}"
-                if candidate.is_file():
-                    return candidate
-        return None
+        files = option_files("block", ref, self.ctx.search)
+        twice = shadowed("block", ref, self.ctx.search, path)
+        if twice is not None:
+            self.diags.append(twice)
+        return files[0] if files else None
 
     def _not_found(self, ref: str, path: str) -> Diagnostic:
         known = sorted({*self.inline, *list_options("block", self.ctx.search)})

@@ -3,7 +3,8 @@ bad one is reported at its own key path and the rest still resolve.
 
 The forms configs use are resolved here directly: a whole-value reference ``${model.dims.hidden}`` (its
 target keeps its type; a target that is itself an interpolation is resolved first, cycles reported) and
-``${mul:2,${model.dims.ffn}}`` (numbers only: ``${mul:abc,100000000}`` is an error, not a 300 MB string).
+``${mul:2,${model.dims.ffn}}`` and ``${add:...}`` (numbers only: ``${mul:abc,100000000}`` is an error, not a
+300 MB string).
 Any other interpolation (``${oc.env:H}``, a relative ``${..x}``, text around a reference) is handed, one
 leaf at a time, to OmegaConf with a small root built from the rest of the config, so the model's steps
 never become OmegaConf nodes unless such a leaf sits among them.
@@ -20,7 +21,7 @@ from te_assembly.config.source import Key
 from te_assembly.diagnostics import Diagnostic, closest, error
 
 _REF = re.compile(r"\$\{\s*([A-Za-z_][\w]*(?:\.[A-Za-z_\w][\w]*|\[\d+\])*)\s*\}")
-_MUL = re.compile(r"\$\{\s*mul\s*:(.*)\}", re.S)
+_ARITHMETIC = re.compile(r"\$\{\s*(mul|add)\s*:(.*)\}", re.S)
 _NUMBER = re.compile(r"[-+]?(?:\d[\d_]*)?(?:\.\d[\d_]*)?(?:[eE][-+]?\d+)?")
 _MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
 
@@ -33,23 +34,40 @@ class InterpolationError(Exception):
         self.hint = hint
 
 
+def _numbers(name: str, values: Sequence[Any]) -> None:
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} takes numbers, got {v!r}")
+
+
+def _finite(name: str, values: Sequence[Any], result: Any) -> Any:
+    if isinstance(result, float) and not math.isfinite(result):
+        raise ValueError(f"{name} of {', '.join(map(str, values))} is not a finite number")
+    return result
+
+
 def check_mul(*factors: Any) -> Any:
     """``${mul:a,b,...}``: the product of numbers (bools and strings are refused)."""
-    result: Any = 1
-    for f in factors:
-        if isinstance(f, bool) or not isinstance(f, (int, float)):
-            raise TypeError(f"mul takes numbers, got {f!r}")
-        result *= f
-    if isinstance(result, float) and not math.isfinite(result):
-        raise ValueError(f"mul of {', '.join(map(str, factors))} is not a finite number")
-    return result
+    _numbers("mul", factors)
+    return _finite("mul", factors, math.prod(factors))
+
+
+def check_add(*terms: Any) -> Any:
+    """``${add:a,b,...}``: the sum of numbers, e.g. a packed QKV width
+    ``${mul:${add:${block.dims.heads},${mul:2,${block.dims.kv_heads}}},${block.dims.head_dim}}``."""
+    _numbers("add", terms)
+    return _finite("add", terms, sum(terms))
+
+
+ARITHMETIC: dict[str, Callable[..., Any]] = {"mul": check_mul, "add": check_add}
 
 
 def register_resolvers() -> None:
     """``mul`` for OmegaConf too (the fallback, and Hydra's own composition of the settings)."""
     from omegaconf import OmegaConf
 
-    OmegaConf.register_new_resolver("mul", check_mul, replace=True)
+    for name, function in ARITHMETIC.items():
+        OmegaConf.register_new_resolver(name, function, replace=True)
     # ``hydra.run.dir``'s ``${dir_name:${hydra:runtime.choices.model}}``: a model choice as one folder name.
     from te_assembly.config.locations import choice_stem
 
@@ -118,11 +136,11 @@ class Interpolator:
             keys = _parse_ref(whole.group(1))
             if keys and keys[0] in self.roots:
                 return self._lookup(tuple(keys), whole.group(1))
-        mul = _MUL.fullmatch(text.strip())
-        if mul is not None:
-            args = _split_args(mul.group(1))
+        arithmetic = _ARITHMETIC.fullmatch(text.strip())
+        if arithmetic is not None:
+            args = _split_args(arithmetic.group(2))
             if args is not None:
-                return self._mul(args, path)
+                return self._arithmetic(ARITHMETIC[arithmetic.group(1)], args, path)
         return self._fallback(text, path)
 
     def _lookup(self, keys: tuple[Key, ...], shown: str) -> Any:
@@ -139,7 +157,7 @@ class Interpolator:
                 value = _rebuild(value, [(site, self.value((*keys, *site))) for site in inner])
         return value
 
-    def _mul(self, args: list[str], path: tuple[Key, ...]) -> Any:
+    def _arithmetic(self, function: Callable[..., Any], args: list[str], path: tuple[Key, ...]) -> Any:
         factors: list[Any] = []
         for arg in args:
             if _NUMBER.fullmatch(arg) and any(c.isdigit() for c in arg):
@@ -149,7 +167,7 @@ class Interpolator:
             else:
                 factors.append(arg.strip("'\""))
         try:
-            return check_mul(*factors)
+            return function(*factors)
         except (TypeError, ValueError) as exc:
             raise InterpolationError(f"cannot resolve value: {exc}") from None
 
@@ -348,6 +366,7 @@ __all__ = [
     "DROPPED",
     "InterpolationError",
     "Interpolator",
+    "check_add",
     "check_mul",
     "find_sites",
     "register_resolvers",

@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from te_assembly.diagnostics import Diagnostic, warning
+
 FILE_GROUPS = ("model", "recipe", "block")
 """Config groups whose options are read by ``source.py``, never by Hydra (``composition.py``)."""
 
@@ -80,13 +82,35 @@ def find_option(group: str, choice: str, roots: Iterable[Path]) -> Path | None:
     if is_path_choice(choice):
         path = Path(choice).expanduser()
         return path.resolve() if path.is_file() else None
+    files = option_files(group, choice, roots)
+    return files[0] if files else None
+
+
+def option_files(group: str, choice: str, roots: Iterable[Path]) -> list[Path]:
+    """Every file named ``choice`` in ``group`` across these config folders, in search-path order (the
+    first is the one used)."""
+    found: list[Path] = []
     for root in roots:
         folder = group_dir(root, group)
-        for suffix in SUFFIXES:
-            candidate = folder / f"{choice}{suffix}"
-            if candidate.is_file():
-                return candidate
-    return None
+        found.extend(folder / f"{choice}{s}" for s in SUFFIXES if (folder / f"{choice}{s}").is_file())
+    return found
+
+
+def shadowed(group: str, choice: str, roots: Iterable[Path], path: str) -> Diagnostic | None:
+    """A warning when an option name exists in more than one config folder: only the first is read,
+    and a user who copied a shipped config to edit it must not lose the edits silently."""
+    if is_path_choice(choice):
+        return None
+    files = option_files(group, choice, roots)
+    if len(files) < 2:
+        return None
+    ignored = ", ".join(str(f) for f in files[1:])
+    return warning(
+        path,
+        "shadowed-config",
+        f"{group} {choice!r} is in more than one config folder: using {files[0]}, not {ignored}",
+        f"give yours another name (and `name:`), or choose it by path: {group}={files[1]}",
+    )
 
 
 def list_options(group: str, roots: Iterable[Path]) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from te_assembly.config import interpolate, overrides
 from te_assembly.config.blocks import Context, Expansion, expand, needs_expansion
-from te_assembly.config.locations import FILE_GROUPS, shipped_roots
+from te_assembly.config.locations import FILE_GROUPS, shadowed, shipped_roots
 from te_assembly.config.source import Key, Source, read_bytes, read_file
 from te_assembly.diagnostics import Diagnostic, error
 
@@ -216,11 +216,16 @@ def _finish(
             settings[key] = value
     sources = {name: g.source for name, g in groups.items() if g.source is not None}
     sources.update(extra_sources)
+    folders = list(search) if search is not None else [*shipped_roots(), *map(Path, config_dirs)]
+    for name in ("model", "recipe"):
+        choice = choices.get(name)
+        twice = shadowed(name, choice, folders, name) if choice and name in sources else None
+        if twice is not None:
+            diags.append(twice)
     block_overrides = [o for o in parsed_overrides if overrides.held_back(o, ("block",))]
     expansion = None
     model = data.get("model")
     if isinstance(model, Mapping) and (needs_expansion(model) or block_overrides):
-        folders = list(search) if search is not None else [*shipped_roots(), *map(Path, config_dirs)]
         model_group = groups.get("model")
         ctx = Context(
             roots=resolver.roots,

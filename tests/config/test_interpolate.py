@@ -35,6 +35,32 @@ def test_mul_takes_numbers_only(expression: str) -> None:
     assert "mul takes numbers" in problems["model.a"]
 
 
+def test_add_sums_numbers_and_nests_with_mul() -> None:
+    model = {
+        "dims": {"heads": 4, "kv": 2, "d": 16},
+        "qkv": "${mul:${add:${model.dims.heads},${mul:2,${model.dims.kv}}},${model.dims.d}}",
+        "b": "${add:1,2.5,-3}",
+    }
+    data, problems = _resolve(model)
+    assert problems == {} and data["qkv"] == (4 + 2 * 2) * 16 and data["b"] == 0.5
+
+
+@pytest.mark.parametrize("expression", ["${add:abc,1}", "${add:true,3}", "${add:1e308,1e308}"])
+def test_add_takes_finite_numbers_only(expression: str) -> None:
+    data, problems = _resolve({"a": expression})
+    assert "a" not in data
+    assert "add takes numbers" in problems["model.a"] or "not a finite number" in problems["model.a"]
+
+
+def test_add_through_omegaconf_in_the_settings_too() -> None:
+    from omegaconf import OmegaConf
+
+    from te_assembly.config.interpolate import register_resolvers
+
+    register_resolvers()
+    assert OmegaConf.create({"a": 3, "b": "${add:${a},4}"}).b == 7
+
+
 def test_a_missing_key_suggests_the_close_one() -> None:
     _, problems = _resolve({"dims": {"hidden": 8}, "a": "${model.dims.hiden}"})
     assert problems == {"model.a": "cannot resolve value: Interpolation key 'model.dims.hiden' not found"}

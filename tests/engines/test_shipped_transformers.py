@@ -204,3 +204,19 @@ def test_hand_split_variant_matches_the_rerouted_model(model: str) -> None:
 @pytest.mark.parametrize("model", MODELS)
 def test_hand_split_variant_matches_the_rerouted_model_through_te_fusers(model: str) -> None:
     _split_matches("te", "reference", model)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 1), (8, 8), (6, 3)])
+def test_the_packed_qkv_width_follows_the_heads(model: str, heads: int, kv_heads: int) -> None:
+    """One dims override changes the attention's shape: the QKV width is computed in the block file."""
+    plan = te_assembly.load(
+        model, overrides=[f"model.dims.heads={heads}", f"model.dims.kv_heads={kv_heads}"]
+    ).checked_plan()
+    qkv = next(s for s in plan.steps if s.name == "layers.0.qkv")
+    proj = next(s for s in plan.steps if s.name == "layers.0.proj")
+    head_dim = plan.dims["head_dim"]
+    assert qkv.out_width == (heads + 2 * kv_heads) * head_dim
+    assert proj.in_width == heads * head_dim
+    bad = te_assembly.load(model, overrides=["model.dims.heads=4", "model.dims.kv_heads=3"])
+    assert bad.plan is None and any("kv_heads" in d.message for d in bad.diagnostics)

@@ -114,7 +114,9 @@ def test_train_lowers_the_loss(user: Path) -> None:
         "train.checkpoint_every=0",
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    losses = json.loads((out_dir / "losses.json").read_text())["losses"]
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    losses = [r["loss"] for r in records]
     assert len(losses) == 30
     assert sum(losses[-5:]) < 0.9 * sum(losses[:5]), losses
 
