@@ -254,8 +254,39 @@ class MultipleOf:
     when: str | None = None
 
 
+class _Arguments:
+    """What an op and a module do with their ``params``: look one up, fill defaults (a null derived
+    argument takes another's value, ``default_from``)."""
+
+    params: tuple[Param, ...]
+
+    @cached_property
+    def params_by_name(self) -> dict[str, Param]:
+        return {p.name: p for p in self.params}
+
+    @cached_property
+    def defaults(self) -> dict[str, Any]:
+        """The arguments that have a default, with it."""
+        return {p.name: p.default for p in self.params if not p.required}
+
+    def param(self, name: str) -> Param | None:
+        return self.params_by_name.get(name)
+
+    def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        full = {**self.defaults, **args}
+        for p in self.derived_params:
+            if full.get(p.name) is None:
+                full[p.name] = full.get(p.default_from)  # type: ignore[arg-type]
+        return full
+
+    @cached_property
+    def derived_params(self) -> tuple[Param, ...]:
+        """Params whose null value takes another argument's (``default_from``)."""
+        return tuple(p for p in self.params if p.default_from is not None)
+
+
 @dataclass(frozen=True)
-class OpSpec:
+class OpSpec(_Arguments):
     """One fusible op: the single description that validator, engines, explain and docs read."""
 
     name: str
@@ -296,18 +327,6 @@ class OpSpec:
     def changes_rows(self) -> bool:
         return self.rows_delta != 0
 
-    @cached_property
-    def params_by_name(self) -> dict[str, Param]:
-        return {p.name: p for p in self.params}
-
-    @cached_property
-    def defaults(self) -> dict[str, Any]:
-        """The arguments that have a default, with it."""
-        return {p.name: p.default for p in self.params if not p.required}
-
-    def param(self, name: str) -> Param | None:
-        return self.params_by_name.get(name)
-
     def input_slots(self, args: Mapping[str, Any]) -> tuple[Slot, ...]:
         if not any(s.enabled_if for s in self.inputs):
             return self.inputs  # the common case: no slot depends on an argument
@@ -320,18 +339,6 @@ class OpSpec:
         full = self.with_defaults(args)
         return tuple(s for s in self.outputs if s.enabled(full))
 
-    def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        full = {**self.defaults, **args}
-        for p in self.derived_params:
-            if full.get(p.name) is None:
-                full[p.name] = full.get(p.default_from)  # type: ignore[arg-type]
-        return full
-
-    @cached_property
-    def derived_params(self) -> tuple[Param, ...]:
-        """Params whose null value takes another argument's (``default_from``)."""
-        return tuple(p for p in self.params if p.default_from is not None)
-
     def basic_ops(self, args: Mapping[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
         if self.expands_to is None:
             return ((self.name, dict(args)),)
@@ -339,7 +346,7 @@ class OpSpec:
 
 
 @dataclass(frozen=True)
-class ModuleSpec:
+class ModuleSpec(_Arguments):
     """A non-fusible torch module from the allowlist. It ends a fuser, as in ``te.ops.Sequential``."""
 
     name: str
@@ -362,26 +369,3 @@ class ModuleSpec:
     """The main-path layout the module needs (``sequence`` for Attention)."""
     sets_layout: str | None = None
     """As ``OpSpec.sets_layout``."""
-
-    @cached_property
-    def params_by_name(self) -> dict[str, Param]:
-        return {p.name: p for p in self.params}
-
-    @cached_property
-    def defaults(self) -> dict[str, Any]:
-        return {p.name: p.default for p in self.params if not p.required}
-
-    def param(self, name: str) -> Param | None:
-        return self.params_by_name.get(name)
-
-    def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        full = {**self.defaults, **args}
-        for p in self.derived_params:
-            if full.get(p.name) is None:
-                full[p.name] = full.get(p.default_from)  # type: ignore[arg-type]
-        return full
-
-    @cached_property
-    def derived_params(self) -> tuple[Param, ...]:
-        """Params whose null value takes another argument's (``default_from``)."""
-        return tuple(p for p in self.params if p.default_from is not None)
