@@ -182,4 +182,7 @@ def test_every_rank_runs_the_hydra_app_without_racing_on_files(tmp_path: Path) -
     assert wrong.returncode != 0
     assert wrong.stderr.count("torchrun started 2 process(es)") == 1, wrong.stderr
     assert "[rank 0/2] error: parallel: torchrun started 2 process(es)" in wrong.stderr
-    assert "[rank 1/2] error: 1 config finding(s), listed by rank 0" in wrong.stderr
+    # Rank 1 says so only if it gets there before rank 0's exit makes torchrun stop it (a race a
+    # loaded machine can lose); it never lists the findings a second time.
+    rank1 = [line for line in wrong.stderr.splitlines() if line.startswith("[rank 1/2]")]
+    assert all(line == "[rank 1/2] error: 1 config finding(s), listed by rank 0" for line in rank1), rank1

@@ -170,7 +170,15 @@ def test_a_sweep_lands_in_hydras_sweep_directory(tmp_path: Path) -> None:
         assert (job / "ckpt-0000001.safetensors").exists()
 
 
-def test_graph_verify_and_an_overridden_run_dir(tmp_path: Path) -> None:
+@pytest.mark.te
+def test_verify_writes_into_a_run_dir(tmp_path: Path) -> None:
+    done = user_cli(tmp_path, ["verify", "model=residual_mlp"])
+    assert done.returncode == 0, done.stderr
+    run = only_run(tmp_path, "residual_mlp")
+    assert {"config.yaml", "verify.json"} <= {p.name for p in run.iterdir()}
+
+
+def test_graph_and_an_overridden_run_dir(tmp_path: Path) -> None:
     # Two configs whose YAML says the same name: the files follow the config chosen, so neither is lost.
     source = (REPO_ROOT / "configs" / "model" / "two_stage.yaml").read_text()
     for stem in ("first", "second"):
@@ -180,10 +188,6 @@ def test_graph_verify_and_an_overridden_run_dir(tmp_path: Path) -> None:
         run = only_run(tmp_path, stem)
         assert sorted(p.name for p in run.iterdir()) == ["config.yaml", f"{stem}.mmd"]
         assert resolved(run)["model"]["name"] == "two_stage"
-    done = user_cli(tmp_path, ["verify", "model=residual_mlp"])
-    assert done.returncode == 0, done.stderr
-    run = only_run(tmp_path, "residual_mlp")
-    assert {"config.yaml", "verify.json"} <= {p.name for p in run.iterdir()}
     done = user_cli(tmp_path, ["graph", "model=two_stage", "graph.formats=[dot]", "hydra.run.dir=pics/here"])
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "pics" / "here").iterdir()) == ["config.yaml", "two_stage.dot"]
