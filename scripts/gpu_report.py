@@ -72,6 +72,8 @@ VERIFY_GRID: tuple[Cell, ...] = (
     Cell("moe_block_wide", "mxfp8"),
     Cell("residual_mlp", "nvfp4"),
     Cell("moe_block_wide", "nvfp4"),
+    Cell("moe_transformer", "bf16"),  # TE's DotProductAttention and fused RoPE, rerouted residuals
+    Cell("dense_transformer", "bf16"),
 )
 """What the GPU check verifies. Each cell satisfies its recipe's shape rules (checked in the dry run)."""
 
