@@ -6,7 +6,9 @@ Importing this package is cheap and never imports torch or TE; ``build`` pulls t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from te_assembly.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -28,12 +30,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'te_assembly' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

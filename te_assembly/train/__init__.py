@@ -5,7 +5,9 @@ Names are imported on first use, so ``te_assembly.train.settings`` imports witho
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from te_assembly.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from te_assembly.train.checkpoint import CheckpointError
@@ -23,13 +25,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy, so that ``te_assembly.train.settings`` imports without torch: ``validate`` checks the section.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = ["CheckpointError", "ExistingRunError", "StepRecord", "TrainResult", "TrainSettings", "train"]
