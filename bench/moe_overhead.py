@@ -30,9 +30,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from te_assembly.analysis.pipeline import load
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
-from te_assembly.pipeline import load
 
 SIZES = ((512, 64), (2048, 256))
 """(tokens, hidden); ffn = 2 * hidden, 8 experts, top 2."""

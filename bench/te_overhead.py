@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from te_assembly.analysis.pipeline import load
 from te_assembly.engines import build
-from te_assembly.pipeline import load
 
 WIDTH = 64
 HID = {"public": False}  # a channel the caller does not see

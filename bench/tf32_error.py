@@ -1,5 +1,5 @@
 """How far float32 through TE's GEMMs (run as TF32) lands from true float32, emulated on CPU: where the
-``tf32`` tolerance in te_assembly/verify.py comes from.
+``tf32`` tolerance in te_assembly/jobs/verify.py comes from.
 
 TE runs every all-float32 GEMM with ``CUBLAS_COMPUTE_32F_FAST_TF32``: each operand is cut to TF32's 10
 mantissa bits and the products are summed in float32. This script runs the reference engine twice on the
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from te_assembly import load
 from te_assembly.engines import build
 from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.reference.ops.moe import TopKRouter
-from te_assembly.verify import (
+from te_assembly.engines.reference.ops.moe import TopKRouter
+from te_assembly.jobs.verify import (
     TOLERANCES,
     _forward_backward,
     compare,

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import te_assembly  # noqa: E402
-from te_assembly.bench.split import plan_to_model  # noqa: E402
+from te_assembly.jobs.benchmark.split import plan_to_model  # noqa: E402
 
 GOAL_S = 2.0
 """CLI validate wall-time goal for the 96-layer moe_transformer (issue 10)."""
@@ -70,9 +70,9 @@ def cli_seconds(folder: Path, name: str, repeats: int) -> tuple[float, int, str]
 def fresh_load(name: str, folder: Path) -> None:
     """``te_assembly.load`` with the YAML read and parsed again (the pipeline keeps the last few parsed
     files by path and mtime, which would leave the flat model's parse out of the timing)."""
-    from te_assembly.config import resolved
+    from te_assembly.config import source
 
-    resolved._CACHE.clear()
+    source._CACHE.clear()
     te_assembly.load(name, config_dirs=[folder])
 
 

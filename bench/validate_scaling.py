@@ -41,10 +41,10 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from te_assembly.analysis import analyze_resolved  # noqa: E402
+from te_assembly.analysis.plan import Plan  # noqa: E402
 from te_assembly.config.resolved import resolve_source  # noqa: E402
 from te_assembly.config.source import parse_text  # noqa: E402
-from te_assembly.plan import Plan  # noqa: E402
-from te_assembly.validate import analyze_resolved  # noqa: E402
 
 HIDDEN, FFN, EXPERTS, TOP_K = 64, 128, 4, 2
 HIDDEN_OUT = {"public": False}

@@ -8,7 +8,7 @@
 
 Every (model, recipe) cell is reported, none is silently dropped: ``pass``/``fail``, ``unsupported`` (the
 GPU cannot run the recipe: MXFP8 and NVFP4 need sm_100, this is not a failure), or ``error`` with the
-exception. A recipe cell also records the recipe's effect (``te_assembly.verify.recipe_effect``): that
+exception. A recipe cell also records the recipe's effect (``te_assembly.jobs.verify.recipe_effect``): that
 its output moved off bfloat16 by more than bfloat16 noise. ``--dry-run`` does everything up to the
 first CUDA call: composes and validates every configuration and checks it against its recipe's shape
 rules, so a config mistake shows here on CPU, not on the GPU machine.
@@ -115,8 +115,8 @@ def _unsupported(recipe: Mapping[str, Any]) -> str | None:
     """Why this GPU cannot run the recipe, or None."""
     import torch
 
+    from te_assembly.analysis.recipes import check_recipe_supported
     from te_assembly.errors import UnsupportedRecipeError
-    from te_assembly.recipes import check_recipe_supported
 
     try:
         check_recipe_supported(recipe, torch.cuda.get_device_capability(), torch.version.cuda)
@@ -140,7 +140,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 def verify_cell(cell: Cell) -> dict[str, Any]:
-    from te_assembly.verify import recipe_effect, verify
+    from te_assembly.jobs.verify import recipe_effect, verify
 
     plan, recipe = _plan_and_recipe(cell)
     reason = _unsupported(recipe)
@@ -187,7 +187,7 @@ def cpu_cell(cell: Cell) -> dict[str, Any]:
     with ``kernels=reference`` in float64 (TE's fuser and channels with this Python and torch). A
     mismatch there raises, so the cell reports an error."""
     from te_assembly.engines import te_available
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     plan, _ = _plan_and_recipe(cell)
     if not te_available():
@@ -237,8 +237,8 @@ def _verify(dry_run: bool) -> dict[str, Any]:
 def bench_cell(bc: BenchCell) -> dict[str, Any]:
     import torch
 
-    from te_assembly.bench import PHASES, build_variants, forward_flops, peak_tflops, run_benchmark
     from te_assembly.engines.data import sample_public_inputs, sample_x
+    from te_assembly.jobs.benchmark import PHASES, build_variants, forward_flops, peak_tflops, run_benchmark
 
     plan, recipe = _plan_and_recipe(bc.cell)
     reason = _unsupported(recipe)

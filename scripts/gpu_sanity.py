@@ -2,7 +2,7 @@
 
 ``check``: te.Linear (float32 and bfloat16), te.LayerNorm, te.RMSNorm against our reference RMSNorm,
 a channelled te.ops block, and te.Linear under each FP8 recipe this GPU supports, forward and backward,
-against plain torch. Tolerances are verify's precision classes (``te_assembly.verify.TOLERANCES``):
+against plain torch. Tolerances are verify's precision classes (``te_assembly.jobs.verify.TOLERANCES``):
 float32 GEMMs through TE run as TF32, so they are held to the ``tf32`` class, not ``float32``. A recipe
 check also proves the recipe is on: its output must differ from TE's bfloat16 output by more than
 bfloat16 noise. Writes every result to ``--json`` and exits 1 on any failure.
@@ -25,7 +25,7 @@ import torch  # before transformer_engine: TE's core library needs torch's libnc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from te_assembly.verify import TOLERANCES, Tolerance  # noqa: E402
+from te_assembly.jobs.verify import TOLERANCES, Tolerance  # noqa: E402
 
 DEVICE = "cuda"
 """Where the checks run (a CPU smoke test with stand-ins for TE's modules points this at ``cpu``)."""
@@ -106,7 +106,7 @@ def check_linear(te: Any) -> None:
 
 
 def check_norms(te: Any) -> None:
-    from te_assembly.reference.ops.norms import RMSNorm
+    from te_assembly.engines.reference.ops.norms import RMSNorm
 
     torch.manual_seed(1)
     norm = te.LayerNorm(256, eps=1e-5, dtype=torch.float32, device=DEVICE)
@@ -153,8 +153,8 @@ def check_channelled_ops(te: Any) -> None:
 
 def recipe_objects() -> dict[str, tuple[dict[str, Any], Any]]:
     """Each FP8 recipe as (config, TE recipe object), or with None when this GPU cannot run it."""
+    from te_assembly.analysis.recipes import check_recipe_supported, load_recipe, to_te_recipe
     from te_assembly.errors import UnsupportedRecipeError
-    from te_assembly.recipes import check_recipe_supported, load_recipe, to_te_recipe
 
     out = {}
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)

@@ -8,9 +8,9 @@
 #   core        the reference ops and verify's comparison rules (compare, tolerance class, weight copy):
 #               the math both engines are held to, and the judge itself. 843 mutants in 998 s measured
 #               on the 2-core machine shared with other jobs (docs/mutation-survivors.md)
-#   reference   te_assembly/reference/ops/*        verify      all of te_assembly/verify.py (longer: its
+#   reference   te_assembly/engines/reference/ops/*        verify      all of te_assembly/jobs/verify.py (longer: its
 #                                                              end-to-end tests build models per mutant)
-#   checkpoint  te_assembly/train/checkpoint.py    validate    te_assembly/validate/*
+#   checkpoint  te_assembly/jobs/training/checkpoint.py    validate    te_assembly/analysis/*
 #   engines     te_assembly/engines/*              all         every core package (hours)
 # The test selection in pyproject's [tool.mutmut] is sized for core and verify; widen it first for the
 # others (tests/validation for validate; tests/engines for engines; tests/tools/test_train.py and
@@ -28,15 +28,15 @@ cd "$(dirname "$0")/.."
 subset="${1:-core}"
 case "$subset" in
   core)
-    names=("te_assembly.reference.ops.*")
+    names=("te_assembly.engines.reference.ops.*")
     for f in compare precision_class _loss_dtype copy_weights state_dict_parameters fill_zero_parameters; do
-      names+=("te_assembly.verify.x_${f}__mutmut_*")
+      names+=("te_assembly.jobs.verify.x_${f}__mutmut_*")
     done
     ;;
-  reference) names=("te_assembly.reference.ops.*") ;;
-  verify) names=("te_assembly.verify.*") ;;
-  checkpoint) names=("te_assembly.train.checkpoint.*") ;;
-  validate) names=("te_assembly.validate.*") ;;
+  reference) names=("te_assembly.engines.reference.ops.*") ;;
+  verify) names=("te_assembly.jobs.verify.*") ;;
+  checkpoint) names=("te_assembly.jobs.training.checkpoint.*") ;;
+  validate) names=("te_assembly.analysis.*") ;;
   engines) names=("te_assembly.engines.*") ;;
   all) names=() ;;
   *) echo "unknown subset '$subset' (core, reference, verify, checkpoint, validate, engines, all)" >&2; exit 2 ;;

@@ -9,24 +9,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from te_assembly.lazy import lazy_attributes
-
-__version__ = "0.1.0"
+from te_assembly.version import __version__
 
 if TYPE_CHECKING:
+    from te_assembly.analysis.pipeline import load, validate_model
     from te_assembly.config.locations import configs_dir, shipped_config
     from te_assembly.engines import build
-    from te_assembly.pipeline import load, validate_model
-    from te_assembly.pretrained import export_checkpoint, from_pretrained, save_pretrained
+    from te_assembly.jobs.pretrained import export_checkpoint, from_pretrained, save_pretrained
 
 _LAZY = {
     "build": "te_assembly.engines",
-    "load": "te_assembly.pipeline",
-    "validate_model": "te_assembly.pipeline",
+    "load": "te_assembly.analysis.pipeline",
+    "validate_model": "te_assembly.analysis.pipeline",
     "shipped_config": "te_assembly.config.locations",
     "configs_dir": "te_assembly.config.locations",
-    "save_pretrained": "te_assembly.pretrained",
-    "from_pretrained": "te_assembly.pretrained",
-    "export_checkpoint": "te_assembly.pretrained",
+    "save_pretrained": "te_assembly.jobs.pretrained",
+    "from_pretrained": "te_assembly.jobs.pretrained",
+    "export_checkpoint": "te_assembly.jobs.pretrained",
 }
 
 

@@ -81,3 +81,32 @@ class RunDirectoryInUseError(TeAssemblyError):
 class MissingToolError(TeAssemblyError):
     """A program or optional package the work needs is not installed (Graphviz's ``dot`` for SVG/PNG,
     ``tensorboard`` when asked for); the message says how to get it."""
+
+
+class CheckpointError(TeAssemblyError):
+    """A checkpoint cannot be read or written, is corrupt, or does not fit the model being resumed."""
+
+
+class ExistingRunError(CheckpointError):
+    """``out_dir`` holds checkpoints, and neither ``resume`` nor ``overwrite`` says what to do with them."""
+
+
+class SplitError(TeAssemblyError):
+    """The plan cannot be cut where asked."""
+
+
+class CallError(TeAssemblyError, TypeError):
+    """A model was called with missing, unknown or surplus public inputs, or tensors that do not fit."""
+
+
+class InputShapeError(CallError, ValueError):
+    """``x`` or a public input has a shape, dtype kind or device the plan does not allow."""
+
+
+class InterpolationError(Exception):
+    """One leaf of a config could not be resolved; the message is the diagnostic's. Internal to the
+    config pipeline, which turns it into a diagnostic (so not a ``TeAssemblyError``)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint

@@ -8,12 +8,18 @@ Pure Python (no torch): ``graph`` and the config writer use it; checkpoints buil
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import secrets
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from te_assembly.errors import OutputPathError
+from te_assembly.version import __version__
 
 TEMP_SUFFIX = ".tmp"
 
@@ -76,26 +82,77 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a temp file next to ``path``, fsync it, rename it over ``path``: a reader sees
-    the old file or the new one, never half of one. ``OutputPathError`` when it cannot be written
-    (``path`` is then left as it was)."""
+def _os_problem(exc: BaseException) -> str | None:
+    return (exc.strerror or str(exc)) if isinstance(exc, OSError) else None
+
+
+def write_atomic(
+    path: Path,
+    write: Callable[[str], object],
+    check: Callable[[str], object] | None = None,
+    *,
+    problem_of: Callable[[BaseException], str | None] = _os_problem,
+    error: Callable[[Path, str], Exception] | None = None,
+) -> Path:
+    """Call ``write(temp_path)`` for a temp file next to ``path``, fsync it, run ``check(temp_path)``, then
+    rename it over ``path``: a reader sees the old file or the new one, never half of one. On any failure
+    the temp file is removed and ``path`` is left as it was. A failed write (``problem_of`` gives its
+    one-line reason; default: an ``OSError``) is raised as ``error(path, reason)``, by default
+    ``OutputPathError``; anything else propagates as it is. Returns ``path``."""
     tmp = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = create_temp(path)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        os.close(fd)
+        write(tmp)
+        # A writer may replace the temp file with its own (safetensors writes one of mode 0o600 and
+        # renames it): give it the mode any new file of the user gets.
+        os.chmod(tmp, file_mode())
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         if tmp:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        raise write_error(path, exc) from None
+        problem = problem_of(exc)
+        if problem is not None:
+            raise (error or _output_error)(path, problem) from None
+        raise
     fsync_dir(path.parent)
     return path
 
 
-__all__ = ["create_temp", "file_mode", "fsync_dir", "prepare_out_dir", "write_error", "write_text_atomic"]
+def _output_error(path: Path, problem: str) -> Exception:
+    return OutputPathError(f"cannot write to {path}: {problem}")
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """``text`` written to ``path`` atomically (``write_atomic``); ``OutputPathError`` when it cannot be."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def config_text(config: Mapping[str, Any], command_line: str | None = None) -> str:
+    """A resolved config as YAML, with a header saying when and, if given, by which command line it was
+    made: the ``config.yaml`` beside a run's results."""
+    when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    lines = [f"# te_assembly {__version__}: the fully resolved config of this run ({when})"]
+    if command_line is not None:
+        lines.append(f"# {command_line}")
+    lines.append("# model and recipe as read (overrides and interpolations applied), then every setting")
+    body = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return "\n".join(lines) + "\n" + body
+
+
+__all__ = [
+    "config_text",
+    "create_temp",
+    "file_mode",
+    "fsync_dir",
+    "prepare_out_dir",
+    "write_atomic",
+    "write_error",
+    "write_text_atomic",
+]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_assembly.cli.report import signature
+from te_assembly.analysis import analyze_resolved
 from te_assembly.config import configs_dir
 from te_assembly.config.resolved import resolve_text
 from te_assembly.engines import build
-from te_assembly.validate import analyze_resolved
+from te_assembly.views.explain import signature
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 

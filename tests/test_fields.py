@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from te_assembly.bench.settings import BenchSettings
-from te_assembly.graph import GraphSettings
-from te_assembly.parallel.settings import ParallelSettings
-from te_assembly.pipeline import load
-from te_assembly.settings import CommonSettings, RunSettings
-from te_assembly.train.settings import TrainSettings
+from te_assembly.analysis.parallel.settings import ParallelSettings
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.settings import CommonSettings, RunSettings
+from te_assembly.jobs.benchmark.settings import BenchSettings
+from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.views.graph import GraphSettings
 
 SECTIONS = {
     "": CommonSettings,

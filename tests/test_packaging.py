@@ -47,7 +47,7 @@ def test_installed_wheel_finds_configs_outside_the_checkout(wheel: Path, tmp_pat
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     script = (
-        "import te_assembly.config as c, te_assembly.recipes as r;"
+        "import te_assembly.config as c, te_assembly.analysis.recipes as r;"
         "print(c.configs_dir()); print(','.join(c.available_models()));"
         "print(','.join(r.available_recipes()))"
     )

@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from te_assembly.diagnostics import Diagnostic
-from te_assembly.errors import ConfigError, UnsupportedRecipeError
-from te_assembly.recipes import (
+from te_assembly.analysis.recipes import (
     META_KEYS,
     NO_QUANTIZATION,
     RECIPE_SCHEMA,
@@ -28,6 +26,8 @@ from te_assembly.recipes import (
     to_te_recipe,
     validate_recipe,
 )
+from te_assembly.diagnostics import Diagnostic
+from te_assembly.errors import ConfigError, UnsupportedRecipeError
 
 RECIPE_FILES = sorted(recipe_dir().glob("*.yaml"))
 
@@ -195,7 +195,7 @@ def test_to_te_recipe_raises_config_error_before_importing_te() -> None:
 
 def test_import_does_not_pull_in_torch_or_te() -> None:
     code = (
-        "import sys, te_assembly.recipes as r; r.validate_recipe(r.load_recipe('mxfp8'));"
+        "import sys, te_assembly.analysis.recipes as r; r.validate_recipe(r.load_recipe('mxfp8'));"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformer_engine')];"
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -231,7 +231,7 @@ def test_schema_matches_te_dataclass(kind: str, te_recipe: ModuleType) -> None:
 
 @pytest.mark.te
 def test_format_names_match_te(te_recipe: ModuleType) -> None:
-    from te_assembly.recipes import FORMAT_NAMES
+    from te_assembly.analysis.recipes import FORMAT_NAMES
 
     assert set(FORMAT_NAMES) == {m.name for m in te_recipe.Format}
 

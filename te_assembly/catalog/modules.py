@@ -47,7 +47,7 @@ MODULES: tuple[ModuleSpec, ...] = (
         "parameters: the QKV and output projections are the fusible Linear ops around it. Reference: "
         "torch's scaled_dot_product_attention; TE engine with kernels=te: TE's DotProductAttention "
         "(bshd) and fused RoPE. Runs in the model's dtype, never FP8 (a recipe quantizes the Linears).",
-        "te_assembly.reference.attention:Attention",
+        "te_assembly.engines.reference.attention:Attention",
         params=(
             Param("num_heads", int, doc="Query heads."),
             Param(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
 
-_REF = "te_assembly.reference.ops.moe"
+_REF = "te_assembly.engines.reference.ops.moe"
 _EXPERTS = ("groups", "num_experts")
 _TOP_K = ("top_k", "top_k")
 

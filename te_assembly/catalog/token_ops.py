@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from te_assembly.catalog.spec import OpSpec, Slot
 
-_REF = "te_assembly.reference.ops.tokens"
+_REF = "te_assembly.engines.reference.ops.tokens"
 
 TOKEN_OPS: tuple[OpSpec, ...] = (
     OpSpec(

@@ -89,7 +89,7 @@ class Split:
             return (
                 f"{self.command} takes at most {len(names)} argument(s) ({usage or 'none'}), got {self.words}"
             )
-        from te_assembly.pipeline import quoted_value
+        from te_assembly.analysis.pipeline import quoted_value
 
         return [
             f"{self.command}.{name}={quoted_value(word)}"
@@ -146,7 +146,7 @@ def consoles() -> Consoles:
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
     # Under torchrun only rank 0 prints tables and progress; every rank's errors say which rank it is.
-    from te_assembly.parallel.launch import rank_consoles
+    from te_assembly.analysis.parallel.launch import rank_consoles
 
     return Consoles(*rank_consoles(out, err))
 
@@ -155,7 +155,7 @@ def consoles() -> Consoles:
 
 
 def composition_message(exc: BaseException, overrides: Sequence[str]) -> str:
-    from te_assembly.config.errors import describe
+    from te_assembly.config.composition_errors import describe
 
     return describe(exc, overrides)
 
@@ -163,10 +163,10 @@ def composition_message(exc: BaseException, overrides: Sequence[str]) -> str:
 def _report(exc: BaseException, io: Consoles, overrides: Sequence[str]) -> int:
     """The exit code for an error a command or Hydra raised on purpose, after printing it cleanly."""
     from te_assembly.cli.report import print_diagnostics
-    from te_assembly.config.errors import from_composition, syntax_error_in
+    from te_assembly.config.composition_errors import from_composition, syntax_error_in
 
     if isinstance(exc, ConfigError):
-        from te_assembly.parallel.launch import current_launch
+        from te_assembly.analysis.parallel.launch import current_launch
 
         if current_launch().is_main:  # every rank reads the same config: one copy of its findings
             print_diagnostics(exc.diagnostics, io.err)
@@ -237,8 +237,8 @@ def _job(state: AppState, cfg: Any) -> Outcome:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from te_assembly.analysis.analyze import analyze_resolved
     from te_assembly.config.resolved import resolve_composed
-    from te_assembly.validate.analysis import analyze_resolved
 
     hydra_cfg = HydraConfig.get()
     task = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)  # resolving would evaluate values
@@ -297,13 +297,13 @@ def _check_launch(analysis: Any, command: str) -> None:
     """Under torchrun, every command needs the world the ``parallel`` sizes ask for (each rank runs this
     app on the same config). ``run``, ``train`` and ``bench`` also refuse sizes above 1 without torchrun,
     when they start the process groups (``parallel/runtime.py``)."""
-    from te_assembly.parallel.launch import current_launch
+    from te_assembly.analysis.parallel.launch import current_launch
 
     launch = current_launch()
     settings = analysis.sections.get("parallel")
     if not launch.under_torchrun or settings is None:
         return
-    from te_assembly.parallel.checks import launch_diagnostics
+    from te_assembly.analysis.parallel.checks import launch_diagnostics
 
     found = launch_diagnostics(settings, launch, command)
     if found:
@@ -386,7 +386,7 @@ def _run(hydra: Any, state: AppState, config_name: str, overrides: list[str]) ->
     def task(cfg: Any) -> Outcome:
         return _job(state, cfg)
 
-    from te_assembly.parallel.launch import current_launch
+    from te_assembly.analysis.parallel.launch import current_launch
 
     with contextlib.ExitStack() as stack:
         scratch = None
@@ -426,10 +426,10 @@ def _show_cfg(
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
+    from te_assembly.analysis.pipeline import task_overrides
     from te_assembly.cli.report import print_diagnostics
     from te_assembly.config.locations import FILE_GROUPS
     from te_assembly.config.resolved import resolve_composed
-    from te_assembly.pipeline import task_overrides
 
     cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False)
     HydraConfig.instance().set_config(cfg)

@@ -30,10 +30,10 @@ def _composed(
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
+    from te_assembly.analysis.pipeline import task_overrides
     from te_assembly.config.composition import CONFIG_NAME, create_hydra
     from te_assembly.config.locations import FILE_GROUPS
     from te_assembly.config.resolved import resolve_composed
-    from te_assembly.pipeline import task_overrides
 
     parser = get_args_parser()
     saved, sys.argv[0] = sys.argv[0], "te-assembly"  # Hydra's completion help names the executable

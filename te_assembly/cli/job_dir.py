@@ -15,16 +15,13 @@ behind (``remove_if_unused``).
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from te_assembly.outputs import write_text_atomic
+from te_assembly.outputs import config_text, write_text_atomic
 
 CONFIG_FILE = "config.yaml"
 _DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
@@ -87,23 +84,16 @@ def claim(job: JobDir) -> Path:
             candidate = job.path.with_name(f"{job.path.name}_{n}")
 
 
-def config_text(config: Mapping[str, Any], job: JobDir | None) -> str:
-    """The resolved config as YAML, with a header saying which command line produced it."""
-    from te_assembly import __version__
-
-    when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    lines = [f"# te_assembly {__version__}: the fully resolved config of this run ({when})"]
-    if job is not None:
-        shown = " ".join(job.overrides) or "(no overrides)"
-        lines.append(f"# python -m te_assembly {job.command} {shown}")
-    lines.append("# model and recipe as read (overrides and interpolations applied), then every setting")
-    body = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, default_flow_style=False)
-    return "\n".join(lines) + "\n" + body
+def command_line(job: JobDir | None) -> str | None:
+    """The command that made this run, for the config's header."""
+    if job is None:
+        return None
+    return f"python -m te_assembly {job.command} {' '.join(job.overrides) or '(no overrides)'}"
 
 
 def write_config(directory: Path, config: Mapping[str, Any], job: JobDir | None = None) -> Path:
     """``<directory>/config.yaml``, written atomically (``OutputPathError`` if it cannot be)."""
-    return write_text_atomic(directory / CONFIG_FILE, config_text(config, job))
+    return write_text_atomic(directory / CONFIG_FILE, config_text(config, command_line(job)))
 
 
 def remove_if_unused(job: JobDir) -> None:
@@ -121,4 +111,4 @@ def remove_if_unused(job: JobDir) -> None:
         folder = folder.parent
 
 
-__all__ = ["CONFIG_FILE", "JobDir", "claim", "config_text", "current", "remove_if_unused", "write_config"]
+__all__ = ["CONFIG_FILE", "JobDir", "claim", "command_line", "current", "remove_if_unused", "write_config"]

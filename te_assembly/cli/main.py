@@ -90,7 +90,7 @@ def run() -> None:
     interpreter's final collector passes over them otherwise cost more than validating the model."""
     code = main()
     if code == 2:  # a config error: under torchrun, rank 0 reports it (parallel/launch.py)
-        from te_assembly.parallel.launch import let_main_rank_report
+        from te_assembly.analysis.parallel.launch import let_main_rank_report
 
         let_main_rank_report()
     import gc

@@ -1,4 +1,5 @@
-"""Printing diagnostics and plans for people. Formatting only: no checks happen here."""
+"""Printing diagnostics and sweep summaries for people. Formatting only: no checks happen here. (A
+plan's tables are ``views/explain.py``.)"""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from te_assembly.catalog import LAYOUTS
 from te_assembly.cli.commands import Outcome
 from te_assembly.diagnostics import Diagnostic, printable
-from te_assembly.outline import Expand, Outline, Uses
-from te_assembly.plan import FuserGroup, Plan, PlannedStep, PublicTensor
 
 
 def _t(text: str) -> Text:
@@ -29,199 +27,6 @@ def print_diagnostics(diags: Sequence[Diagnostic], console: Console) -> None:
     warnings = len(diags) - len(errors)
     if errors:
         console.print(f"{len(errors)} error(s), {warnings} warning(s)", style="bold red", markup=False)
-
-
-def signature(plan: Plan, expand: Expand | None = None) -> str:
-    """``model(x, <public inputs>) -> (y, <public outputs>)``; a collapsed block step's tensors once, as
-    ``layers[0-23].aux_loss``."""
-    view = _View(plan, expand or Expand())
-    inputs = ", ".join(["x", *dict.fromkeys(view.tensor_label(t) for t in plan.public_inputs)])
-    outputs = ", ".join(["y", *dict.fromkeys(view.tensor_label(t) for t in plan.public_outputs)])
-    return printable(f"model({inputs}) -> ({outputs})")
-
-
-def _layout_note(plan: Plan, layout: str | None) -> str:
-    """Where the main path's layout differs from x's: token rows inside a FlattenTokens span."""
-    if layout is None or layout == plan.input_layout:
-        return ""
-    return f" ({'token rows' if layout == 'tokens' else LAYOUTS.get(layout, layout)})"
-
-
-class _View(Outline):
-    """The plan as ``outline`` shows it: names of what a collapsed item holds, use-relative."""
-
-    def __init__(self, plan: Plan, expand: Expand) -> None:
-        super().__init__(len(plan.steps), plan.blocks, expand)
-        self.plan = plan
-
-    def tensor_label(self, t: PublicTensor) -> str:
-        return self.local(t.ref.step, t.name)
-
-    def step_label(self, step: int) -> str:
-        return self.local(step, self.plan.steps_by_index[step].name)
-
-
-def _fusers_of(steps: Sequence[PlannedStep]) -> str:
-    fusers = sorted({s.fuser for s in steps if s.fuser is not None})
-    if not fusers:
-        return "-"
-    return str(fusers[0]) if len(fusers) == 1 else f"{fusers[0]}-{fusers[-1]}"
-
-
-def _step_rows(plan: Plan, view: _View) -> Table:
-    steps = Table(title=_t(f"{plan.name}: steps"), title_justify="left")
-    for col in ("#", "step", "type", "fuser", "TE basic ops", "width", "params"):
-        steps.add_column(col, justify="right" if col in ("#", "params") else "left")
-    for item in view.items:
-        if isinstance(item, Uses):
-            held = [plan.steps[i] for i in item.steps]
-            per_use = item.uses[0].num_steps
-            modules = sum(1 for s in held if s.kind == "module") // len(item.uses)
-            inside = f"{per_use} steps per use" + (f" ({modules} module(s))" if modules else "")
-            width = f"{held[0].in_width} -> {held[-1].out_width}"
-            params = sum(s.num_params for s in held)
-            first, last = item.steps.start, item.steps.stop - 1
-            steps.add_row(
-                f"{first}-{last}",
-                _t(item.label),
-                _t(item.what),
-                _fusers_of(held),
-                inside,
-                width,
-                f"{params:,}",
-            )
-            continue
-        s = plan.steps[item]
-        if s.kind == "module":
-            basic, fuser = "(module: ends the fuser)", "-"
-        else:
-            n = len(s.basic_ops)
-            idx = f"{s.first_basic_op}" if n == 1 else f"{s.first_basic_op}-{s.first_basic_op + n - 1}"
-            basic, fuser = f"{idx}: {' + '.join(b for b, _ in s.basic_ops)}", str(s.fuser)
-        width = f"{s.in_width} -> {s.out_width}" + _layout_note(plan, s.layout)
-        steps.add_row(str(s.index), _t(s.name), s.type, fuser, basic, width, f"{s.num_params:,}")
-    steps.add_row("", "total", "", "", "", "", f"{plan.num_params:,}")
-    return steps
-
-
-def _fuser_rows(plan: Plan, view: _View) -> Table:
-    fusers = Table(title="fusers", title_justify="left")
-    for col in ("fuser", "steps", "basic ops", "ended by"):
-        fusers.add_column(col)
-    run: list[FuserGroup] = []
-
-    def flush() -> None:
-        if not run:
-            return
-        held = dict.fromkeys(view.item_of(i) for f in run for i in f.steps)
-        inside = ", ".join(f"{u.label} ({u.what})" for u in held if u is not None)
-        ends = dict.fromkeys(view.step_label(f.ended_by) for f in run if f.ended_by is not None)
-        label = str(run[0].index) if len(run) == 1 else f"{run[0].index}-{run[-1].index}"
-        basic = sum(f.num_basic_ops for f in run)
-        fusers.add_row(label, _t(f"inside {inside}"), f"{basic} in all", _t(", ".join(ends) or "-"))
-        run.clear()
-
-    for f in plan.fusers:
-        if all(view.item_of(i) is not None for i in f.steps):
-            run.append(f)
-            continue
-        flush()
-        names = list(dict.fromkeys(_held_name(view, i) for i in f.steps))
-        end = view.step_label(f.ended_by) if f.ended_by is not None else "-"
-        fusers.add_row(str(f.index), _t(", ".join(names)), str(f.num_basic_ops), _t(end))
-    flush()
-    return fusers
-
-
-def _held_name(view: _View, step: int) -> str:
-    item = view.item_of(step)
-    return f"{item.label} (collapsed)" if item is not None else view.plan.steps_by_index[step].name
-
-
-def _channel_rows(plan: Plan, view: _View) -> Table:
-    channels = Table(title="channels", title_justify="left")
-    for col in ("channel", "dtype", "producer", "consumers", "visibility", "route"):
-        channels.add_column(col)
-    routes = {r.channel: r for r in plan.reroutes}
-    rows: dict[str, tuple[str, ...]] = {}
-    for c in plan.channels.values():
-        p = c.producer.step
-        label = view.local(p, c.name)
-        if label in rows:
-            continue  # the same channel of another use in this collapsed item
-        producer = view.local(p, f"{plan.steps_by_index[p].name}.{c.producer.slot_name}")
-        cons = ", ".join(
-            view.local(r.step, f"{plan.steps_by_index[r.step].name}.{r.slot_name}") for r in c.consumers
-        )
-        route = "in its fuser"
-        if c.name in routes:
-            route = "rerouted " + view.describe(routes[c.name], plan.steps)
-        visibility = "public" if c.public else "internal"
-        rows[label] = (label, c.dtype, producer, cons or "(none)", visibility, route)
-    for label, dtype, producer, cons, visibility, route in rows.values():
-        channels.add_row(_t(label), dtype, _t(producer), _t(cons), visibility, _t(route))
-    return channels
-
-
-def _signature_rows(plan: Plan, view: _View, expand: Expand) -> Table:
-    sig = Table(title=Text(f"call signature: {signature(plan, expand)}"), title_justify="left")
-    for col in ("direction", "name", "slot", "dtype"):
-        sig.add_column(col)
-    shape = LAYOUTS[plan.input_layout].replace("features", str(plan.in_features))
-    sig.add_row("input", "x", _t(f"{shape} ({plan.input_layout_source})"), "float")
-    seen: set[tuple[str, str]] = set()
-    for direction, tensors in (("input", plan.public_inputs), ("output", plan.public_outputs)):
-        for t in tensors:
-            label = view.tensor_label(t)
-            if (direction, label) in seen:
-                continue
-            seen.add((direction, label))
-            item = view.item_of(t.ref.step)
-            where = view.step_label(t.ref.step)
-            fuser = f"fuser {t.fuser}" if item is None else "in each use"
-            sig.add_row(direction, _t(label), _t(f"{where}.{t.ref.slot_name} ({fuser})"), t.dtype)
-    return sig
-
-
-def _block_rows(plan: Plan) -> Table:
-    table = Table(title="blocks", title_justify="left")
-    for col in ("step", "block", "defined in", "uses", "steps per use", "params per use", "dims"):
-        table.add_column(
-            col, justify="right" if col in ("uses", "steps per use", "params per use") else "left"
-        )
-    for group in plan.blocks:
-        first = group.uses[0]
-        params = sum(plan.steps[i].num_params for i in first.steps)
-        dims = ", ".join(f"{k}={v}" for k, v in first.dims.items())
-        differ = [
-            f"use {u.index}: " + ", ".join(f"{k}={v}" for k, v in u.dims.items() if first.dims.get(k) != v)
-            for u in group.uses[1:]
-            if u.dims != first.dims
-        ]
-        if differ:
-            dims += "; " + "; ".join(differ)
-        table.add_row(
-            _t(group.name),
-            _t(group.block),
-            _t(group.file or "-"),
-            str(len(group.uses)),
-            str(first.num_steps),
-            f"{params:,}",
-            _t(dims or "-"),
-        )
-    return table
-
-
-def plan_tables(plan: Plan, expand: Expand | None = None) -> list[Table]:
-    """Steps, fusers, channels and the call signature; a block step's uses collapsed to one row per run
-    unless ``expand`` names them (``outline.py``), with a table of the blocks used."""
-    expand = expand or Expand()
-    view = _View(plan, expand)
-    tables = [_step_rows(plan, view)]
-    if plan.blocks:
-        tables.append(_block_rows(plan))
-    tables.extend([_fuser_rows(plan, view), _channel_rows(plan, view), _signature_rows(plan, view, expand)])
-    return tables
 
 
 def sweep_table(command: str, outcomes: list[tuple[list[str], Outcome]]) -> Table:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.config import interpolate, overrides
+from te_assembly.config.block_uses import BlockGroup, BlockUse
 from te_assembly.config.locations import (
     is_path_choice,
     list_options,
@@ -37,7 +38,6 @@ from te_assembly.config.locations import (
 )
 from te_assembly.config.source import Key, Source
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
-from te_assembly.plan import BlockGroup, BlockUse
 
 MAX_STEPS = 200_000
 """Most steps a model may expand to (a 96-layer transformer is about 1,500): ``repeat: 1000000000``
@@ -172,7 +172,7 @@ class _Expander:
         if location is None:
             self.diags.append(self._not_found(ref, path))
             return None
-        from te_assembly.config.resolved import read_source
+        from te_assembly.config.source import read_source
 
         name = location.stem
         source = read_source(str(location), "block", prefix=f"block.{name}")
@@ -213,7 +213,7 @@ class _Expander:
 
     def _checked(self, where: BlockSource, data: Any, sites: list[tuple[Key, ...]]) -> _Block | None:
         """The block's own structure, checked once; usable when its steps can be expanded."""
-        from te_assembly.schema import BlockConfig, check_structure
+        from te_assembly.config.schema import BlockConfig, check_structure
 
         def located(d: Diagnostic) -> Diagnostic:
             return where.source.locate(d) if where.source is not None else d
@@ -276,7 +276,7 @@ class _Expander:
             message = f"a step is one of op, module or block; this one also has {kinds[0]!r}"
             self.diags.append(error(f"{path}.block", "op-or-module", message))
             return None
-        from te_assembly.validate.steps import is_step_name
+        from te_assembly.config.schema import is_step_name
 
         if not is_step_name(name) or any(_related(name, other) for i, other in names if i != j):
             return None  # the analysis reports the name (bad, duplicate, or another's scope)

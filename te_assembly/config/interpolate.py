@@ -19,19 +19,12 @@ from typing import Any
 
 from te_assembly.config.source import Key
 from te_assembly.diagnostics import Diagnostic, closest, error
+from te_assembly.errors import InterpolationError
 
 _REF = re.compile(r"\$\{\s*([A-Za-z_][\w]*(?:\.[A-Za-z_\w][\w]*|\[\d+\])*)\s*\}")
 _ARITHMETIC = re.compile(r"\$\{\s*(mul|add)\s*:(.*)\}", re.S)
 _NUMBER = re.compile(r"[-+]?(?:\d[\d_]*)?(?:\.\d[\d_]*)?(?:[eE][-+]?\d+)?")
 _MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
-
-
-class InterpolationError(Exception):
-    """One leaf could not be resolved; the message is the diagnostic's."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 def _numbers(name: str, values: Sequence[Any]) -> None:

@@ -11,23 +11,19 @@ model file's place. Nothing here checks what the values mean: that is the analys
 from __future__ import annotations
 
 import logging
-import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from te_assembly.config import interpolate, overrides
 from te_assembly.config.blocks import Context, Expansion, expand, needs_expansion
 from te_assembly.config.locations import FILE_GROUPS, shadowed, shipped_roots
-from te_assembly.config.source import Key, Source, read_bytes, read_file
+from te_assembly.config.source import Key, Source, read_source
 from te_assembly.diagnostics import Diagnostic, error
 
 log = logging.getLogger(__name__)
 
-PREFIXES = {"model": "model", "recipe": "recipe", "block": "block"}
 CHOSEN_GROUPS = ("model", "recipe")
 """File groups chosen on the command line (``model=NAME``); blocks are used by the model's steps."""
 
@@ -67,40 +63,6 @@ class ResolvedConfig:
         interpolations applied), then every settings section, resolved. A run directory's
         ``config.yaml`` holds it, and ``te_assembly.load()`` takes it back as a mapping."""
         return {"model": self.model, "recipe": self.recipe, **self.settings}
-
-
-# ------------------------------------------------------------------------------------------- reading
-
-_CACHE: OrderedDict[tuple[Any, ...], Source] = OrderedDict()
-_CACHE_SIZE = 4
-"""Parsed files kept (a 10,000-step model's source is about 50 MiB with its line map)."""
-
-
-def read_source(location: str, kind: str, prefix: str | None = None) -> Source:
-    """The parsed file at ``location`` (a path, or ``pkg://module/file``). A file unchanged since it
-    was last read in this process (same size, modification time and inode) is not parsed again:
-    a sweep over one model parses it once. ``prefix``: the key path its root stands for (default: the
-    kind's, ``model``...; a block's is ``block.<name>``)."""
-    prefix = PREFIXES.get(kind, "") if prefix is None else prefix
-    if location.startswith("pkg://"):
-        module, _, relative = location.removeprefix("pkg://").partition("/")
-        return read_bytes(resources.files(module).joinpath(relative).read_bytes(), location, kind, prefix)
-    try:
-        stat = Path(location).stat()
-        key: tuple[Any, ...] | None = (location, kind, prefix, stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    except OSError:
-        key = None
-    if key is not None and key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
-    start = time.perf_counter()
-    source = read_file(location, kind, prefix)
-    log.debug("read %s (%s) in %.3f s", location, kind, time.perf_counter() - start)
-    if key is not None and source.ok:
-        _CACHE[key] = source
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return source
 
 
 # ------------------------------------------------------------------------------------------- resolving

@@ -19,9 +19,13 @@ a value means the same in a model file as on the command line. Pure Python: no t
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,11 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from te_assembly.collector import paused
 from te_assembly.diagnostics import Diagnostic, error
+
+log = logging.getLogger(__name__)
+
+PREFIXES = {"model": "model", "recipe": "recipe", "block": "block"}
+"""The key path each kind of file's root stands for."""
 
 MAX_BYTES = 32 * 2**20
 """Largest config file read (a 10,000-step model is about 1 MB)."""
@@ -450,10 +459,46 @@ __all__ = [
     "MAX_BYTES",
     "MAX_DEPTH",
     "MAX_VALUES",
+    "PREFIXES",
     "LineMap",
     "Source",
     "parse_text",
     "read_bytes",
     "read_file",
+    "read_source",
     "split_path",
 ]
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+_CACHE: OrderedDict[tuple[Any, ...], Source] = OrderedDict()
+_CACHE_SIZE = 4
+"""Parsed files kept (a 10,000-step model's source is about 50 MiB with its line map)."""
+
+
+def read_source(location: str, kind: str, prefix: str | None = None) -> Source:
+    """The parsed file at ``location`` (a path, or ``pkg://module/file``). A file unchanged since it
+    was last read in this process (same size, modification time and inode) is not parsed again:
+    a sweep over one model parses it once. ``prefix``: the key path its root stands for (default: the
+    kind's, ``model``...; a block's is ``block.<name>``)."""
+    prefix = PREFIXES.get(kind, "") if prefix is None else prefix
+    if location.startswith("pkg://"):
+        module, _, relative = location.removeprefix("pkg://").partition("/")
+        return read_bytes(resources.files(module).joinpath(relative).read_bytes(), location, kind, prefix)
+    try:
+        stat = Path(location).stat()
+        key: tuple[Any, ...] | None = (location, kind, prefix, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    except OSError:
+        key = None
+    if key is not None and key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    start = time.perf_counter()
+    source = read_file(location, kind, prefix)
+    log.debug("read %s (%s) in %.3f s", location, kind, time.perf_counter() - start)
+    if key is not None and source.ok:
+        _CACHE[key] = source
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return source

@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.settings import ENGINES, KERNELS
 from te_assembly.collector import paused
 from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.base import AssembledModel, ModelOutput
 from te_assembly.errors import ArgumentError, ConfigError, EngineUnavailableError
-from te_assembly.plan import Plan
-from te_assembly.settings import ENGINES, KERNELS
 
 if TYPE_CHECKING:
-    from te_assembly.parallel.context import ParallelContext
-    from te_assembly.validate.analysis import Analysis
+    from te_assembly.analysis.analyze import Analysis
+    from te_assembly.engines.parallel.context import ParallelContext
 
 
 def te_available() -> bool:
@@ -114,7 +114,7 @@ def build(
     build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our reference math inside TE's
     real ``OperationFuser``. ``recipe``: the TE engine's quantization recipe (a recipe config, see
     recipes.py; default: the config's own ``recipe``); the reference engine computes in ``dtype``.
-    ``parallel``: this rank's part of a parallel layout (``te_assembly.parallel``): the model holds this
+    ``parallel``: this rank's part of a parallel layout (``te_assembly.analysis.parallel``): the model holds this
     rank's slices of the weights a single process would draw with the same seed.
 
     Raises ``ArgumentError`` (a ``TypeError`` and ``ValueError``) for arguments of the wrong type or value,
@@ -123,7 +123,7 @@ def build(
     if isinstance(config, Plan):
         plan, config_recipe = config, None
     else:
-        from te_assembly.pipeline import CONFIG_KINDS, check_config_argument, load
+        from te_assembly.analysis.pipeline import CONFIG_KINDS, check_config_argument, load
 
         if config is None:  # load(None) means the default model; build() wants one named
             raise ArgumentError(f"build() expected {CONFIG_KINDS}; got None")
@@ -165,7 +165,7 @@ def _build(
     if chosen == "reference":
         if split is not None:
             return _parallel(plan, split, chosen, kernels, dev, dtype, None)
-        from te_assembly.engines.reference import build_reference
+        from te_assembly.engines.reference.model import build_reference
 
         return build_reference(plan, device=dev, dtype=dtype)
     if not te_available():
@@ -173,8 +173,8 @@ def _build(
             "engine=te needs Transformer Engine: pip install 'te_assembly[te]' "
             "(on a machine without a GPU: scripts/install_te_cpu.sh)"
         )
+    from te_assembly.analysis.recipes import checked_recipe
     from te_assembly.engines.te import build_te
-    from te_assembly.recipes import checked_recipe
 
     te_recipe = checked_recipe(recipe) if recipe is not None else config_recipe  # validated once, here
     if split is not None:
@@ -191,7 +191,7 @@ def _parallel(
     dtype: torch.dtype,
     recipe: Mapping[str, Any] | None,
 ) -> AssembledModel:
-    from te_assembly.parallel.build import build_parallel
+    from te_assembly.engines.parallel.build import build_parallel
 
     model = build_parallel(plan, parallel, chosen, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
     model.local_input_checks()  # a rank's inputs hold its own rows and expert groups

@@ -11,12 +11,12 @@ from typing import NamedTuple
 
 import torch
 
+from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import OpSpec
 from te_assembly.diagnostics import did_you_mean
 from te_assembly.engines.call_checks import CallChecks, CallError, InputShapeError
 from te_assembly.errors import ArgumentError
-from te_assembly.outline import Expand
-from te_assembly.plan import Plan
+from te_assembly.views.outline import Expand
 
 
 def loss_output_names(plan: Plan) -> tuple[str, ...]:
@@ -247,7 +247,7 @@ class AssembledModel(torch.nn.Module):
 
         from rich.console import Console
 
-        from te_assembly.cli.commands.explain import tables
+        from te_assembly.views.explain import tables
 
         columns = width or shutil.get_terminal_size((120, 24)).columns
         buffer = io.StringIO()
@@ -263,12 +263,12 @@ class AssembledModel(torch.nn.Module):
         the suffix: ``.mmd`` (Mermaid), ``.dot`` (Graphviz DOT), ``.svg``/``.png`` (need Graphviz's
         ``dot``: ``MissingToolError`` without it). Block steps collapsed unless ``expand`` names them.
         Returns the path."""
-        from te_assembly.graph import render_file, view_from_plan
+        from te_assembly.views.graph import render_file, view_from_plan
 
         return render_file(view_from_plan(self.plan, self._expand(expand)), path)
 
     def _expand(self, names: Sequence[str]) -> Expand:
-        from te_assembly.outline import parse_expand
+        from te_assembly.views.outline import parse_expand
 
         if isinstance(names, str):  # one name, not its characters
             names = [names]

@@ -20,17 +20,9 @@ from fractions import Fraction
 
 import torch
 
+from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import OpSpec
-from te_assembly.errors import TeAssemblyError
-from te_assembly.plan import Plan
-
-
-class CallError(TeAssemblyError, TypeError):
-    """A model was called with missing, unknown or surplus public inputs, or tensors that do not fit."""
-
-
-class InputShapeError(CallError, ValueError):
-    """``x`` or a public input has a shape, dtype kind or device the plan does not allow."""
+from te_assembly.errors import CallError, InputShapeError
 
 
 @dataclass(frozen=True)

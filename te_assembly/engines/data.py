@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from te_assembly.plan import Plan, PlannedStep, PublicTensor
+from te_assembly.analysis.plan import Plan, PlannedStep, PublicTensor
 
 
 def rows_per_step(plan: Plan, tokens: int) -> dict[int, int]:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import OpSpec
 from te_assembly.errors import ResourceError
-from te_assembly.plan import Plan
 
 INT_BYTES = 8
 """Integer channels (split sizes, routing maps, row maps) are int64."""

@@ -105,7 +105,7 @@ def test_a_failed_list_item_keeps_the_list_length() -> None:
 
 
 def test_settings_may_refer_to_the_model_and_to_each_other() -> None:
-    from te_assembly.pipeline import load
+    from te_assembly.analysis.pipeline import load
 
     overrides = ["run.tokens='${mul:2,${model.dims.hidden}}'", "run.steps='${seed}'", "seed=4"]
     analysis = load("residual_mlp", [*overrides, "model.dims.hidden=16"])

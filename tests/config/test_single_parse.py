@@ -12,10 +12,10 @@ import pytest
 from hydra._internal.core_plugins.file_config_source import FileConfigSource
 
 import te_assembly
-from te_assembly import recipes
+from te_assembly.analysis import analyze as analysis
+from te_assembly.analysis import recipes
 from te_assembly.cli.main import main as cli_main
-from te_assembly.config import resolved, source
-from te_assembly.validate import analysis
+from te_assembly.config import source
 
 MODEL = """\
 name: mine
@@ -49,9 +49,9 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Counter[str]]]
     monkeypatch.setattr(source, "_parse", counting_parse)
     monkeypatch.setattr(FileConfigSource, "load_config", counting_hydra)
     monkeypatch.setattr(analysis, "_model_passes", counting_passes)
-    resolved._CACHE.clear()
+    source._CACHE.clear()
     yield seen
-    resolved._CACHE.clear()
+    source._CACHE.clear()
 
 
 def _user_model(tmp_path: Path) -> Path:

@@ -6,11 +6,11 @@ import textwrap
 
 import torch
 
+from te_assembly.analysis import analyze_resolved
+from te_assembly.analysis.plan import Plan
 from te_assembly.config.resolved import resolve_text
 from te_assembly.engines import build
-from te_assembly.engines.reference import ReferenceModel
-from te_assembly.plan import Plan
-from te_assembly.validate import analyze_resolved
+from te_assembly.engines.reference.model import ReferenceModel
 
 F64 = torch.float64
 

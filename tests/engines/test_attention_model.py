@@ -16,13 +16,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from te_assembly import build, load
-from te_assembly.bench.flops import attention_flops, forward_flops
+from te_assembly.analysis.plan import Plan
 from te_assembly.engines.base import AssembledModel, InputShapeError
 from te_assembly.engines.data import sample_public_inputs, sample_x, x_lead
 from te_assembly.engines.memory import activation_bytes, attention_elements, check_fits, estimate
+from te_assembly.engines.reference.attention import Attention
 from te_assembly.errors import ResourceError
-from te_assembly.plan import Plan
-from te_assembly.reference.attention import Attention
+from te_assembly.jobs.benchmark.flops import attention_flops, forward_flops
 from tests.engines._helpers import randomize
 from tests.reference.naive_attention import naive_attention
 
@@ -142,7 +142,7 @@ def test_token_views_flatten_and_restore_any_rank(engine: tuple[str, str]) -> No
 
 @pytest.mark.te
 def test_decoder_layer_te_engine_matches_reference_engine() -> None:
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     plan = load(LAYER).checked_plan()
     report = verify(plan, kernels="reference", dtype=F64, tokens=48, seq_len=12)
@@ -280,7 +280,7 @@ def test_memory_estimate_counts_attention_and_refuses_what_cannot_fit() -> None:
 def test_bench_variants_of_the_decoder_layer_compute_the_same(split_at: str | None) -> None:
     """bench.compare's split (two fusers, bridged channels; part 2 starting inside the token view for
     fc1/restore) and plain variants equal the channelled model, outputs and gradients."""
-    from te_assembly.bench import bench_loss, build_variants, plan_to_model
+    from te_assembly.jobs.benchmark import bench_loss, build_variants, plan_to_model
 
     plan = load(LAYER).checked_plan()
     assert load(plan_to_model(plan)).checked_plan().input_layout == "sequence"

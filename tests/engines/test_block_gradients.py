@@ -19,7 +19,7 @@ import yaml
 from te_assembly.catalog import OPS
 from te_assembly.engines import build
 from te_assembly.engines.data import sample_public_inputs
-from te_assembly.verify import state_dict_parameters
+from te_assembly.jobs.verify import state_dict_parameters
 from tests.reference.op_cases import assert_grad
 from tests.reference.oracles import run_model
 

@@ -9,7 +9,7 @@ from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
 from te_assembly.config import available_models
 from te_assembly.engines import build
 from te_assembly.engines.base import CallError
-from te_assembly.engines.reference import ReferenceModel
+from te_assembly.engines.reference.model import ReferenceModel
 from tests.engines._helpers import F64, build_yaml, plan_from_yaml, randomize
 
 TWO_INPUTS = """

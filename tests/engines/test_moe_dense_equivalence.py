@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from te_assembly.analysis.pipeline import load
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
-from te_assembly.pipeline import load
 from tests.engines._helpers import F64, randomize
 
 TOKENS = 12

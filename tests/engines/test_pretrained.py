@@ -15,10 +15,10 @@ from safetensors import safe_open
 
 import te_assembly
 from te_assembly.engines import build
-from te_assembly.engines.reference import ReferenceModel
+from te_assembly.engines.reference.model import ReferenceModel
 from te_assembly.errors import OutputPathError
-from te_assembly.pretrained import CONFIG_FILE, WEIGHTS_FILE
-from te_assembly.train.checkpoint import CheckpointError, model_state
+from te_assembly.jobs.pretrained import CONFIG_FILE, WEIGHTS_FILE
+from te_assembly.jobs.training.checkpoint import CheckpointError, model_state
 from tests.conftest import REPO_ROOT
 from tests.engines._helpers import build_yaml, plan_from_yaml, randomize
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
 from te_assembly.engines.te.bindings import SET_INPUT, SET_OUTPUT, binding_calls
 from te_assembly.engines.te.routing import fuser_io
-from te_assembly.pipeline import load
-from te_assembly.plan import Plan
 
 F64 = torch.float64
 WIDTH = 5

@@ -14,11 +14,11 @@ import pytest
 import torch
 from rich.console import Console
 
+from te_assembly.analysis.pipeline import load
 from te_assembly.cli.commands import run
 from te_assembly.engines import build, resolve_engine
 from te_assembly.engines.data import sample_public_inputs, split_sizes
-from te_assembly.engines.reference import ReferenceModel
-from te_assembly.pipeline import load
+from te_assembly.engines.reference.model import ReferenceModel
 from tests.engines._helpers import plan_from_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import te_assembly
-from te_assembly.bench import bench_loss, build_variants
+from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
 from te_assembly.engines.base import loss_output_names
 from te_assembly.engines.data import sample_x
-from te_assembly.plan import Plan
-from te_assembly.verify import state_dict_parameters
+from te_assembly.jobs.benchmark import bench_loss, build_variants
+from te_assembly.jobs.verify import state_dict_parameters
 
 MODELS = {"moe_transformer": "moe_layer", "dense_transformer": "dense_layer"}
 CPU = torch.device("cpu")

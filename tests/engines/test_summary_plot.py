@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import te_assembly.graph as graph_module
+import te_assembly.views.graph as graph_module
+from te_assembly.analysis import analyze_resolved
+from te_assembly.analysis.plan import Plan
 from te_assembly.config import configs_dir
 from te_assembly.config.resolved import resolve_text
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, Summary
 from te_assembly.errors import ArgumentError, MissingToolError
-from te_assembly.plan import Plan
-from te_assembly.validate import analyze_resolved
 from tests.engines._helpers import build_yaml, plan_from_yaml
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]

@@ -22,14 +22,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from te_assembly.analysis.parallel.layout import shard_plan
+from te_assembly.analysis.parallel.settings import ParallelSettings
+from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.parallel.context import ParallelContext
-from te_assembly.parallel.layout import shard_plan
-from te_assembly.parallel.mesh import build_mesh
-from te_assembly.parallel.settings import ParallelSettings
-from te_assembly.plan import Plan
+from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.engines.parallel.mesh import build_mesh
 
 F64 = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-12}
@@ -287,7 +287,7 @@ def check_te_kernel_ops_are_split(rank: int) -> None:
     state = {
         k.removeprefix("steps."): v for k, v in single.state_dict().items() if ".fc1." in k or ".fc2." in k
     }
-    from te_assembly.parallel.sharding import take_slice
+    from te_assembly.engines.parallel.sharding import take_slice
 
     rules = {k.removeprefix("steps."): r for k, r in ctx.global_rules.items()}
     for name, param in module.named_parameters():

@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from te_assembly import load
+from te_assembly.analysis.parallel.checks import launch_diagnostics, parallel_diagnostics, tokens_diagnostics
+from te_assembly.analysis.parallel.launch import Launch, current_launch
+from te_assembly.analysis.parallel.settings import ParallelSettings
+from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS
 from te_assembly.catalog.sharding import EXPERT_ROLES, MODULE_SHARDING, SHARDING, TENSOR_ROLES
-from te_assembly.parallel.checks import launch_diagnostics, parallel_diagnostics, tokens_diagnostics
-from te_assembly.parallel.launch import Launch, current_launch
-from te_assembly.parallel.settings import ParallelSettings
-from te_assembly.plan import Plan
 from tests.conftest import REPO_ROOT
 
 SINGLE = Launch(0, 1, 0, under_torchrun=False)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from te_assembly.parallel.settings import ParallelSettings
-from te_assembly.plan import Plan
+from te_assembly.analysis.parallel.settings import ParallelSettings
+from te_assembly.analysis.plan import Plan
 from tests.parallel._worlds import (
     inline,
     positive,

@@ -8,9 +8,9 @@ import itertools
 import pytest
 import torch
 
-from te_assembly.parallel.expert_ops import regroup_order
-from te_assembly.parallel.layout import ParamShard, local_name, slice_rows
-from te_assembly.parallel.sharding import join_slices, take_slice
+from te_assembly.analysis.parallel.layout import ParamShard, local_name, slice_rows
+from te_assembly.engines.parallel.expert_ops import regroup_order
+from te_assembly.engines.parallel.sharding import join_slices, take_slice
 
 
 @pytest.mark.parametrize(("size", "blocks", "dim"), list(itertools.product((1, 2, 4), (1, 2, 4), (0, 1))))
@@ -55,7 +55,7 @@ def test_expert_parameters_are_renumbered_locally() -> None:
 
 
 def test_the_communication_clock_counts_overlapping_collectives_once() -> None:
-    from te_assembly.parallel.collectives import CommTimer
+    from te_assembly.engines.parallel.collectives import CommTimer
 
     timer = CommTimer()
     for start, end in ((0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.1, 3.2)):

@@ -1,6 +1,6 @@
 """Attention written out the long way, for tests: explicit loops over batch, head and query position,
 softmax(q . k / sqrt(d) + causal mask) v in float64, grouped-query attention and rotary embeddings from
-their definitions. Nothing here is shared with ``te_assembly/reference/attention.py``: it splits the
+their definitions. Nothing here is shared with ``te_assembly/engines/reference/attention.py``: it splits the
 packed input itself, rotates pair by pair with ``math.cos``/``math.sin`` of each angle, and picks each
 query head's key/value head by index.
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from te_assembly.reference.attention import Attention
+from te_assembly.engines.reference.attention import Attention
 from tests.reference.naive_attention import naive_attention, rotate_pairs
 
 CASES = [

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from te_assembly.reference.ops.linear import GroupedLinear
-from te_assembly.reference.ops.moe import Combine, Dispatch, TopKRouter
+from te_assembly.engines.reference.ops.linear import GroupedLinear
+from te_assembly.engines.reference.ops.moe import Combine, Dispatch, TopKRouter
 
 F64 = torch.float64
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from te_assembly.catalog import OPS
-from te_assembly.reference.ops.linear import _GroupedMatmul
+from te_assembly.engines.reference.ops.linear import _GroupedMatmul
 from tests.reference.op_cases import (
     CASES,
     F64,

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from te_assembly.catalog import OPS, load_object
-from te_assembly.reference.ops.activations import ScaledSwiGLU
-from te_assembly.reference.ops.linear import BasicLinear, GroupedLinear, Linear
-from te_assembly.reference.ops.moe import TopKRouter
-from te_assembly.reference.ops.norms import LayerNorm, RMSNorm
-from te_assembly.reference.ops.passthrough import AddExtraInput, Dropout, MakeExtraOutput
+from te_assembly.engines.reference.ops.activations import ScaledSwiGLU
+from te_assembly.engines.reference.ops.linear import BasicLinear, GroupedLinear, Linear
+from te_assembly.engines.reference.ops.moe import TopKRouter
+from te_assembly.engines.reference.ops.norms import LayerNorm, RMSNorm
+from te_assembly.engines.reference.ops.passthrough import AddExtraInput, Dropout, MakeExtraOutput
 
 F64 = torch.float64
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from te_assembly.reference.ops.activations import GELU, ScaledSwiGLU, SwiGLU
-from te_assembly.reference.ops.moe import TopKRouter
-from te_assembly.reference.ops.norms import LayerNorm, RMSNorm
+from te_assembly.engines.reference.ops.activations import GELU, ScaledSwiGLU, SwiGLU
+from te_assembly.engines.reference.ops.moe import TopKRouter
+from te_assembly.engines.reference.ops.norms import LayerNorm, RMSNorm
 
 BF16 = torch.bfloat16
 

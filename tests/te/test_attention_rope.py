@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from te_assembly.reference.attention import Attention
+from te_assembly.engines.reference.attention import Attention
 
 pytestmark = pytest.mark.te
 

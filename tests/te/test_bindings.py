@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from te_assembly.analysis.pipeline import load
 from te_assembly.engines.te import SET_INPUT, SET_OUTPUT, BindingCall, binding_calls, gpu_only_steps
 from te_assembly.engines.te.routing import rerouted_input_slots
-from te_assembly.pipeline import load
 
 
 def _in(step: str, slot: int, channel: str) -> BindingCall:

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from te_assembly import load
+from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
+from te_assembly.analysis.recipes import available_recipes, check_recipe_supported, load_recipe
 from te_assembly.errors import ConfigError, UnsupportedRecipeError
-from te_assembly.plan import Plan
-from te_assembly.recipes import available_recipes, check_recipe_supported, load_recipe
-from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +43,7 @@ def _supported_or_skip(recipe: dict[str, Any]) -> None:
 @pytest.mark.parametrize("recipe_name", available_recipes())
 @pytest.mark.parametrize("model", MODELS)
 def test_te_kernels_match_reference(model: str, recipe_name: str) -> None:
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     recipe = load_recipe(recipe_name)
     _supported_or_skip(recipe)
@@ -60,7 +60,7 @@ def test_te_kernels_match_reference(model: str, recipe_name: str) -> None:
 @pytest.mark.parametrize("model", ["residual_mlp", "moe_block"])
 def test_float32_through_te_is_tf32(model: str) -> None:
     """TE runs float32 GEMMs as TF32: verify holds them to the tf32 class, and they pass it."""
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     report = verify(model, kernels="te", device="cuda", dtype=torch.float32, tokens=256)
     assert report.precision == "tf32"
@@ -78,7 +78,7 @@ ACTIVE_CASES = [
 @pytest.mark.parametrize("recipe_name", QUANTIZING)
 @pytest.mark.parametrize(("model", "overrides"), ACTIVE_CASES)
 def test_recipe_is_active(model: str, overrides: tuple[str, ...], recipe_name: str) -> None:
-    from te_assembly.verify import ACTIVE_FACTOR, TOLERANCES, precision_class, recipe_effect
+    from te_assembly.jobs.verify import ACTIVE_FACTOR, TOLERANCES, precision_class, recipe_effect
 
     recipe = load_recipe(recipe_name)
     _supported_or_skip(recipe)
@@ -97,7 +97,7 @@ def test_model_ignoring_its_recipe_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     import contextlib
 
     from te_assembly.engines.te.model import TEModel
-    from te_assembly.verify import recipe_effect
+    from te_assembly.jobs.verify import recipe_effect
 
     recipe = load_recipe("fp8_current")
     _supported_or_skip(recipe)

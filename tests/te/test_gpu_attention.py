@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from te_assembly import load
-from te_assembly.recipes import load_recipe
-from te_assembly.verify import TOLERANCES, compare
+from te_assembly.analysis.recipes import load_recipe
+from te_assembly.jobs.verify import TOLERANCES, compare
 
 pytestmark = pytest.mark.gpu
 
@@ -33,8 +33,8 @@ def test_te_attention_matches_the_reference_module(
 ) -> None:
     import transformer_engine.pytorch as te
 
+    from te_assembly.engines.reference.attention import Attention
     from te_assembly.engines.te.attention import TEAttention
-    from te_assembly.reference.attention import Attention
 
     device = torch.device("cuda")
     mine = TEAttention(h, d, g, causal=causal, rotary=rotary, device=device, dtype=dtype)
@@ -59,7 +59,7 @@ def test_te_attention_matches_the_reference_module(
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_decoder_layer_verifies_with_te_kernels(dtype: torch.dtype) -> None:
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     plan = load(LAYER, ["model.dims.hidden=64", "model.dims.head_dim=16", "model.dims.ffn=64"]).checked_plan()
     report = verify(plan, kernels="te", device="cuda", dtype=dtype, tokens=256, seq_len=64)
@@ -68,9 +68,9 @@ def test_decoder_layer_verifies_with_te_kernels(dtype: torch.dtype) -> None:
 
 
 def test_fp8_recipe_quantizes_the_linears_around_bf16_attention() -> None:
+    from te_assembly.analysis.recipes import check_recipe_supported
     from te_assembly.errors import UnsupportedRecipeError
-    from te_assembly.recipes import check_recipe_supported
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     recipe = load_recipe("fp8_current")
     try:

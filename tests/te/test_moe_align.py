@@ -11,7 +11,7 @@ import torch
 from te_assembly import load
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
-from te_assembly.verify import copy_weights, fill_zero_parameters, state_dict_parameters
+from te_assembly.jobs.verify import copy_weights, fill_zero_parameters, state_dict_parameters
 
 pytestmark = pytest.mark.te
 

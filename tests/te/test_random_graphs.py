@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from te_assembly.analysis.pipeline import load
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
-from te_assembly.pipeline import load
 from tests.te.graphs import (
     MOE_OPS,
     TE_CPU_OPS,
@@ -174,7 +174,7 @@ def _runnable_graphs(count: int, seed: int, rerouted: int) -> list[dict[str, Any
 
 @pytest.mark.parametrize("kernels", ["reference", "te"])
 def test_te_engine_equals_reference_engine_on_random_graphs(kernels: str) -> None:
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     graphs = _runnable_graphs(100, seed=11 if kernels == "reference" else 12, rerouted=30)
     with_router = sum(any(s.get("op") == "TopKRouter" for s in g["ops"]) for g in graphs)

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import torch
 
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.plan import Plan
 from te_assembly.config import available_models
 from te_assembly.engines import build
 from te_assembly.engines.base import CallError
 from te_assembly.engines.te.routing import rerouted_input_slots
 from te_assembly.errors import EngineUnavailableError
-from te_assembly.pipeline import load
-from te_assembly.plan import Plan
 
 pytestmark = pytest.mark.te
 
@@ -89,7 +89,7 @@ def test_fusers_are_built_and_every_op_locked_at_build_time(model: str, kernels:
 
 @pytest.mark.parametrize("model", available_models())
 def test_te_engine_matches_reference_engine_on_shipped_configs(model: str) -> None:
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     plan = load(model).checked_plan()
     for dtype in (F64, torch.float32):
@@ -108,7 +108,7 @@ def plan_output_names(plan: Plan) -> list[str]:
 def test_verify_catches_a_lost_channel_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drop the gradients TE routes back into our ops' extra outputs: verify must notice."""
     from te_assembly.engines.te.adapter import ReferenceAdapter
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     original = ReferenceAdapter.fuser_backward
 
@@ -168,7 +168,7 @@ def test_kernels_te_on_cpu_fails_early_naming_gpu_steps() -> None:
 
 
 def test_quantization_recipe_needs_a_gpu_before_anything_runs() -> None:
-    from te_assembly.recipes import load_recipe
+    from te_assembly.analysis.recipes import load_recipe
 
     with pytest.raises(EngineUnavailableError, match="needs a CUDA GPU"):
         build("channel_demo", engine="te", kernels="te", recipe=load_recipe("fp8_current"))

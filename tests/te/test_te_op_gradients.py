@@ -13,7 +13,7 @@ import torch
 
 from te_assembly.catalog import OPS
 from te_assembly.engines import build
-from te_assembly.verify import state_dict_parameters
+from te_assembly.jobs.verify import state_dict_parameters
 from tests.reference.op_cases import (
     TE_CASES,
     OpCase,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from te_assembly.verify import TOLERANCES, Tolerance, compare, precision_class
+from te_assembly.jobs.verify import TOLERANCES, Tolerance, compare, precision_class
 
 TOL = Tolerance(atol=1e-6, rtol=1e-3)
 
@@ -148,7 +148,7 @@ def _shift_y(shift: float) -> Callable[[Outputs], Outputs]:
 def _reference_as_te(monkeypatch: pytest.MonkeyPatch, alter: Callable[[Outputs], Outputs]) -> None:
     """verify's 'TE engine' becomes a second reference engine whose outputs ``(y, *public outputs)`` pass
     through ``alter``: verify's own plumbing (thresholds by dtype, what is compared) runs without TE."""
-    import te_assembly.verify as verify_module
+    import te_assembly.jobs.verify as verify_module
 
     real_build = verify_module.build
 
@@ -169,7 +169,7 @@ def _reference_as_te(monkeypatch: pytest.MonkeyPatch, alter: Callable[[Outputs],
 
 
 def test_verify_fails_on_a_1e_6_float64_difference_without_te(monkeypatch: pytest.MonkeyPatch) -> None:
-    from te_assembly.verify import MAIN_OUTPUT, verify
+    from te_assembly.jobs.verify import MAIN_OUTPUT, verify
 
     _reference_as_te(monkeypatch, _shift_y(0.0))
     same = verify("residual_mlp", dtype=torch.float64, tokens=8)
@@ -195,7 +195,7 @@ def test_verify_command_exits_1_on_a_1e_6_float64_difference(
 
 
 def test_verify_defaults_and_what_it_compares(monkeypatch: pytest.MonkeyPatch) -> None:
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     _reference_as_te(monkeypatch, _shift_y(0.0))
     report = verify("two_stage")
@@ -218,7 +218,7 @@ def test_verify_defaults_and_what_it_compares(monkeypatch: pytest.MonkeyPatch) -
 
 def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """What verify hands each engine and the inputs, and how it names the run (recorded, without TE)."""
-    import te_assembly.verify as verify_module
+    import te_assembly.jobs.verify as verify_module
 
     real_build = verify_module.build
     calls: list[tuple[str, dict[str, Any]]] = []
@@ -258,7 +258,7 @@ def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: 
 def test_verify_follows_gradients_through_public_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A TE engine whose public output carries no gradient back (the value is right) must fail: the
     loss includes every float public output, each with its own cotangent."""
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
 
     _reference_as_te(monkeypatch, lambda out: (out[0], *(t.detach() for t in out[1:])))
     report = verify("two_stage", dtype=torch.float64, tokens=8)
@@ -300,7 +300,7 @@ ops:
 )
 def test_copy_weights_refuses_names_that_do_not_match(other: str, only_target: str, only_source: str) -> None:
     from te_assembly.errors import VerificationError
-    from te_assembly.verify import copy_weights
+    from te_assembly.jobs.verify import copy_weights
 
     source, target = _two_models(ONE_LINEAR, other)
     message = (
@@ -313,7 +313,7 @@ def test_copy_weights_refuses_names_that_do_not_match(other: str, only_target: s
 
 
 def test_copy_weights_copies_every_tensor() -> None:
-    from te_assembly.verify import copy_weights
+    from te_assembly.jobs.verify import copy_weights
 
     source, target = _two_models(ONE_LINEAR, ONE_LINEAR)
     with torch.no_grad():
@@ -325,7 +325,7 @@ def test_copy_weights_copies_every_tensor() -> None:
 
 
 def test_fill_zero_parameters_fills_only_all_zero_ones_reproducibly() -> None:
-    from te_assembly.verify import fill_zero_parameters
+    from te_assembly.jobs.verify import fill_zero_parameters
 
     first, second = _two_models(ONE_LINEAR, ONE_LINEAR)
     second.load_state_dict(first.state_dict())
@@ -425,7 +425,7 @@ def test_wrong_main_output_fails_even_when_a_public_output_is_named_y(
 ) -> None:
     import dataclasses
 
-    from te_assembly.verify import MAIN_OUTPUT, verify
+    from te_assembly.jobs.verify import MAIN_OUTPUT, verify
     from tests.engines._helpers import plan_from_yaml
 
     plan = plan_from_yaml(PUBLIC_THEN_BIAS)
@@ -445,7 +445,7 @@ def test_wrong_main_output_fails_even_when_a_public_output_is_named_y(
 
 @pytest.mark.te
 def test_dropout_models_are_compared_in_eval_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    from te_assembly.verify import verify
+    from te_assembly.jobs.verify import verify
     from tests.engines._helpers import plan_from_yaml
 
     plan = plan_from_yaml(WITH_DROPOUT)
@@ -459,7 +459,7 @@ def test_dropout_models_are_compared_in_eval_mode(monkeypatch: pytest.MonkeyPatc
 def test_te_engine_1e_6_off_fails_float64_verify(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real TE engine (kernels=reference) with its main output 1e-6 off fails float64 verify."""
     from te_assembly.engines.te.model import TEModel
-    from te_assembly.verify import MAIN_OUTPUT, verify
+    from te_assembly.jobs.verify import MAIN_OUTPUT, verify
     from tests.engines._helpers import plan_from_yaml
 
     plan = plan_from_yaml(PUBLIC_THEN_BIAS)

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_assembly.bench import (
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.plan import Plan
+from te_assembly.cli.main import main as cli_main
+from te_assembly.config import available_models
+from te_assembly.engines import build
+from te_assembly.engines.data import rows_per_step, sample_public_inputs, sample_x
+from te_assembly.jobs.benchmark import (
     PHASES,
     SplitError,
     SplitModel,
@@ -21,14 +27,8 @@ from te_assembly.bench import (
     run_benchmark,
     split_plan,
 )
-from te_assembly.bench.runner import Variant
-from te_assembly.bench.split import SplitPlan
-from te_assembly.cli.main import main as cli_main
-from te_assembly.config import available_models
-from te_assembly.engines import build
-from te_assembly.engines.data import rows_per_step, sample_public_inputs, sample_x
-from te_assembly.pipeline import load
-from te_assembly.plan import Plan
+from te_assembly.jobs.benchmark.runner import Variant
+from te_assembly.jobs.benchmark.split import SplitPlan
 
 CPU = torch.device("cpu")
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_assembly.bench import peaks
-from te_assembly.bench.flops import CATALOG, COUNTER, count_flops, forward_flops
-from te_assembly.bench.runner import VariantResult, bench_loss
-from te_assembly.bench.timing import NOISE_THRESHOLD, PhaseTimer, Stats
 from te_assembly.cli.commands.bench import noise_warnings
 from te_assembly.engines import build
+from te_assembly.jobs.benchmark import peaks
+from te_assembly.jobs.benchmark.flops import CATALOG, COUNTER, count_flops, forward_flops
+from te_assembly.jobs.benchmark.runner import VariantResult, bench_loss
+from te_assembly.jobs.benchmark.timing import NOISE_THRESHOLD, PhaseTimer, Stats
 from tests.engines._helpers import plan_from_yaml
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]

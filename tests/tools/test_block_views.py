@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from te_assembly.cli.report import plan_tables, signature
-from te_assembly.graph import to_dot, to_mermaid, view_from_analysis, view_from_plan
-from te_assembly.outline import Expand, Uses, outline, parse_expand
-from te_assembly.pipeline import load
-from te_assembly.plan import Plan
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.plan import Plan
+from te_assembly.views.explain import plan_tables, signature
+from te_assembly.views.graph import to_dot, to_mermaid, view_from_analysis, view_from_plan
+from te_assembly.views.outline import Expand, Uses, outline, parse_expand
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from te_assembly.analysis.analyze import Analysis
 from te_assembly.cli import main as cli
-from te_assembly.validate.analysis import Analysis
 
 
 def _failing(exc: Exception):  # type: ignore[no-untyped-def]

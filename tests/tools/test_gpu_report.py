@@ -47,7 +47,7 @@ def test_bench_cell_reports_tokens_per_second() -> None:
 
 @pytest.mark.te
 def test_recipe_effect_without_quantization_is_not_active() -> None:
-    from te_assembly.verify import recipe_effect
+    from te_assembly.jobs.verify import recipe_effect
 
     # channel_demo's TE kernels run on CPU; a recipe that quantizes nothing moves nothing.
     effect = recipe_effect("channel_demo", {"kind": "none", "name": "bf16"}, device="cpu", tokens=32)
@@ -78,8 +78,8 @@ def test_summary_joins_the_steps(tmp_path: Path) -> None:
 
 
 def test_every_grid_cell_names_a_shipped_model_and_recipe() -> None:
+    from te_assembly.analysis.recipes import available_recipes
     from te_assembly.config import available_models
-    from te_assembly.recipes import available_recipes
 
     cells = [*gpu_report.VERIFY_GRID, *(b.cell for b in gpu_report.BENCH_GRID)]
     assert {c.model for c in cells} <= set(available_models())

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.plan import Plan
 from te_assembly.cli.main import main as cli_main
-from te_assembly.graph import (
+from te_assembly.views.graph import (
     GraphView,
     RenderResult,
     render,
@@ -23,8 +25,6 @@ from te_assembly.graph import (
     view_from_analysis,
     view_from_plan,
 )
-from te_assembly.pipeline import load
-from te_assembly.plan import Plan
 
 RED = "#d62728"
 
@@ -180,7 +180,7 @@ def test_cli_valid_config_exits_0_and_writes_files(
 def test_svg_png_skipped_with_reason_without_graphviz(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("te_assembly.graph.dot_binary", lambda: None)
+    monkeypatch.setattr("te_assembly.views.graph.dot_binary", lambda: None)
     result: RenderResult = render(view_from_plan(load("moe_block").checked_plan()), tmp_path)
     assert set(result.written) == {"mermaid", "dot"}
     assert set(result.skipped) == {"svg", "png"}
@@ -209,7 +209,7 @@ def test_dot_parses_with_graphviz(overrides: list[str], tmp_path: Path) -> None:
 
 
 def test_graph_module_does_not_import_torch() -> None:
-    code = "import sys, te_assembly.graph; assert 'torch' not in sys.modules, 'graph imported torch'"
+    code = "import sys, te_assembly.views.graph; assert 'torch' not in sys.modules, 'graph imported torch'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 

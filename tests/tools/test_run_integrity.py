@@ -27,14 +27,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
 from te_assembly.errors import ConfigError, NonFiniteError, RunDirectoryInUseError
-from te_assembly.pipeline import load
-from te_assembly.plan import Plan
-from te_assembly.train import TrainSettings, train
-from te_assembly.train import checkpoint as ckpt_module
-from te_assembly.train import loop as loop_module
-from te_assembly.train.checkpoint import (
+from te_assembly.jobs.training import TrainSettings, train
+from te_assembly.jobs.training import checkpoint as ckpt_module
+from te_assembly.jobs.training import loop as loop_module
+from te_assembly.jobs.training.checkpoint import (
     CheckpointError,
     checkpoint_path,
     list_checkpoints,
@@ -43,9 +43,9 @@ from te_assembly.train.checkpoint import (
     save_checkpoint,
     verify,
 )
-from te_assembly.train.optim import make_optimizer
-from te_assembly.train.run_dir import LOCK_NAME, RunLock, resume_point
-from te_assembly.train.run_record import ExistingRunError, record_sha256
+from te_assembly.jobs.training.optim import make_optimizer
+from te_assembly.jobs.training.run_dir import LOCK_NAME, RunLock, resume_point
+from te_assembly.jobs.training.run_record import ExistingRunError, record_sha256
 from tests.conftest import REPO_ROOT
 
 SMALL = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]
@@ -141,7 +141,7 @@ def _craft(
 _HOLD = """
 import sys
 from pathlib import Path
-from te_assembly.train.run_dir import RunLock
+from te_assembly.jobs.training.run_dir import RunLock
 lock = RunLock(Path(sys.argv[1])).acquire()
 print("locked", flush=True)
 sys.stdin.read()
@@ -408,8 +408,8 @@ CRAFTED: dict[str, tuple[dict[str, Any], str]] = {
     "optimizer": ({"meta": lambda m: m.update(optim_scalars={"x/step": 1})}, "cannot restore"),
     "run hash": ({"meta": lambda m: m.update(run_sha256="0" * 64)}, "run record does not match the hash"),
     "format": (
-        {"meta": lambda m: m.update(format="te_assembly.train/1")},
-        "has format 'te_assembly.train/1'",
+        {"meta": lambda m: m.update(format="te_assembly.jobs.training/1")},
+        "has format 'te_assembly.jobs.training/1'",
     ),
     "weights": (
         {"tensors": lambda t: t.update({"model/steps.fc1.basic_ops.0.weight": torch.zeros(3)})},

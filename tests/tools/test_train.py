@@ -11,16 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.plan import Plan
 from te_assembly.cli.main import main as cli_main
 from te_assembly.engines import build
 from te_assembly.errors import ConfigError, NonFiniteError
-from te_assembly.pipeline import load
-from te_assembly.plan import Plan
-from te_assembly.train import ExistingRunError, StepRecord, TrainSettings, train
-from te_assembly.train import checkpoint as ckpt_module
-from te_assembly.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
-from te_assembly.train.optim import lr_at, make_optimizer
-from te_assembly.train.run_dir import LOCK_NAME
+from te_assembly.jobs.training import ExistingRunError, StepRecord, TrainSettings, train
+from te_assembly.jobs.training import checkpoint as ckpt_module
+from te_assembly.jobs.training.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from te_assembly.jobs.training.optim import lr_at, make_optimizer
+from te_assembly.jobs.training.run_dir import LOCK_NAME
 
 SMALL = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]
 

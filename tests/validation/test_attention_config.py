@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from te_assembly import load
+from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
+from te_assembly.analysis.recipes import load_recipe
 from te_assembly.catalog import MODULE_ALLOWLIST, Formula
 from te_assembly.diagnostics import Diagnostic
-from te_assembly.recipes import load_recipe
-from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
 
 HIDDEN, HEADS, KV, HEAD_DIM = 16, 4, 2, 4
 QKV = (HEADS + 2 * KV) * HEAD_DIM  # 32
@@ -292,10 +292,10 @@ def test_restore_with_a_public_token_shape_is_valid() -> None:
     [("run", "tokens", 100), ("train", "batch_tokens", 40), ("bench", "tokens", 33)],
 )
 def test_synthetic_batches_must_be_whole_sequences(section: str, key: str, tokens: int) -> None:
-    from te_assembly.bench.settings import BenchSettings
-    from te_assembly.settings import RunSettings
-    from te_assembly.train.settings import TrainSettings
-    from te_assembly.validate.analysis import COMMON_SECTIONS
+    from te_assembly.analysis.analyze import COMMON_SECTIONS
+    from te_assembly.analysis.settings import RunSettings
+    from te_assembly.jobs.benchmark.settings import BenchSettings
+    from te_assembly.jobs.training.settings import TrainSettings
 
     classes = {"run": RunSettings, "train": TrainSettings, "bench": BenchSettings}
     sections = {**COMMON_SECTIONS, section: classes[section]}
@@ -341,8 +341,8 @@ def test_sequence_parallelism_is_refused_with_attention() -> None:
 
 
 def test_ranks_read_whole_sequences() -> None:
-    from te_assembly.parallel.checks import tokens_diagnostics
-    from te_assembly.parallel.settings import ParallelSettings
+    from te_assembly.analysis.parallel.checks import tokens_diagnostics
+    from te_assembly.analysis.parallel.settings import ParallelSettings
 
     settings = ParallelSettings.from_mapping({"data": 4})
     assert tokens_diagnostics(settings, 128, "run.tokens", seq_len=32) == []

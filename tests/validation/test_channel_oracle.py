@@ -1,7 +1,7 @@
 """Property test: the validator's channel-graph verdict equals a small independent oracle's.
 
 The oracle below restates TE's fuser rules (docs/te-channels.md) from scratch: it shares no code with
-``te_assembly.validate``. Generated models are otherwise valid (all widths equal, expert count and top_k
+``te_assembly.analysis``. Generated models are otherwise valid (all widths equal, expert count and top_k
 the same everywhere), so every error must come from the channel graph.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from te_assembly.pipeline import load
+from te_assembly.analysis.pipeline import load
 
 WIDTH, EXPERTS, TOP_K = 8, 4, 2
 POOL = ("a", "b", "c")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from te_assembly.analysis import analyze_resolved
 from te_assembly.config.resolved import resolve_text
-from te_assembly.validate import analyze_resolved
 from tests.validation.test_invalid_corpus import BASE_YAML
 
 

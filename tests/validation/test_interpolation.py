@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from te_assembly.analysis.pipeline import load, validate_model
 from te_assembly.config import configs_dir
 from te_assembly.diagnostics import Diagnostic
 from te_assembly.errors import ConfigError
-from te_assembly.pipeline import load, validate_model
 
 MISSPELT = """\
 name: misspelt

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
+from te_assembly.analysis import analyze_resolved
+from te_assembly.analysis.pipeline import load
 from te_assembly.config.resolved import read_source, resolve_text
 from te_assembly.diagnostics import Diagnostic
-from te_assembly.pipeline import load
-from te_assembly.validate import analyze_resolved
 
 # A small MoE block (moe_block.yaml with literal numbers): hidden 8, ffn 16, 4 experts, top 2.
 BASE_YAML = """\

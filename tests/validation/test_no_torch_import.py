@@ -28,7 +28,7 @@ sys.meta_path.insert(0, Recorder())
 
 import te_assembly.cli.commands.validate
 import te_assembly.config
-import te_assembly.validate
+import te_assembly.analysis
 from pathlib import Path
 from te_assembly import load
 from te_assembly.config import available_models, configs_dir

@@ -4,7 +4,7 @@ valid default."""
 
 from __future__ import annotations
 
-from te_assembly.pipeline import load
+from te_assembly.analysis.pipeline import load
 
 
 def test_a_bad_override_names_itself() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from te_assembly.pipeline import load
+from te_assembly.analysis.pipeline import load
 from tests.te.graphs import MOE_OPS, TE_CPU_OPS, random_model
 
 TE_ENFORCED = {"dangling-input", "producer-after-consumer", "duplicate-producer"}

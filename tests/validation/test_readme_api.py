@@ -12,8 +12,8 @@ import torch
 import yaml
 
 import te_assembly
+from te_assembly.analysis.pipeline import load
 from te_assembly.config import configs_dir
-from te_assembly.pipeline import load
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,10 +10,10 @@ from subprocess import CompletedProcess
 import pytest
 
 from te_assembly import load
+from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.recipe_shapes import SHAPE_RULES, recipe_shape_diagnostics, token_multiple
+from te_assembly.analysis.recipes import available_recipes, load_recipe
 from te_assembly.diagnostics import Diagnostic
-from te_assembly.plan import Plan
-from te_assembly.recipes import available_recipes, load_recipe
-from te_assembly.validate.recipe_shapes import SHAPE_RULES, recipe_shape_diagnostics, token_multiple
 
 # Independent of the module under test: TE 2.20's numbers (quantization.py get_align_size_for_quantization
 # for groups, tests/pytorch/test_fusible_ops.py maybe_skip_quantization for dimensions), FP8 block

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from te_assembly.analysis.pipeline import load
 from te_assembly.config import available_models, configs_dir
 from te_assembly.config.resolved import read_source
-from te_assembly.pipeline import load
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 MODEL_DIR = configs_dir() / "model"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from te_assembly.pipeline import load
+from te_assembly.analysis.pipeline import load
 from tests.validation.test_invalid_corpus import BASE
 
 

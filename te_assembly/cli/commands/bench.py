@@ -1,11 +1,11 @@
 """``bench``: forward, backward and full-step (forward + backward + optimizer) times, tokens/s, peak
 memory and achieved TFLOP/s, against the GPU's dense peak on a GPU the table knows
-(``te_assembly/bench/peaks.py``, Ampere to Blackwell).
+(``te_assembly/jobs/benchmark/peaks.py``, Ampere to Blackwell).
 
 Forward and step are timed with ``torch.utils.benchmark.Timer``; backward by hand, since it frees its
-graph (``te_assembly/bench/timing.py`` says how). FLOPs are counted by
+graph (``te_assembly/jobs/benchmark/timing.py`` says how). FLOPs are counted by
 ``torch.utils.flop_counter.FlopCounterMode``, or from the catalog for TE's own GEMM kernels, which the
-counter cannot see (``te_assembly/bench/flops.py``). A phase whose spread is wide (IQR over 10% of the
+counter cannot see (``te_assembly/jobs/benchmark/flops.py``). A phase whose spread is wide (IQR over 10% of the
 median), or a full step that comes out faster than its forward or backward alone, is reported as noise.
 
 ``bench.compare=true`` also times, interleaved in the same process, (b) the block cut in two fusers
@@ -28,7 +28,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from te_assembly.bench import (
+from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis
+from te_assembly.analysis.plan import Plan
+from te_assembly.cli import job_dir
+from te_assembly.cli.commands import Outcome
+from te_assembly.cli.commands.session import Session, start
+from te_assembly.diagnostics import did_you_mean, error, printable
+from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.memory import check_fits, estimate, fused_attention
+from te_assembly.engines.parallel.collectives import TIMER
+from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.errors import ConfigError
+from te_assembly.jobs.benchmark import (
     NOISE_THRESHOLD,
     PHASES,
     BenchSettings,
@@ -44,21 +55,10 @@ from te_assembly.bench import (
     peak_for,
     run_benchmark,
 )
-from te_assembly.bench.runner import Variant, process_peak_rss_mib
-from te_assembly.bench.split import split_points
-from te_assembly.cli import job_dir
-from te_assembly.cli.commands import Outcome
-from te_assembly.cli.commands.session import Session, start
-from te_assembly.diagnostics import did_you_mean, error, printable
-from te_assembly.engines.data import sample_public_inputs, sample_x
-from te_assembly.engines.memory import check_fits, estimate, fused_attention
-from te_assembly.errors import ConfigError
+from te_assembly.jobs.benchmark.runner import Variant, process_peak_rss_mib
+from te_assembly.jobs.benchmark.split import split_points
+from te_assembly.jobs.benchmark.throughput import gather_rank_results, rank_table
 from te_assembly.outputs import write_text_atomic
-from te_assembly.parallel.collectives import TIMER
-from te_assembly.parallel.context import ParallelContext
-from te_assembly.parallel.throughput import gather_rank_results, rank_table
-from te_assembly.plan import Plan
-from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
 
 SECTIONS = {**COMMON_SECTIONS, "bench": BenchSettings}
 RUN_DIR = True
@@ -371,7 +371,7 @@ def report_data(
     device_name: str,
 ) -> dict[str, Any]:
     """The numbers as JSON data, for scripts (``bench/parallel_scaling.py``) and for keeping."""
-    from te_assembly.parallel.throughput import aggregate
+    from te_assembly.jobs.benchmark.throughput import aggregate
 
     first = results[0]
     report: dict[str, Any] = {

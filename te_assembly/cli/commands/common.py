@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from te_assembly.plan import Plan
-from te_assembly.validate.analysis import Analysis
+from te_assembly.analysis.analyze import Analysis
+from te_assembly.analysis.plan import Plan
 
 
 def checked_plan(analysis: Analysis, console: Console) -> Plan:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from rich.console import Console
 
+from te_assembly.analysis.analyze import Analysis
 from te_assembly.cli.commands.ls import config_roots, options
 from te_assembly.config.locations import FILE_GROUPS, SUFFIXES, choice_stem
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.errors import ConfigError, OutputPathError
 from te_assembly.outputs import file_mode, write_error
 from te_assembly.sections import setting
-from te_assembly.validate.analysis import Analysis
 
 
 @dataclass(frozen=True)

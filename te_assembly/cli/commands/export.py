@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from te_assembly.analysis.analyze import Analysis
 from te_assembly.diagnostics import error, printable
 from te_assembly.errors import ConfigError
 from te_assembly.sections import setting
-from te_assembly.validate.analysis import Analysis
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def main(analysis: Analysis, console: Console) -> int:
         message = "export needs export.checkpoint: a checkpoint file or a run directory"
         hint = "e.g. export outputs/moe_block/<date>_<time> (or export.checkpoint=...)"
         raise ConfigError([error("export.checkpoint", "missing", message, hint)])
-    from te_assembly.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
+    from te_assembly.jobs.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
 
     out = export_checkpoint(settings.checkpoint, settings.to, overwrite=settings.overwrite)
     size = (out / WEIGHTS_FILE).stat().st_size / 2**20

@@ -11,13 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 
+from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis
 from te_assembly.cli import job_dir
 from te_assembly.cli.report import print_diagnostics
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
-from te_assembly.graph import GraphSettings, render, view_from_analysis
-from te_assembly.outline import parse_expand
-from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
+from te_assembly.views.graph import GraphSettings, render, view_from_analysis
+from te_assembly.views.outline import parse_expand
 
 SECTIONS = {**COMMON_SECTIONS, "graph": GraphSettings}
 RUN_DIR = True

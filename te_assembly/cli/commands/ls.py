@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from te_assembly.analysis.analyze import Analysis
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec
 from te_assembly.config.locations import FILE_GROUPS, SUFFIXES, configs_dir, group_dir
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.errors import ConfigError
 from te_assembly.fields import show
 from te_assembly.sections import setting
-from te_assembly.validate.analysis import Analysis
 
 
 @dataclass(frozen=True)

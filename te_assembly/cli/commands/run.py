@@ -31,18 +31,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from te_assembly.analysis.analyze import DEFAULT_SECTIONS, Analysis
+from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.settings import RunSettings
 from te_assembly.cli.commands.session import Session, start
-from te_assembly.cli.report import plan_tables
 from te_assembly.diagnostics import printable
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names, loss_precision
 from te_assembly.engines.data import DEFAULT_SEQ_LEN, sample_public_inputs, sample_x
 from te_assembly.engines.memory import check_fits, estimate, fused_attention
+from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.errors import NonFiniteError
-from te_assembly.parallel.context import ParallelContext
-from te_assembly.plan import Plan
-from te_assembly.settings import RunSettings
-from te_assembly.validate.analysis import DEFAULT_SECTIONS, Analysis
+from te_assembly.views.explain import plan_tables
 
 SECTIONS = DEFAULT_SECTIONS
 

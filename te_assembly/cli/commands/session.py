@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from rich.console import Console
 
+from te_assembly.analysis.analyze import COMMON, PARALLEL, Analysis
+from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.recipes import Recipe
+from te_assembly.analysis.settings import CommonSettings
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.engines import check_device, resolve_engine
-from te_assembly.plan import Plan
-from te_assembly.recipes import Recipe
-from te_assembly.settings import CommonSettings
-from te_assembly.validate.analysis import COMMON, PARALLEL, Analysis
 
 if TYPE_CHECKING:
-    from te_assembly.parallel.context import ParallelContext
+    from te_assembly.engines.parallel.context import ParallelContext
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -72,7 +72,7 @@ class Session:
         """This process's part of the ``parallel`` layout, for the duration of ``command`` (process
         groups started and torn down; launch and ``tokens``, (key, rows per batch), checked first: whole
         sequences of ``seq_len`` rows each when the model takes ``[batch, seq, features]``)."""
-        from te_assembly.parallel.runtime import parallel_run
+        from te_assembly.engines.parallel.runtime import parallel_run
 
         settings = self.section(PARALLEL)
         layout = self.analysis.layout

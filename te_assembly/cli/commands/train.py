@@ -1,4 +1,4 @@
-"""``train``: a short run regressing a fixed random teacher of the same plan (see ``te_assembly.train``).
+"""``train``: a short run regressing a fixed random teacher of the same plan (see ``te_assembly.jobs.training``).
 
 Prints a progress bar with loss and tokens/s. Each run has its own directory, by default
 ``outputs/<model>/<date>_<time>/`` (``train.out_dir`` names another), holding its checkpoints, the
@@ -21,16 +21,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis
 from te_assembly.cli import job_dir
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
-from te_assembly.parallel.context import ParallelContext
-from te_assembly.train import StepRecord, TrainSettings, train
-from te_assembly.train.checkpoint import CheckpointError, scan
-from te_assembly.train.loop import check_can_train
-from te_assembly.train.run_dir import check_unlocked, latest_run, out_dir_of
-from te_assembly.train.run_record import check_fresh_start
-from te_assembly.validate.analysis import COMMON_SECTIONS, Analysis
+from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.jobs.train import check_can_train
+from te_assembly.jobs.training import StepRecord, TrainSettings, train
+from te_assembly.jobs.training.checkpoint import CheckpointError, scan
+from te_assembly.jobs.training.run_dir import check_unlocked, latest_run, out_dir_of
+from te_assembly.jobs.training.run_record import check_fresh_start
 
 SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings}
 RUN_DIR = True

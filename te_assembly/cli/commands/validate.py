@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from te_assembly.bench.settings import BenchSettings
+from te_assembly.analysis.analyze import DEFAULT_SECTIONS, PARALLEL, Analysis
+from te_assembly.analysis.parallel.settings import ParallelSettings
+from te_assembly.analysis.plan import Plan
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
-from te_assembly.graph import GraphSettings
-from te_assembly.outline import ExplainSettings, parse_expand
-from te_assembly.parallel.settings import ParallelSettings
-from te_assembly.plan import Plan
-from te_assembly.train.settings import TrainSettings
-from te_assembly.validate.analysis import DEFAULT_SECTIONS, PARALLEL, Analysis
+from te_assembly.jobs.benchmark.settings import BenchSettings
+from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.views.graph import GraphSettings
+from te_assembly.views.outline import ExplainSettings, parse_expand
 
 SECTIONS = {
     **DEFAULT_SECTIONS,
@@ -57,7 +57,7 @@ def main(analysis: Analysis, console: Console) -> Outcome:
         console.print(reroute_summary(plan), markup=False, soft_wrap=True)
     parallel: ParallelSettings = analysis.section(PARALLEL)
     if parallel.is_parallel:
-        from te_assembly.parallel.launch import torchrun_command
+        from te_assembly.analysis.parallel.launch import torchrun_command
 
         launch = torchrun_command(parallel.world_size)
         console.print(f"parallel: {parallel.describe()}; launch {launch}", markup=False)

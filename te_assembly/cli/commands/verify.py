@@ -22,16 +22,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from te_assembly.analysis.analyze import COMMON, DEFAULT_SECTIONS, Analysis
+from te_assembly.analysis.settings import CommonSettings, RunSettings
 from te_assembly.cli import job_dir
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.cli.commands.session import DTYPES, resolve_device
 from te_assembly.diagnostics import printable
 from te_assembly.engines import te_available
 from te_assembly.errors import EngineUnavailableError
+from te_assembly.jobs.verify import VerifyReport, verify
 from te_assembly.outputs import write_text_atomic
-from te_assembly.settings import CommonSettings, RunSettings
-from te_assembly.validate.analysis import COMMON, DEFAULT_SECTIONS, Analysis
-from te_assembly.verify import VerifyReport, verify
 
 SECTIONS = DEFAULT_SECTIONS
 RUN_DIR = True

@@ -14,9 +14,9 @@ from te_assembly.engines.te.bindings import SET_INPUT, SET_OUTPUT, BindingCall, 
 if TYPE_CHECKING:
     import torch
 
+    from te_assembly.analysis.plan import Plan
+    from te_assembly.engines.parallel.context import ParallelContext
     from te_assembly.engines.te.model import TEModel
-    from te_assembly.parallel.context import ParallelContext
-    from te_assembly.plan import Plan
 
 
 def build_te(

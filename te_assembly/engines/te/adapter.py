@@ -1,4 +1,4 @@
-"""One generic ``BasicOperation`` that runs a reference op (te_assembly/reference/ops) inside TE's fuser.
+"""One generic ``BasicOperation`` that runs a reference op (te_assembly/engines/reference/ops) inside TE's fuser.
 
 With it, our own ops (router, dispatch, combine) run in TE's real ``OperationFuser`` next to TE's
 kernels, and ``kernels=reference`` runs a whole model through TE's channel routing, locking and
@@ -16,7 +16,7 @@ from transformer_engine.pytorch.ops import BasicOperation, FusedOperation
 from transformer_engine.pytorch.ops.op import OperationContext
 
 from te_assembly.catalog import OPS, load_object
-from te_assembly.reference.ops.base import ReferenceOp
+from te_assembly.engines.reference.ops.base import ReferenceOp
 
 Grads = Sequence[torch.Tensor | None]
 

@@ -1,7 +1,7 @@
 """The TE engine's ``Attention`` module with TE's kernels: ``transformer_engine.pytorch.DotProductAttention``
 (``qkv_format="bshd"``, ``num_gqa_groups``, ``attn_mask_type="causal"``) and TE's fused rotary embedding
 (``RotaryPositionEmbedding`` + ``apply_rotary_pos_emb(..., fused=True)``), with the semantics of the
-reference module (``te_assembly/reference/attention.py``: packed q | k | v heads in, heads out).
+reference module (``te_assembly/engines/reference/attention.py``: packed q | k | v heads in, heads out).
 
 Needs a CUDA GPU (TE's attention backends have no CPU kernels): on CPU, or with ``kernels=reference``,
 the TE engine builds the reference module instead. Attention runs in the model's dtype (bfloat16 on a
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from te_assembly.engines.reference.attention import Attention
 from te_assembly.errors import EngineUnavailableError
-from te_assembly.reference.attention import Attention
 
 TE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 """What TE's DotProductAttention computes in (fused and flash backends: bf16/fp16; unfused: also fp32)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS
-from te_assembly.plan import Plan
 
 SET_INPUT = "set_extra_input_channel"
 SET_OUTPUT = "set_extra_output_channel"

@@ -16,16 +16,16 @@ import torch
 from transformer_engine.pytorch.ops import FusibleOperation
 from transformer_engine.pytorch.ops.fuser import OperationFuser
 
+from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
 from te_assembly.engines.base import add_step
 from te_assembly.engines.te.adapter import reference_op
 from te_assembly.engines.te.bindings import binding_calls, gpu_only_steps
 from te_assembly.engines.te.model import TEModel
 from te_assembly.errors import ConfigError, EngineUnavailableError
-from te_assembly.plan import Plan, PlannedStep
 
 if TYPE_CHECKING:
-    from te_assembly.parallel.context import ParallelContext
+    from te_assembly.engines.parallel.context import ParallelContext
 
 KERNELS = ("te", "reference")
 
@@ -41,7 +41,7 @@ def build_te(
     """The plan as TE fusers. ``kernels=te``: TE's own ops (our MoE ops through the reference adapter);
     ``kernels=reference``: every op through the adapter, so the whole model runs on CPU. ``recipe``: a
     recipe config (``recipes.py``), checked against this machine before anything is built.
-    ``parallel``: this rank's split ops (``te_assembly.parallel.context.ParallelContext.te_op``)."""
+    ``parallel``: this rank's split ops (``te_assembly.engines.parallel.context.ParallelContext.te_op``)."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     _check_machine(plan, kernels, dev)
     te_recipe = _prepare_recipe(plan, recipe)
@@ -76,8 +76,8 @@ def _check_machine(plan: Plan, kernels: str, device: torch.device) -> None:
 def _prepare_recipe(plan: Plan, recipe: Mapping[str, Any] | None) -> object | None:
     if recipe is None:
         return None
-    from te_assembly.recipes import check_recipe_on_current_device, to_te_recipe
-    from te_assembly.validate.recipe_shapes import recipe_shape_diagnostics
+    from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
+    from te_assembly.analysis.recipes import check_recipe_on_current_device, to_te_recipe
 
     te_recipe = to_te_recipe(recipe)
     if te_recipe is not None:

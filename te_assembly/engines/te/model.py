@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from transformer_engine.pytorch.ops.fuser import OperationFuser
 
+from te_assembly.analysis.plan import Plan
 from te_assembly.engines.base import AssembledModel, CallError
 from te_assembly.engines.te.routing import FuserIO, fuser_io
-from te_assembly.plan import Plan
 
 
 def _autocast(te_recipe: object) -> contextlib.AbstractContextManager[Any]:
@@ -45,7 +45,7 @@ class TEModel(AssembledModel):
         self.routing: list[FuserIO] = fuser_io(plan)
         """Each fuser's public inputs and outputs: the caller's, and the channels rerouted across fusers."""
         self._num_registers = len(plan.reroutes)
-        from te_assembly.validate.recipe_shapes import token_multiple
+        from te_assembly.analysis.recipe_shapes import token_multiple
 
         self.token_rule = token_multiple(plan.steps, recipe) if te_recipe is not None else None
         """(multiple, step): the recipe quantizes a GEMM over the caller's token rows."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from te_assembly.plan import Plan
+from te_assembly.analysis.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,344 @@
+"""Pass 3 of the config pipeline: everything the config means, checked at once, and the plan.
+
+``analyze_resolved`` takes the resolved config (``config/resolved.py``) and runs, in this order and each
+on the previous one's output, the model passes (``steps`` -> ``fusers`` -> ``widths`` -> ``channels``),
+the recipe's fields, the settings sections (one field checker for all), then the checks of the model
+against other sections: the recipe-aware shape rules and the parallel layout.
+Every diagnostic, from loading onwards, is located (file:line), sorted and deduplicated here, once; the
+``Analysis`` is frozen and is what every command, ``build()``, ``graph`` and ``explain`` read.
+
+Pure Python: no torch, no TE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from te_assembly.analysis.channels import ChannelGraph, RawChannels, check_channels
+from te_assembly.analysis.fusers import assign_fusers
+from te_assembly.analysis.layouts import check_layouts
+from te_assembly.analysis.origins import present
+from te_assembly.analysis.parallel.layout import ShardPlan, shard_plan
+from te_assembly.analysis.parallel.settings import ParallelSettings
+from te_assembly.analysis.plan import BlockGroup, FuserGroup, Plan, PlannedStep
+from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
+from te_assembly.analysis.recipes import Recipe, validate_recipe
+from te_assembly.analysis.settings import COMMON_KEYS, CommonSettings, RunSettings
+from te_assembly.analysis.steps import check_step, scope_clashes
+from te_assembly.analysis.widths import check_widths
+from te_assembly.collector import paused
+from te_assembly.config.resolved import ResolvedConfig
+from te_assembly.config.schema import ModelConfig, check_structure
+from te_assembly.diagnostics import Diagnostic, dedupe, error, has_errors, sort_diagnostics
+from te_assembly.errors import ConfigError
+from te_assembly.sections import read_section, section_diagnostics
+
+COMMON = ""
+"""Section name of the top-level settings (engine, kernels, device, dtype, seed)."""
+
+PARALLEL = "parallel"
+"""Section name of the parallel layout (``torchrun``'s processes)."""
+
+COMMON_SECTIONS: dict[str, type] = {COMMON: CommonSettings, PARALLEL: ParallelSettings}
+"""What every command checks: the top-level keys and the parallel layout (the model must split as it
+says, whatever the command)."""
+DEFAULT_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "run": RunSettings}
+"""What ``validate``, ``run`` and ``build()`` check; other commands check the top-level keys and their
+own section (``train``, ``bench``, ``graph``)."""
+
+
+@dataclass(frozen=True)
+class ModelAnalysis:
+    """The model passes' output, also for a model with errors (``graph`` draws what it can)."""
+
+    steps: tuple[PlannedStep | None, ...] = ()
+    """One entry per ``model.ops`` item; None where the step is too broken to plan."""
+    fusers: tuple[FuserGroup, ...] = ()
+    graph: ChannelGraph | None = None
+    diagnostics: tuple[Diagnostic, ...] = ()
+    input_layout: str = "any"
+    """What ``x`` must look like (``validate/layouts.py``)."""
+    input_layout_source: str = ""
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything known about one config. ``plan`` is None when any diagnostic is an error."""
+
+    resolved: ResolvedConfig
+    model: ModelAnalysis
+    recipe: Recipe | None
+    """The validated recipe; None for none chosen (no quantization) or an invalid one."""
+    sections: Mapping[str, Any]
+    """Section name -> its settings dataclass, for each checked section that is valid."""
+    diagnostics: tuple[Diagnostic, ...]
+    plan: Plan | None = None
+    layout: ShardPlan | None = None
+    """Which rank holds which slice under the ``parallel`` sizes (one process: every step whole); None
+    when the section was not checked, or the model or layout has errors."""
+    step_diagnostics: tuple[Diagnostic, ...] = ()
+    """The model's diagnostics as the passes found them, at the expanded model's key paths
+    (``model.ops[K]``, one step per use of a block): what ``graph`` marks on each step."""
+    warnings: tuple[Diagnostic, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "warnings", tuple(d for d in self.diagnostics if not d.is_error))
+
+    @property
+    def steps(self) -> tuple[PlannedStep | None, ...]:
+        return self.model.steps
+
+    @property
+    def fusers(self) -> tuple[FuserGroup, ...]:
+        return self.model.fusers
+
+    @property
+    def graph(self) -> ChannelGraph | None:
+        return self.model.graph
+
+    @property
+    def blocks(self) -> tuple[BlockGroup, ...]:
+        """The model's block steps and their uses (also for a model with errors)."""
+        expansion = self.resolved.expansion
+        return expansion.groups if expansion is not None else ()
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.is_error]
+
+    def checked_plan(self) -> Plan:
+        """The plan, or ``ConfigError`` carrying every diagnostic."""
+        if self.plan is None:
+            raise ConfigError(list(self.diagnostics))
+        return self.plan
+
+    def section(self, name: str) -> Any:
+        """The settings dataclass of a checked section (``run``, ``train``...; ``""`` for the top-level
+        keys); ``ConfigError`` when the section has errors or was not checked."""
+        if name not in self.sections:
+            raise ConfigError([d for d in self.diagnostics if d.path.startswith(name)] or self.errors)
+        return self.sections[name]
+
+
+def analyze_model(model: Mapping[str, Any]) -> ModelAnalysis:
+    """The model passes on a resolved model mapping (the ``model`` node)."""
+    with paused():  # see collector.py
+        return _model_passes(model)
+
+
+def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
+    diags = check_structure(ModelConfig, dict(model), "model")
+    raw_ops = model.get("ops")
+    ops = raw_ops if isinstance(raw_ops, list) else []
+    seen: dict[str, int] = {}
+    drafts: list[PlannedStep | None] = []
+    for index, raw in enumerate(ops):
+        step, step_diags = check_step(index, raw, seen)
+        drafts.append(step)
+        diags.extend(step_diags)
+    if isinstance(raw_ops, list) and not raw_ops:
+        diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
+    if any("." in name for name in seen):
+        diags.extend(scope_clashes(seen))
+    fused, fusers = assign_fusers(drafts)
+    steps, width_diags = check_widths(fused, model.get("in_features"))
+    diags.extend(width_diags)
+    graph = check_channels(steps, fusers, RawChannels.of(ops))
+    diags.extend(graph.diagnostics)
+    layouts = check_layouts(steps, model.get("input_layout"), graph)
+    diags.extend(layouts.diagnostics)
+    return ModelAnalysis(
+        tuple(layouts.steps), tuple(fusers), graph, tuple(diags), layouts.input_layout, layouts.source
+    )
+
+
+def _plan(
+    model: Mapping[str, Any],
+    result: ModelAnalysis,
+    warnings: list[Diagnostic],
+    blocks: tuple[BlockGroup, ...],
+) -> Plan:
+    planned = [s for s in result.steps if s is not None]
+    assert result.graph is not None
+    last_width = planned[-1].out_width if planned else None
+    return Plan(
+        name=str(model["name"]),
+        in_features=int(model["in_features"]),
+        out_features=int(last_width if last_width is not None else model["in_features"]),
+        steps=planned,
+        fusers=result.graph.fusers,
+        channels=result.graph.channels,
+        public_inputs=result.graph.public_inputs,
+        public_outputs=result.graph.public_outputs,
+        dims=dict(model.get("dims") or {}),
+        warnings=warnings,
+        input_layout=result.input_layout,
+        input_layout_source=result.input_layout_source,
+        reroutes=result.graph.reroutes,
+        blocks=blocks,
+    )
+
+
+def _settings(
+    resolved: ResolvedConfig, sections: Mapping[str, type]
+) -> tuple[dict[str, Any], list[Diagnostic]]:
+    parsed: dict[str, Any] = {}
+    diags: list[Diagnostic] = []
+    for name, cls in sections.items():
+        if name == COMMON:
+            raw: Any = {k: resolved.settings[k] for k in COMMON_KEYS if k in resolved.settings}
+        else:
+            raw = resolved.settings.get(name)
+        found = section_diagnostics(cls, raw, name)
+        diags.extend(found)
+        if not found:
+            parsed[name] = read_section(cls, raw or {}, name)
+    return parsed, diags
+
+
+def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | None = None) -> Analysis:
+    """Pass 3 (see the module docstring). ``sections``: settings sections to check and parse, by name
+    (default: the top-level keys and ``run``)."""
+    diags: list[Diagnostic] = list(resolved.diagnostics)
+    model = resolved.expanded_model
+    expansion = resolved.expansion
+    blocks = expansion.groups if expansion is not None else ()
+    result = ModelAnalysis()
+    step_diags: list[Diagnostic] = []
+    if model is not None:
+        result = analyze_model(model)
+        step_diags.extend(result.diagnostics)
+    elif not any(d.path == "model" or d.path.startswith("model.") for d in diags):
+        message = "no model is chosen: pick one with model=NAME or model=path/to/model.yaml"
+        diags.append(error("model", "no-model", message))
+    recipe = None
+    if resolved.recipe is not None:
+        recipe_diags = validate_recipe(resolved.recipe, prefix="recipe")
+        diags.extend(recipe_diags)
+        if not has_errors(recipe_diags):
+            recipe = Recipe(resolved.recipe)
+    parsed, settings_diags = _settings(resolved, DEFAULT_SECTIONS if sections is None else sections)
+    diags.extend(settings_diags)
+    # The model as a plan as soon as the model itself is sound: checks across sections read it.
+    sound = model is not None and result.graph is not None and not has_errors(result.diagnostics)
+    sound = sound and not has_errors(d for d in resolved.diagnostics if d.path.startswith(("model", "block")))
+    candidate = _plan(model, result, [], blocks) if sound and model is not None else None
+    cross, layout = _cross_checks(candidate, recipe, parsed.get(PARALLEL))
+    step_diags.extend(cross)
+    # Each finding of the expanded model at its source: the model file, or a block's file and use.
+    diags.extend(present(step_diags, expansion))
+    diags.extend(_sequence_checks(candidate, parsed))
+    final = _finish(diags, resolved)
+    steps_found = tuple(step_diags)
+    if candidate is None or has_errors(final):
+        return Analysis(resolved, result, recipe, parsed, tuple(final), step_diagnostics=steps_found)
+    plan = dataclasses.replace(candidate, warnings=[d for d in final if not d.is_error])
+    return Analysis(resolved, result, recipe, parsed, tuple(final), plan, layout, steps_found)
+
+
+def _cross_checks(
+    plan: Plan | None, recipe: Recipe | None, parallel: ParallelSettings | None
+) -> tuple[list[Diagnostic], ShardPlan | None]:
+    """Checks of the model against another section, run once the model plans: the recipe's shape rules
+    (``recipe_shapes.py``) and the parallel layout (``parallel/layout.py``: divisibility, tensor-parallel
+    regions, expert rules, at every size once a step is marked). Whether this process was launched with
+    the layout's ranks is no property of the config: the commands check that (``parallel/runtime.py``)."""
+    out: list[Diagnostic] = []
+    layout = None
+    if plan is not None and recipe is not None:
+        out.extend(recipe_shape_diagnostics(plan.steps, recipe))
+    if plan is not None and parallel is not None:
+        layout, found = shard_plan(plan, parallel)
+        out.extend(found)
+    return out, layout
+
+
+TOKEN_KEYS = {"run": "tokens", "train": "batch_tokens", "bench": "tokens"}
+"""Each section that makes synthetic batches: its rows-per-batch key (next to its ``seq_len``)."""
+
+
+def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
+    """A model that takes ``[batch, seq, features]`` needs whole sequences: each section's tokens a
+    multiple of its ``seq_len``."""
+    if plan is None or plan.input_layout != "sequence":
+        return []
+    out = []
+    for section, key in TOKEN_KEYS.items():
+        settings = parsed.get(section)
+        tokens, seq_len = getattr(settings, key, None), getattr(settings, "seq_len", None)
+        if not isinstance(tokens, int) or not isinstance(seq_len, int) or tokens % seq_len == 0:
+            continue
+        whole = max(seq_len, tokens - tokens % seq_len)
+        out.append(
+            error(
+                f"{section}.{key}",
+                "partial-sequence",
+                f"{plan.name} takes x as [batch, seq, features] ({plan.input_layout_source}): "
+                f"{section}.{key}={tokens} rows are not whole sequences of {section}.seq_len={seq_len} "
+                "positions",
+                f"use {section}.{key}={whole}, or a {section}.seq_len that divides {tokens}",
+            )
+        )
+    return out
+
+
+def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagnostic]:
+    """Every diagnostic located in its file (model, recipe, then the settings' config file), sorted
+    file by file in source order, and deduplicated."""
+    order = [resolved.sources[k] for k in ("model",) if k in resolved.sources]
+    order.extend(resolved.expansion.sources if resolved.expansion is not None else ())
+    order.extend(resolved.sources[k] for k in ("recipe", "config", "shipped config") if k in resolved.sources)
+    set_by = _command_line_keys(resolved.overrides)
+    located = []
+    for d in diags:
+        override = _override_for(d.path, set_by) if d.file is None else None
+        if override is not None:
+            # The file's line holds the default; what is wrong is the value the command line gave.
+            d = dataclasses.replace(d, override=override)
+        for source in order:
+            d = source.locate(d)
+            if d.file is not None:
+                break
+        located.append(d)
+    return dedupe(sort_diagnostics(located, [s.file for s in order]))
+
+
+def _command_line_keys(overrides: Sequence[str]) -> dict[str, str]:
+    """Key path -> the override that set it (the last one wins, as in Hydra)."""
+    out: dict[str, str] = {}
+    for text in overrides:
+        key, sep, _ = text.partition("=")
+        key = key.lstrip("+~")
+        chosen_group = key in ("model", "recipe") or key.startswith("hydra.")
+        if key and (sep or text.startswith("~")) and not chosen_group:
+            out[key] = text
+    return out
+
+
+def _override_for(path: str, set_by: Mapping[str, str]) -> str | None:
+    """The override that set ``path`` or a key above it, if any. Model and recipe value overrides are
+    left to the file: their errors are located where the value is used (an interpolation site)."""
+    if not set_by:
+        return None
+    candidate = path
+    while candidate:
+        if candidate in set_by and not candidate.startswith(("model.", "recipe.")):
+            return set_by[candidate]
+        cut = max(candidate.rfind("."), candidate.rfind("["))
+        candidate = candidate[:cut] if cut > 0 else ""
+    return None
+
+
+__all__ = [
+    "COMMON",
+    "COMMON_SECTIONS",
+    "DEFAULT_SECTIONS",
+    "PARALLEL",
+    "Analysis",
+    "ModelAnalysis",
+    "analyze_model",
+    "analyze_resolved",
+]

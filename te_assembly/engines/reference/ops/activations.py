@@ -1,0 +1,108 @@
+"""Activation reference ops, with TE's conventions: tanh GELU, gate on the first half of a GLU input.
+
+Each computes in at least float32 and rounds its output once, as TE's activation kernels do."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from te_assembly.engines.reference.ops.base import ReferenceOp, compute_dtype
+
+Fn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def _qgelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _srelu(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x).square()
+
+
+def glu(act: Fn, x: torch.Tensor) -> torch.Tensor:
+    """act(a) * b with x = [a, b] split in halves on the last dim (TE activates the first half)."""
+    a, b = x.chunk(2, dim=-1)
+    return act(a) * b
+
+
+class _Activation(ReferenceOp):
+    gated: bool = False
+
+    def __init__(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+
+    @staticmethod
+    def fn(x: torch.Tensor, /) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        x_c = x.to(compute_dtype(x.dtype))
+        return (glu(self.fn, x_c) if self.gated else self.fn(x_c)).to(x.dtype), ()
+
+
+class _Gated(_Activation):
+    gated = True
+
+
+class GELU(_Activation):
+    fn = staticmethod(_gelu)
+
+
+class QGELU(_Activation):
+    fn = staticmethod(_qgelu)
+
+
+class ReLU(_Activation):
+    fn = staticmethod(F.relu)
+
+
+class SReLU(_Activation):
+    fn = staticmethod(_srelu)
+
+
+class SiLU(_Activation):
+    fn = staticmethod(F.silu)
+
+
+class SwiGLU(_Gated):
+    fn = staticmethod(F.silu)
+
+
+class GEGLU(_Gated):
+    fn = staticmethod(_gelu)
+
+
+class QGEGLU(_Gated):
+    fn = staticmethod(_qgelu)
+
+
+class ReGLU(_Gated):
+    fn = staticmethod(F.relu)
+
+
+class SReGLU(_Gated):
+    fn = staticmethod(_srelu)
+
+
+class ScaledSwiGLU(ReferenceOp):
+    """SwiGLU(x) * scales[..., None]; scales has shape x.shape[:-1] (e.g. router probs per row)."""
+
+    def __init__(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        # TE rounds the scales to x's dtype first, then computes in float32 and rounds once.
+        dtype = compute_dtype(x.dtype)
+        scales = extra_inputs[0].reshape(x.shape[:-1]).to(x.dtype).to(dtype)
+        return (glu(F.silu, x.to(dtype)) * scales[..., None]).to(x.dtype), ()

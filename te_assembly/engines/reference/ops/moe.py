@@ -1,0 +1,175 @@
+"""Mixture-of-experts reference ops: TopKRouter, Dispatch and Combine (TE ships none of these)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from te_assembly.engines.reference.ops.base import ReferenceOp
+from te_assembly.engines.reference.ops.linear import init_weight
+
+Out = tuple[torch.Tensor, tuple[torch.Tensor, ...]]
+
+
+def expert_counts(routing_map: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int64 [num_experts] token-slots per expert; a comparison sum is deterministic on CUDA, unlike
+    bincount/scatter_add under torch.use_deterministic_algorithms."""
+    experts = torch.arange(num_experts, device=routing_map.device)
+    return (routing_map.reshape(-1, 1) == experts).sum(dim=0, dtype=torch.int64)
+
+
+def _score_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Routing decisions in bf16 flip on ties too easily; score in at least float32.
+    return torch.promote_types(dtype, torch.float32)
+
+
+class TopKRouter(ReferenceOp):
+    """Scores tokens against experts, keeps the top k (renormalised); x passes through unchanged."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_experts: int,
+        top_k: int,
+        score_function: str = "softmax",
+        aux_loss_coeff: float = 0.01,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(
+                f"TopKRouter needs 0 < top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}"
+            )
+        if score_function not in ("softmax", "sigmoid"):
+            raise ValueError(f"TopKRouter score_function must be softmax or sigmoid, got {score_function!r}")
+        self.in_features = in_features
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.score_function = score_function
+        self.aux_loss_coeff = aux_loss_coeff
+        self.weight = init_weight(num_experts, in_features, device, dtype)
+
+    def _scores(self, tokens: torch.Tensor) -> torch.Tensor:
+        dtype = _score_dtype(tokens.dtype)
+        logits = torch.nn.functional.linear(tokens.to(dtype), self.weight.to(dtype))
+        if self.score_function == "softmax":
+            return torch.softmax(logits, dim=-1)
+        return torch.sigmoid(logits)
+
+    def _aux_loss(self, scores: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
+        # Switch-transformer balance loss; sigmoid scores are normalised so P is a distribution too.
+        if self.score_function == "sigmoid":
+            scores = scores / scores.sum(dim=-1, keepdim=True)
+        fraction = expert_counts(routing_map, self.num_experts).to(scores.dtype) / max(routing_map.numel(), 1)
+        mean_score = scores.mean(dim=0) if scores.shape[0] else scores.sum(dim=0)
+        return self.aux_loss_coeff * self.num_experts * (fraction * mean_score).sum()
+
+    def forward(self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
+        scores = self._scores(x.reshape(-1, self.in_features))
+        top_scores, routing_map = torch.topk(scores, self.top_k, dim=-1)
+        probs = top_scores / top_scores.sum(dim=-1, keepdim=True)
+        return x, (probs, routing_map, self._aux_loss(scores, routing_map))
+
+
+class Dispatch(ReferenceOp):
+    """Copies each token top_k times and sorts the copies by expert (stable: token, then slot order).
+
+    With ``align > 1`` every expert's group is padded at its end to a multiple of ``align`` rows: the
+    padding rows are zeros, their probability is 0 and their ``row_map`` entry is -1, so Combine drops
+    them and no gradient reaches or leaves them. Quantized grouped GEMMs need aligned groups (TE pads
+    them the same way: ``transformer_engine/pytorch/module/fp8_padding.py``)."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        align: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if align < 1:
+            raise ValueError(f"Dispatch align must be a positive integer, got {align}")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.align = align
+
+    def _check(self, tokens: int, probs: torch.Tensor, routing_map: torch.Tensor) -> None:
+        expected = (tokens, self.top_k)
+        if tuple(probs.shape) != expected or tuple(routing_map.shape) != expected:
+            raise ValueError(
+                f"Dispatch expects probs and routing_map of shape {expected}, got "
+                f"{tuple(probs.shape)} and {tuple(routing_map.shape)}"
+            )
+        if routing_map.numel() and not bool(((routing_map >= 0) & (routing_map < self.num_experts)).all()):
+            raise ValueError(f"Dispatch routing_map has expert ids outside [0, {self.num_experts})")
+
+    def forward(self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
+        probs, routing_map = extra_inputs[0], extra_inputs[1]
+        tokens = x.reshape(-1, x.shape[-1])
+        self._check(tokens.shape[0], probs, routing_map)
+        flat_map = routing_map.reshape(-1)
+        counts = expert_counts(flat_map, self.num_experts)
+        # Flat slot index t*k+j already orders by token then slot, so a stable sort keeps that order.
+        row_map = torch.sort(flat_map, stable=True).indices
+        rows = tokens.index_select(0, torch.div(row_map, self.top_k, rounding_mode="floor"))
+        row_probs = probs.reshape(-1).index_select(0, row_map)
+        if self.align == 1:
+            return rows, (counts, row_probs, row_map)
+        padded = aligned_counts(counts, self.align)
+        slots = _padded_positions(flat_map.index_select(0, row_map), counts, padded)
+        total = int(padded.sum())
+        # index_copy's gradient for its source is a gather at the same positions: the padding rows
+        # receive none and send none, and no two rows share a position (deterministic on CUDA too).
+        rows = tokens.new_zeros(total, tokens.shape[1]).index_copy(0, slots, rows)
+        row_probs = row_probs.new_zeros(total).index_copy(0, slots, row_probs)
+        row_map = row_map.new_full((total,), -1).index_copy(0, slots, row_map)
+        return rows, (padded, row_probs, row_map)
+
+
+def aligned_counts(counts: torch.Tensor, align: int) -> torch.Tensor:
+    """Each count rounded up to a multiple of ``align`` (an empty group stays empty)."""
+    return torch.div(counts + (align - 1), align, rounding_mode="floor") * align
+
+
+def _padded_positions(experts: torch.Tensor, counts: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+    """Where each expert-sorted row goes in the padded layout: its group's padded start plus its rank
+    within the group."""
+    real_starts = torch.cumsum(counts, 0) - counts
+    padded_starts = torch.cumsum(padded, 0) - padded
+    rank = torch.arange(experts.numel(), device=experts.device) - real_starts.index_select(0, experts)
+    return padded_starts.index_select(0, experts) + rank
+
+
+class Combine(ReferenceOp):
+    """Undoes Dispatch's permutation and sums each token's top_k rows (probabilities are not applied).
+    Rows whose ``row_map`` entry is negative are Dispatch's alignment padding and are dropped."""
+
+    def __init__(
+        self, top_k: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__()
+        self.top_k = top_k
+
+    def forward(self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
+        row_map = extra_inputs[0].reshape(-1)
+        if x.shape[0] != row_map.numel():
+            raise ValueError(
+                f"Combine expects {row_map.numel()} rows (one per row_map entry), got {x.shape[0]}"
+            )
+        positions = torch.nonzero(row_map >= 0).reshape(-1)
+        sources = row_map.index_select(0, positions)
+        if sources.numel() % self.top_k:
+            raise ValueError(
+                f"Combine expects a multiple of top_k={self.top_k} rows besides padding, "
+                f"got {sources.numel()}"
+            )
+        # Gather through the inverse permutation. index_select's backward is an index_add_ (a scatter-add),
+        # but ``inverse`` is a permutation: each row receives exactly one gradient row, so no two adds
+        # collide and the result does not depend on their order. Padding rows are never gathered.
+        inverse = torch.empty_like(sources)
+        inverse[sources] = positions
+        slots = x.index_select(0, inverse)
+        return slots.view(-1, self.top_k, *x.shape[1:]).sum(dim=1), ()

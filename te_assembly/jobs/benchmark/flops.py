@@ -1,0 +1,115 @@
+"""FLOPs of one forward and one backward: counted by ``torch.utils.flop_counter.FlopCounterMode``, or
+from the catalog where the counter cannot see the work.
+
+``FlopCounterMode`` counts the matrix multiplies torch dispatches (``mm``, ``addmm``, ``bmm``...; other
+ops count nothing). That covers the reference engine and ``engine=te kernels=reference`` (our reference
+math inside TE's fusers), and it counts what really runs: the zero rows a ``Dispatch`` with ``align``
+pads expert groups with, a backward without the data gradient of an input that needs none. It cannot see
+TE's own GEMM kernels (custom CUDA extension calls, not torch ops): with ``engine=te kernels=te`` the
+count comes from the catalog (``forward_flops``; backward twice the forward), and ``bench`` says which
+was used.
+
+The catalog counts GEMMs only: 2 * rows * in * out per linear, a grouped linear by the rows it
+receives, summed over groups; the router's scoring GEMM; attention's two batched GEMMs, q k^T and p v,
+2 * 2 * head_dim multiply-adds per head per (query, key) pair it computes: every pair, or the
+s (s + 1) / 2 of each sequence when causal, as FlashAttention's benchmarks count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from te_assembly.analysis.plan import Plan
+from te_assembly.engines.data import rows_per_step
+
+COUNTER = "torch.utils.flop_counter.FlopCounterMode"
+CATALOG = "the catalog's GEMM count"
+
+
+def attention_flops(args: Mapping[str, Any], rows: int, seq_len: int) -> int:
+    """Forward FLOPs of an ``Attention`` step on ``rows`` rows in sequences of ``seq_len``."""
+    sequences = rows // seq_len
+    pairs = seq_len * (seq_len + 1) // 2 if args.get("causal", True) else seq_len * seq_len
+    return 4 * sequences * int(args["num_heads"]) * int(args["head_dim"]) * pairs
+
+
+def forward_flops(plan: Plan, tokens: int, seq_len: int | None = None) -> int:
+    """Forward GEMM FLOPs of one call on ``tokens`` rows (in sequences of ``seq_len`` for attention;
+    default: one sequence)."""
+    rows = rows_per_step(plan, tokens)
+    total = 0
+    for step in plan.steps:
+        a, n = step.args, rows[step.index]
+        if step.type in ("Linear", "BasicLinear", "GroupedLinear"):
+            total += 2 * n * int(a["in_features"]) * int(a["out_features"])
+        elif step.kind == "op" and step.type == "TopKRouter":
+            total += 2 * n * int(a["in_features"]) * int(a["num_experts"])
+        elif step.kind == "module" and step.type == "Attention" and n:
+            total += attention_flops(a, n, min(seq_len or n, n))
+    return total
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    forward: int
+    backward: int
+    source: str
+    """``COUNTER`` or ``CATALOG``."""
+    note: str = ""
+
+    @property
+    def step(self) -> int:
+        """Forward + backward (the optimizer's element-wise update is not counted)."""
+        return self.forward + self.backward
+
+    def of(self, phase: str) -> int:
+        return {"forward": self.forward, "backward": self.backward, "step": self.step}[phase]
+
+
+def catalog_count(plan: Plan, tokens: int, note: str = "", seq_len: int | None = None) -> FlopCount:
+    forward = forward_flops(plan, tokens, seq_len)
+    return FlopCount(forward, 2 * forward, CATALOG, note)
+
+
+def count_flops(
+    forward: Callable[[], torch.Tensor],
+    plan: Plan,
+    tokens: int,
+    *,
+    te_kernels: bool,
+    seq_len: int | None = None,
+) -> FlopCount:
+    """Count one forward (``forward()`` returns the loss) and its backward with ``FlopCounterMode``;
+    the catalog's count where the counter is blind: TE's kernels (``te_kernels``), or a count of zero
+    where the plan has GEMMs. The caller clears the gradients this leaves."""
+    if te_kernels:
+        return catalog_count(
+            plan, tokens, "TE's GEMM kernels are CUDA extension calls FlopCounterMode cannot see", seq_len
+        )
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fwd:
+        loss = forward()
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    counted = FlopCount(int(fwd.get_total_flops()), int(bwd.get_total_flops()), COUNTER)
+    if counted.forward == 0 and forward_flops(plan, tokens, seq_len) > 0:
+        return catalog_count(
+            plan, tokens, "FlopCounterMode saw no matrix multiply where the plan has some", seq_len
+        )
+    return counted
+
+
+__all__ = [
+    "CATALOG",
+    "COUNTER",
+    "FlopCount",
+    "attention_flops",
+    "catalog_count",
+    "count_flops",
+    "forward_flops",
+]

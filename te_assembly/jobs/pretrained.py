@@ -1,0 +1,253 @@
+"""Weights that load anywhere: a directory with ``model.safetensors`` and ``config.yaml``.
+
+``save_pretrained(model, dir)`` writes the model's weights under their plain parameter names
+(``steps.<step>.<TE parameter name>``, the same in every engine; TE's ``_extra_state`` quantization
+metadata is not a weight and stays out) and the fully resolved model (every step with its arguments,
+defaults filled in, and its channel bindings), the recipe it was built with and the weights' dtype.
+``from_pretrained(dir, engine=...)`` builds that model in any engine and loads the weights.
+``export_checkpoint`` (the ``export`` command) does the same from a training checkpoint: its model
+tensors (global tensors, whatever parallel layout trained it) and its run record.
+
+``model.safetensors`` is a plain safetensors file (``safetensors.torch.load_file`` reads it; its header
+says ``format: pt``) that also carries every tensor's SHA-256, checked by ``from_pretrained`` before any
+weight is used. Both files are written atomically (temp file, fsync, rename); the weights are read back
+and verified before the rename. A directory that already holds files is refused unless ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import yaml
+
+from te_assembly.analysis.plan import Plan
+from te_assembly.errors import ArgumentError, ConfigError, OutputPathError
+from te_assembly.jobs.training.checkpoint import CheckpointError, model_state, read_verified, write_verified
+from te_assembly.jobs.training.run_record import model_record
+from te_assembly.outputs import prepare_out_dir, write_text_atomic
+
+if TYPE_CHECKING:
+    from te_assembly.engines.base import AssembledModel
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.yaml"
+FORMAT = "te_assembly.jobs.pretrained/1"
+_EXTRA_STATE = "._extra_state"
+
+
+def expected_shapes(plan: Plan) -> dict[str, tuple[int, ...]]:
+    """Every weight of ``plan`` by its plain name, at its full (single-process) shape."""
+    return {
+        f"steps.{step.name}.{name}": tuple(shape)
+        for step in plan.steps
+        for name, shape in step.param_shapes.items()
+    }
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: value.detach().to("cpu").contiguous().clone()
+        for name, value in model.state_dict().items()
+        if isinstance(value, torch.Tensor) and not name.endswith(_EXTRA_STATE)
+    }
+
+
+def _check_fits(plan: Plan, weights: Mapping[str, torch.Tensor], where: str) -> None:
+    """``CheckpointError`` naming every weight that is missing, unexpected or of another shape."""
+    wanted = expected_shapes(plan)
+    missing = sorted(set(wanted) - set(weights))
+    extra = sorted(set(weights) - set(wanted))
+    shapes = [
+        f"{k}: {tuple(weights[k].shape)}, the model has {wanted[k]}"
+        for k in sorted(set(wanted) & set(weights))
+        if tuple(weights[k].shape) != wanted[k]
+    ]
+    if missing or extra or shapes:
+        parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
+        parts += shapes
+        raise CheckpointError(
+            f"{where} does not fit the model {plan.name}: {'; '.join(p for p in parts if p)}"
+        )
+
+
+def _target(directory: str | os.PathLike[str], overwrite: bool) -> Path:
+    out = Path(directory).expanduser()
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputPathError(
+            f"{out} is not empty: refusing to write a pretrained model over what is there (choose an "
+            "empty or new directory, or pass overwrite=True; export.overwrite=true on the command line)"
+        )
+    return prepare_out_dir(out)
+
+
+def config_of(
+    model_config: Mapping[str, Any], recipe: Mapping[str, Any] | None, dtype: str
+) -> dict[str, Any]:
+    """The content of a pretrained directory's ``config.yaml``: what ``te_assembly.load`` takes back."""
+    return {
+        "format": FORMAT,
+        "model": dict(model_config),
+        "recipe": dict(recipe) if recipe else None,
+        "dtype": dtype,
+    }
+
+
+def write_pretrained(
+    directory: str | os.PathLike[str],
+    weights: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring)."""
+    out = _target(directory, overwrite)
+    write_verified(
+        out / WEIGHTS_FILE, weights, {"model": config["model"].get("name")}, FORMAT, {"format": "pt"}
+    )
+    header = (
+        "# te_assembly pretrained model: te_assembly.from_pretrained(<this directory>, engine=...)\n"
+        "# the model as built (each step, its arguments with defaults, its channels), its recipe, its dtype\n"
+    )
+    body = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    write_text_atomic(out / CONFIG_FILE, header + body)
+    return out
+
+
+def save_pretrained(
+    model: AssembledModel,
+    directory: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    recipe: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``model``'s weights (``model.safetensors``, plain parameter names) and its resolved config
+    (``config.yaml``) into ``directory``; returns it. ``recipe``: the quantization recipe to record
+    (default: the one a TE model was built with). Raises ``OutputPathError`` for a directory that is not
+    empty (unless ``overwrite``) or cannot be written, and ``ArgumentError`` for a model that holds one
+    rank's part of a parallel layout (export its training checkpoint instead: global tensors)."""
+    from te_assembly.engines.base import AssembledModel
+
+    if not isinstance(model, AssembledModel):
+        raise ArgumentError(
+            f"save_pretrained() takes a model built by te_assembly.build(); got {type(model).__name__}"
+        )
+    weights = _weights(model)
+    try:
+        _check_fits(model.plan, weights, "this model's state")
+    except CheckpointError:
+        raise ArgumentError(
+            f"{model.plan.name} holds one rank's slices of a parallel layout, not the whole model: save "
+            "the training checkpoint and export it (python -m te_assembly export export.checkpoint=...), "
+            "which gathers every rank's part"
+        ) from None
+    floats = [w.dtype for w in weights.values() if w.is_floating_point()]
+    dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")
+    chosen = recipe if recipe is not None else getattr(model, "recipe", None)
+    return write_pretrained(
+        directory, weights, config_of(model_record(model.plan), chosen, dtype), overwrite=overwrite
+    )
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """A pretrained directory's ``config.yaml``, read with the same limits as every config file."""
+    from te_assembly.config.source import read_file
+
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a pretrained model directory: no {CONFIG_FILE}")
+    source = read_file(str(path), "config", "")
+    errors = [d for d in source.diagnostics if d.is_error]
+    if errors:
+        raise ConfigError(errors)
+    if not isinstance(source.data, dict) or not isinstance(source.data.get("model"), dict):
+        raise CheckpointError(f"{path} holds no model (a mapping under 'model')")
+    return dict(source.data)
+
+
+def from_pretrained(
+    directory: str | os.PathLike[str],
+    engine: str = "auto",
+    *,
+    kernels: str = "te",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    recipe: Mapping[str, Any] | None = None,
+) -> AssembledModel:
+    """Build the model saved in ``directory`` (``save_pretrained`` or the ``export`` command) in
+    ``engine`` (``reference``, ``te``, ``auto``; ``kernels`` as in ``build``) and load its weights,
+    every tensor's checksum verified first. ``dtype``: the saved weights' dtype unless given; ``recipe``:
+    the saved recipe unless given (the TE engine's quantization). Returned in eval mode, as a model for
+    inference (``.train()`` to train it further).
+
+    Raises ``CheckpointError`` for a missing, corrupt or mismatched file (names every weight that does
+    not fit), ``ConfigError`` for a config that does not validate, and what ``build`` raises."""
+    from te_assembly.analysis.pipeline import load
+    from te_assembly.engines import build
+
+    folder = Path(directory).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a pretrained model directory (no such directory)")
+    config = read_config(folder)
+    analysis = load({k: v for k, v in config.items() if k in ("model", "recipe")})
+    plan = analysis.checked_plan()
+    if not (folder / WEIGHTS_FILE).exists():
+        raise CheckpointError(f"{folder} is not a pretrained model directory: no {WEIGHTS_FILE}")
+    _, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
+    _check_fits(plan, weights, str(folder / WEIGHTS_FILE))
+    if dtype is None:
+        saved = str(config.get("dtype") or "float32")
+        dtype = (
+            getattr(torch, saved, None) if saved in ("float32", "float64", "bfloat16", "float16") else None
+        )
+        if dtype is None:
+            raise CheckpointError(f"{folder / CONFIG_FILE}: unknown dtype {saved!r}")
+    model = build(analysis, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
+    own_extra = {k: v for k, v in model.state_dict().items() if k.endswith(_EXTRA_STATE)}
+    model.load_state_dict({**weights, **own_extra}, strict=True)
+    return model.eval()
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """A training checkpoint (or a run directory: its newest checkpoint, every tensor verified) as a
+    pretrained directory (default: ``pretrained/`` in the checkpoint's run directory). The model tensors
+    are global (a parallel run gathers them before saving), so the result loads in one process."""
+    from te_assembly.analysis.pipeline import load
+    from te_assembly.jobs.training.run_dir import resume_point
+
+    source = Path(checkpoint).expanduser()
+    if source.is_dir():
+        found, _ = resume_point(source)
+        if found is None:
+            raise CheckpointError(f"{source} holds no checkpoint to export")
+        source = found
+    elif not source.exists():
+        raise CheckpointError(f"cannot export {source}: no such checkpoint file or run directory")
+    header, weights = model_state(source)
+    run = header.meta.get("run")
+    if not isinstance(run, Mapping) or not isinstance(run.get("model"), Mapping):
+        raise CheckpointError(f"{source} does not record its model, so it cannot be exported")
+    plan = load(dict(run["model"])).checked_plan()
+    _check_fits(plan, weights, str(source))
+    config = config_of(run["model"], run.get("recipe"), str(run.get("dtype") or "float32"))
+    target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
+    return write_pretrained(target, weights, config, overwrite=overwrite)
+
+
+__all__ = [
+    "CONFIG_FILE",
+    "FORMAT",
+    "WEIGHTS_FILE",
+    "export_checkpoint",
+    "from_pretrained",
+    "save_pretrained",
+    "write_pretrained",
+]

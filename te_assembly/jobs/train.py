@@ -1,0 +1,490 @@
+"""The training loop: student vs. teacher, optimizer, schedule, checkpoints, resume, non-finite guard."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from te_assembly.analysis.plan import Plan
+from te_assembly.diagnostics import error
+from te_assembly.engines import build
+from te_assembly.engines.base import AssembledModel, loss_output_names
+from te_assembly.engines.memory import check_fits, estimate
+from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError
+from te_assembly.jobs.training import parallel_checkpoint
+from te_assembly.jobs.training.checkpoint import (
+    CheckpointError,
+    prune,
+    read_meta,
+    remove_stale_temp,
+)
+from te_assembly.jobs.training.metrics import MetricsLog, check_tensorboard
+from te_assembly.jobs.training.optim import lr_at, make_optimizer, set_lr
+from te_assembly.jobs.training.run_dir import (
+    RunLock,
+    out_dir_of,
+    previous_run,
+    remove_previous_run,
+    resume_point,
+)
+from te_assembly.jobs.training.run_record import check_fresh_start, check_resumable, record_sha256, run_record
+from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.training.task import TeacherTask, loss_terms, perturb_constant_parameters
+from te_assembly.outputs import config_text, write_text_atomic
+from te_assembly.views.loss_curve import save_loss_curve
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    """1-based."""
+    end: int
+    """The step this run stops after."""
+    loss: float
+    terms: dict[str, float]
+    lr: float
+    seconds: float
+    """Student forward + backward + optimizer step (the teacher's forward is data, not timed)."""
+    tokens_per_s: float
+    grad_norm: float = float("nan")
+    """The whole model's gradient norm before the optimizer step."""
+    wall_time: float = 0.0
+    """Seconds since the epoch when the step ended."""
+    elapsed_s: float = 0.0
+    """Seconds since this invocation started training."""
+
+    def metrics(self) -> dict[str, Any]:
+        """The record ``metrics.jsonl`` keeps (``train/metrics.py``)."""
+        return {
+            "step": self.step,
+            "loss": self.loss,
+            "terms": dict(self.terms),
+            "lr": self.lr,
+            "grad_norm": self.grad_norm,
+            "tokens_per_s": self.tokens_per_s,
+            "step_time_s": self.seconds,
+            "wall_time": self.wall_time,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]
+    """Loss of every step so far, including steps before a resume: ``losses[i]`` is step ``i + 1``."""
+    start_step: int
+    """Steps already done when this run started (0 unless resumed)."""
+    last_step: int
+    checkpoints: list[Path] = field(default_factory=list)
+    metrics_file: Path | None = None
+    """``metrics.jsonl``: one record per step (``train/metrics.py``)."""
+    tensorboard_dir: Path | None = None
+    config_file: Path | None = None
+    plot: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    model: AssembledModel | None = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _check_loss(step: int, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
+    if bool(torch.isfinite(loss)):
+        return
+    culprit = next((name for name, t in terms.items() if not bool(torch.isfinite(t))), "loss")
+    raise NonFiniteError(step, culprit, f"non-finite {culprit} at step {step}: {loss.item()}")
+
+
+def _check_grads(step: int, model: torch.nn.Module) -> None:
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return
+    # One device sync for the common, all-finite case; the culprit search only runs on failure.
+    if bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+        return
+    name = next(n for n, g in named if not bool(torch.isfinite(g).all()))
+    raise NonFiniteError(step, f"grad of {name}", f"non-finite gradient of {name} at step {step}")
+
+
+def check_can_train(plan: Plan, settings: TrainSettings, device: torch.device, dtype: torch.dtype) -> None:
+    """``ConfigError`` for a model without parameters; ``ResourceError`` when teacher, student, gradients,
+    optimizer state and one batch's activations cannot fit in memory (estimated, nothing allocated)."""
+    if plan.num_params == 0:
+        raise ConfigError(
+            [
+                error(
+                    "model",
+                    "nothing-to-train",
+                    f"{plan.name} has no parameters: there is nothing to train (run and bench work on it)",
+                )
+            ]
+        )
+    needed = estimate(
+        plan,
+        dtype,
+        tokens=settings.batch_tokens,
+        models=2,
+        trained=1,
+        optimizer=settings.optimizer,
+        seq_len=settings.seq_len,
+    )
+    check_fits(needed, device, f"training {plan.name}", "lower train.batch_tokens or make the model smaller")
+
+
+def _resumed_losses(path: Path, meta: Mapping[str, Any], start: int) -> list[float]:
+    losses = meta.get("losses")
+    if (
+        not isinstance(losses, list)
+        or len(losses) < start
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in losses)
+    ):
+        raise CheckpointError(f"{path} is corrupt: its loss history does not cover its {start} steps")
+    return [float(v) for v in losses[:start]]
+
+
+def _resume_point(
+    par: ParallelContext, out_dir: Path, settings: TrainSettings
+) -> tuple[Path | None, list[str]]:
+    """Rank 0 decides (it alone may set corrupt files aside); every rank gets its answer, or its error."""
+    found: tuple[str | None, list[str], str | None] = (None, [], None)
+    if par.is_main:
+        try:
+            path, notes = resume_point(out_dir, settings.resume_from)
+            found = (str(path) if path is not None else None, notes, None)
+        except CheckpointError as exc:
+            found = (None, [], str(exc))
+    path_text, notes, problem = par.from_main(found)
+    if problem is not None:
+        raise CheckpointError(problem)
+    return (Path(path_text) if path_text is not None else None), (notes if par.is_main else [])
+
+
+def train(
+    plan: Plan,
+    settings: TrainSettings,
+    *,
+    engine: str = "reference",
+    kernels: str = "te",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    recipe: Mapping[str, Any] | None = None,
+    recipe_config: Mapping[str, Any] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+    parallel: ParallelContext | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> TrainResult:
+    """Train ``plan`` to regress a teacher built from the same plan with seed ``seed + offset``.
+
+    ``recipe`` is the TE engine's quantization recipe (teacher and student alike); the reference
+    engine ignores it. ``recipe_config``, the invocation's recipe config, is what the run records
+    (default: ``recipe``). The run holds ``settings.out_dir``'s lock from start to end (``run_dir``;
+    rank 0 of a parallel run holds it for the job).
+
+    Raises, before anything is built: ``ConfigError`` for a model without parameters;
+    ``ResourceError`` when teacher, student, optimizer and one batch's activations cannot fit in memory;
+    ``OutputPathError`` when ``out_dir`` cannot be written; ``RunDirectoryInUseError`` when another run
+    holds it; ``ExistingRunError`` when it holds checkpoints and neither ``resume`` nor ``overwrite`` is
+    set; ``CheckpointError`` when the checkpoint to resume is corrupt (naming the newest good one) or
+    its run had other settings. While running: ``NonFiniteError`` (step, tensor name) when the loss, a
+    gradient or (before a checkpoint is written) a parameter is NaN/Inf; ``CheckpointError`` when a
+    checkpoint cannot be written (disk full...), every earlier file intact.
+
+    ``parallel`` (``te_assembly.analysis.parallel``, under torchrun): every rank trains its slices on its rows of
+    each batch (``batch_tokens`` is the whole batch); losses are means over ranks; rank 0 alone writes.
+
+    Besides checkpoints, the run directory gets ``metrics.jsonl`` (one record per step, as it goes;
+    ``train/metrics.py``), TensorBoard events under ``tensorboard/`` when ``tensorboard`` is installed
+    (``MissingToolError`` before anything starts if ``settings.tensorboard`` is true and it is not),
+    ``loss_curve.png``, and ``config`` (the invocation's resolved config, if given) as ``config.yaml``."""
+    par = parallel if parallel is not None else ParallelContext.single(plan)
+    dev = torch.device(device)
+    if settings.out_dir is None:
+        raise ArgumentError(
+            "train() writes into settings.out_dir: set it (the train command uses its run directory)"
+        )
+    check_can_train(plan, settings, dev, dtype)
+    tensorboard = check_tensorboard(settings.tensorboard) if par.is_main else False
+    out_dir = out_dir_of(settings)
+    lock = RunLock(out_dir) if par.is_main else contextlib.nullcontext()
+    with lock:
+        return _train_locked(
+            plan,
+            settings,
+            out_dir,
+            engine=engine,
+            kernels=kernels,
+            device=dev,
+            dtype=dtype,
+            seed=seed,
+            recipe=recipe,
+            recorded_recipe=recipe_config if recipe_config is not None else recipe,
+            on_step=on_step,
+            par=par,
+            config=config,
+            tensorboard=tensorboard,
+        )
+
+
+def _train_locked(
+    plan: Plan,
+    settings: TrainSettings,
+    out_dir: Path,
+    *,
+    engine: str,
+    kernels: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    recipe: Mapping[str, Any] | None,
+    recorded_recipe: Mapping[str, Any] | None,
+    on_step: Callable[[StepRecord], None] | None,
+    par: ParallelContext,
+    config: Mapping[str, Any] | None,
+    tensorboard: bool,
+) -> TrainResult:
+    dev = device
+    parallel = par if par.is_parallel else None
+    check_fresh_start(out_dir, settings)
+    notes: list[str] = (
+        [f"removed stale temp file {p}" for p in remove_stale_temp(out_dir)] if par.is_main else []
+    )
+    resume_from: Path | None = None
+    if settings.resume:
+        resume_from, found_notes = _resume_point(par, out_dir, settings)
+        notes.extend(found_notes)
+    # train.overwrite: the earlier run stays whole until this one has a verified checkpoint.
+    earlier_run = previous_run(out_dir) if settings.overwrite and par.is_main else []
+
+    torch.manual_seed(seed + settings.teacher_seed_offset)
+    teacher = build(plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
+    perturb_constant_parameters(teacher)
+    torch.manual_seed(seed)
+    student = build(
+        plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe, parallel=parallel
+    )
+    student.train()
+    model = par.wrap(student)
+    optimizer = make_optimizer(student.parameters(), settings)
+    task = TeacherTask(
+        plan,
+        teacher,
+        seed=seed,
+        tokens=settings.batch_tokens,
+        device=dev,
+        dtype=dtype,
+        seq_len=settings.seq_len,
+        rows=(lambda x, inputs: (par.local_rows(x), par.local_inputs(inputs))) if par.is_parallel else None,
+    )
+    loss_names = loss_output_names(plan)
+
+    run = run_record(
+        settings,
+        plan=plan,
+        seed=seed,
+        engine=student.engine,
+        kernels=kernels,
+        dtype=dtype,
+        recipe=recorded_recipe,
+    )
+    run_sha256 = record_sha256(run)
+    losses: list[float] = []
+    start = 0
+    par.barrier()  # every rank has read the directory before rank 0 changes anything in it
+    if resume_from is not None:
+        # Compared before loading: another optimizer's state would not even load cleanly.
+        check_resumable(resume_from, read_meta(resume_from), run)
+        ckpt, layout_note = parallel_checkpoint.load(par, resume_from, student, optimizer)
+        notes.extend([layout_note] if layout_note else [])
+        meta = ckpt.meta
+        if meta.get("planned_steps") != settings.steps and settings.schedule == "cosine":
+            notes.append(
+                f"the checkpoint's run planned {meta.get('planned_steps')} steps, this one {settings.steps}: "
+                "the cosine schedule differs from the original run's"
+            )
+        start = ckpt.step
+        losses = _resumed_losses(ckpt.path, meta, start)
+        notes.append(f"resumed from {ckpt.path} (step {start})")
+    elif settings.resume:
+        notes.append(f"no checkpoint in {out_dir}: starting from step 1")
+
+    end = min(settings.steps, settings.stop_after or settings.steps)
+    if start >= end:
+        notes.append(f"nothing to do: already at step {start} (train.steps={settings.steps})")
+    # train.overwrite: this run's files wait for its first checkpoint (the earlier run's stay whole).
+    files = _RunFiles(out_dir, config, start, tensorboard, hold=bool(earlier_run)) if par.is_main else None
+    try:
+        return _steps(
+            plan,
+            settings,
+            out_dir,
+            run=_Training(student, model, optimizer, task, loss_names, par, dev, files, earlier_run, notes),
+            start=start,
+            end=end,
+            losses=losses,
+            meta_base={
+                "plan": plan.name,
+                "seed": seed,
+                "planned_steps": settings.steps,
+                "engine": student.engine,
+                "run": run,
+                "run_sha256": run_sha256,
+                "settings": dataclasses.asdict(settings),
+            },
+            on_step=on_step,
+        )
+    finally:
+        if files is not None:
+            files.close()
+
+
+class _RunFiles:
+    """What the run writes besides checkpoints while it goes: ``config.yaml`` and the metrics."""
+
+    def __init__(
+        self, out_dir: Path, config: Mapping[str, Any] | None, start: int, tensorboard: bool, hold: bool
+    ) -> None:
+        self.out_dir, self.config = out_dir, config
+        self.config_file: Path | None = None
+        self.metrics = MetricsLog(out_dir, start_step=start, tensorboard=tensorboard, hold=hold)
+        if not hold:
+            self._write_config()
+
+    def _write_config(self) -> None:
+        if self.config is not None:
+            self.config_file = write_text_atomic(self.out_dir / "config.yaml", config_text(self.config))
+
+    def commit(self) -> None:
+        """The earlier run is gone (``train.overwrite``): this run's files now take its place."""
+        self._write_config()
+        self.metrics.commit()
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+@dataclass
+class _Training:
+    """What the step loop works with: the models, optimizer and data, where its files go, and the notes
+    for the user it adds to."""
+
+    student: AssembledModel
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    task: TeacherTask
+    loss_names: tuple[str, ...]
+    par: ParallelContext
+    device: torch.device
+    files: _RunFiles | None
+    earlier_run: list[Path]
+    notes: list[str]
+
+
+def _steps(
+    plan: Plan,
+    settings: TrainSettings,
+    out_dir: Path,
+    *,
+    run: _Training,
+    start: int,
+    end: int,
+    losses: list[float],
+    meta_base: dict[str, Any],
+    on_step: Callable[[StepRecord], None] | None,
+) -> TrainResult:
+    student, model, optimizer, task, par, dev = (
+        run.student,
+        run.model,
+        run.optimizer,
+        run.task,
+        run.par,
+        run.device,
+    )
+    loss_names, notes, earlier_run, files = run.loss_names, run.notes, run.earlier_run, run.files
+    checkpoints: list[Path] = []
+    began_training = time.perf_counter()
+    for step in range(start + 1, end + 1):
+        batch = task.batch(step)
+        lr = lr_at(step, settings)
+        set_lr(optimizer, lr)
+        optimizer.zero_grad(set_to_none=True)
+        _sync(dev)
+        began = time.perf_counter()
+        y, extras = model(batch.x, **batch.inputs)
+        terms = loss_terms(y, batch.target, extras, loss_names)
+        loss = torch.stack(list(terms.values())).sum()
+        inject = settings.inject_nan_at_step == step
+        if inject and settings.inject_nan_into == "loss":
+            loss = loss * float("nan")
+        value = par.mean(loss.item())  # every rank agrees on the loss, and on whether it is finite
+        _check_loss(step, loss, terms)
+        if not math.isfinite(value):
+            raise NonFiniteError(step, "loss", f"non-finite loss on another rank at step {step}: {value}")
+        loss.backward()
+        par.finish_grads(student)
+        if inject and settings.inject_nan_into == "grad":
+            first = next(p for p in student.parameters() if p.grad is not None)
+            first.grad.view(-1)[0] = float("nan")  # type: ignore[union-attr]
+        _check_grads(step, student)
+        grad_norm = par.norm_of_grads(student)
+        optimizer.step()
+        _sync(dev)
+        seconds = time.perf_counter() - began
+        losses.append(value)
+        record = StepRecord(
+            step,
+            end,
+            value,
+            {k: par.mean(t.item()) for k, t in terms.items()},
+            lr,
+            seconds,
+            settings.batch_tokens / seconds if seconds > 0 else float("inf"),
+            grad_norm,
+            time.time(),
+            time.perf_counter() - began_training,
+        )
+        if files is not None:
+            files.metrics.record(record.metrics())
+        if on_step is not None:
+            on_step(record)
+        every = settings.checkpoint_every
+        if step == end or (every and step % every == 0):
+            meta = {**meta_base, "losses": losses}
+            written = parallel_checkpoint.save(par, out_dir, step, student, optimizer, meta)
+            if written is None:  # another rank: rank 0 writes
+                continue
+            checkpoints.append(written)
+            if earlier_run:
+                remove_previous_run(earlier_run, keep=[written])
+                count = sum(p.suffix == ".safetensors" for p in earlier_run)
+                notes.append(
+                    f"removed {count} checkpoint(s) of an earlier run in {out_dir} once this run's first "
+                    "checkpoint was written (train.overwrite=true)"
+                )
+                earlier_run = []
+                if files is not None:
+                    files.commit()
+            prune(out_dir, settings.keep_checkpoints, latest=written, run_sha256=meta_base["run_sha256"])
+
+    result = TrainResult(losses, start, max(start, end), checkpoints, notes=notes, model=student)
+    if files is not None and not earlier_run:
+        result.metrics_file = files.metrics.path
+        result.config_file = files.config_file
+        if files.metrics.use_tensorboard:
+            result.tensorboard_dir = files.metrics.tensorboard_dir
+    if losses and par.is_main:
+        if settings.plot:
+            title = f"{plan.name}: teacher regression ({student.engine} engine)"
+            result.plot = save_loss_curve(losses, out_dir / "loss_curve.png", title, start or None)
+    return result

@@ -1,0 +1,34 @@
+"""The loss curve as a PNG (matplotlib's Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from te_assembly.outputs import write_atomic
+
+
+def save_loss_curve(losses: Sequence[float], path: Path, title: str, resumed_at: int | None = None) -> Path:
+    """Plot loss against 1-based step (log scale when every loss is positive)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    # A bare Figure (not pyplot) keeps no global state between calls.
+    fig = Figure(figsize=(7, 4), dpi=110)
+    ax = fig.add_subplot()
+    steps = range(1, len(losses) + 1)
+    ax.plot(steps, losses, linewidth=1.2, label="loss")
+    if resumed_at is not None:
+        ax.axvline(resumed_at + 0.5, color="tab:red", linestyle=":", label=f"resumed after step {resumed_at}")
+    if losses and all(v > 0 for v in losses):
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
+    return path
