@@ -14,12 +14,13 @@ from typing import Any
 import torch
 
 from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.recipes import checked_recipe
 from te_assembly.diagnostics import error
-from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, loss_output_names
-from te_assembly.engines.memory import check_fits, estimate
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError
+from te_assembly.jobs import objective
+from te_assembly.jobs.target import NO_RECIPE, Target
 from te_assembly.jobs.training import parallel_checkpoint
 from te_assembly.jobs.training.checkpoint import (
     CheckpointError,
@@ -38,7 +39,7 @@ from te_assembly.jobs.training.run_dir import (
 )
 from te_assembly.jobs.training.run_record import check_fresh_start, check_resumable, record_sha256, run_record
 from te_assembly.jobs.training.settings import TrainSettings
-from te_assembly.jobs.training.task import TeacherTask, loss_terms, perturb_constant_parameters
+from te_assembly.jobs.training.task import TeacherTask, perturb_constant_parameters
 from te_assembly.outputs import config_text, write_text_atomic
 from te_assembly.views.loss_curve import save_loss_curve
 
@@ -94,11 +95,6 @@ class TrainResult:
     model: AssembledModel | None = None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _check_loss(step: int, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
     if bool(torch.isfinite(loss)):
         return
@@ -117,7 +113,7 @@ def _check_grads(step: int, model: torch.nn.Module) -> None:
     raise NonFiniteError(step, f"grad of {name}", f"non-finite gradient of {name} at step {step}")
 
 
-def check_can_train(plan: Plan, settings: TrainSettings, device: torch.device, dtype: torch.dtype) -> None:
+def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None:
     """``ConfigError`` for a model without parameters; ``ResourceError`` when teacher, student, gradients,
     optimizer state and one batch's activations cannot fit in memory (estimated, nothing allocated)."""
     if plan.num_params == 0:
@@ -130,16 +126,16 @@ def check_can_train(plan: Plan, settings: TrainSettings, device: torch.device, d
                 )
             ]
         )
-    needed = estimate(
+    target.check_fits(
         plan,
-        dtype,
+        f"training {plan.name}",
+        "lower train.batch_tokens or make the model smaller",
         tokens=settings.batch_tokens,
         models=2,
         trained=1,
         optimizer=settings.optimizer,
         seq_len=settings.seq_len,
     )
-    check_fits(needed, device, f"training {plan.name}", "lower train.batch_tokens or make the model smaller")
 
 
 def _resumed_losses(path: Path, meta: Mapping[str, Any], start: int) -> list[float]:
@@ -173,23 +169,25 @@ def _resume_point(
 def train(
     plan: Plan,
     settings: TrainSettings,
+    target: Target | None = None,
     *,
+    recipe_config: Mapping[str, Any] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+    config: Mapping[str, Any] | None = None,
     engine: str = "reference",
     kernels: str = "te",
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     recipe: Mapping[str, Any] | None = None,
-    recipe_config: Mapping[str, Any] | None = None,
-    on_step: Callable[[StepRecord], None] | None = None,
     parallel: ParallelContext | None = None,
-    config: Mapping[str, Any] | None = None,
 ) -> TrainResult:
     """Train ``plan`` to regress a teacher built from the same plan with seed ``seed + offset``.
 
-    ``recipe`` is the TE engine's quantization recipe (teacher and student alike); the reference
-    engine ignores it. ``recipe_config``, the invocation's recipe config, is what the run records
-    (default: ``recipe``). The run holds ``settings.out_dir``'s lock from start to end (``run_dir``;
+    ``target``: engine, kernels, device, dtype, recipe (the TE engine's, teacher and student alike; the
+    reference engine ignores it), seed and parallel layout; without one, the keywords ``engine``,
+    ``kernels``, ``device``, ``dtype``, ``seed``, ``recipe`` and ``parallel`` describe it.
+    ``recipe_config``, the invocation's recipe config, is what the run records (default: the recipe). The run holds ``settings.out_dir``'s lock from start to end (``run_dir``;
     rank 0 of a parallel run holds it for the job).
 
     Raises, before anything is built: ``ConfigError`` for a model without parameters;
@@ -201,20 +199,25 @@ def train(
     gradient or (before a checkpoint is written) a parameter is NaN/Inf; ``CheckpointError`` when a
     checkpoint cannot be written (disk full...), every earlier file intact.
 
-    ``parallel`` (``te_assembly.analysis.parallel``, under torchrun): every rank trains its slices on its rows of
+    A parallel target (under torchrun): every rank trains its slices on its rows of
     each batch (``batch_tokens`` is the whole batch); losses are means over ranks; rank 0 alone writes.
 
     Besides checkpoints, the run directory gets ``metrics.jsonl`` (one record per step, as it goes;
-    ``train/metrics.py``), TensorBoard events under ``tensorboard/`` when ``tensorboard`` is installed
+    ``training/metrics.py``), TensorBoard events under ``tensorboard/`` when ``tensorboard`` is installed
     (``MissingToolError`` before anything starts if ``settings.tensorboard`` is true and it is not),
     ``loss_curve.png``, and ``config`` (the invocation's resolved config, if given) as ``config.yaml``."""
-    par = parallel if parallel is not None else ParallelContext.single(plan)
-    dev = torch.device(device)
+    if target is None:
+        recorded = recipe_config if recipe_config is not None else recipe
+        chosen = checked_recipe(recipe) if recipe is not None else NO_RECIPE
+        target = Target(engine, kernels, torch.device(device), dtype, chosen, seed, parallel)
+    else:
+        recorded = recipe_config if recipe_config is not None else target.recipe
+    par = target.context(plan)
     if settings.out_dir is None:
         raise ArgumentError(
             "train() writes into settings.out_dir: set it (the train command uses its run directory)"
         )
-    check_can_train(plan, settings, dev, dtype)
+    check_can_train(plan, settings, target)
     tensorboard = check_tensorboard(settings.tensorboard) if par.is_main else False
     out_dir = out_dir_of(settings)
     lock = RunLock(out_dir) if par.is_main else contextlib.nullcontext()
@@ -223,13 +226,8 @@ def train(
             plan,
             settings,
             out_dir,
-            engine=engine,
-            kernels=kernels,
-            device=dev,
-            dtype=dtype,
-            seed=seed,
-            recipe=recipe,
-            recorded_recipe=recipe_config if recipe_config is not None else recipe,
+            target=target,
+            recorded_recipe=recorded,
             on_step=on_step,
             par=par,
             config=config,
@@ -242,20 +240,14 @@ def _train_locked(
     settings: TrainSettings,
     out_dir: Path,
     *,
-    engine: str,
-    kernels: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    seed: int,
-    recipe: Mapping[str, Any] | None,
+    target: Target,
     recorded_recipe: Mapping[str, Any] | None,
     on_step: Callable[[StepRecord], None] | None,
     par: ParallelContext,
     config: Mapping[str, Any] | None,
     tensorboard: bool,
 ) -> TrainResult:
-    dev = device
-    parallel = par if par.is_parallel else None
+    seed = target.seed
     check_fresh_start(out_dir, settings)
     notes: list[str] = (
         [f"removed stale temp file {p}" for p in remove_stale_temp(out_dir)] if par.is_main else []
@@ -267,26 +259,13 @@ def _train_locked(
     # train.overwrite: the earlier run stays whole until this one has a verified checkpoint.
     earlier_run = previous_run(out_dir) if settings.overwrite and par.is_main else []
 
-    torch.manual_seed(seed + settings.teacher_seed_offset)
-    teacher = build(plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
+    teacher = target.build(plan, seed=seed + settings.teacher_seed_offset, split=False)
     perturb_constant_parameters(teacher)
-    torch.manual_seed(seed)
-    student = build(
-        plan, engine=engine, kernels=kernels, device=dev, dtype=dtype, recipe=recipe, parallel=parallel
-    )
+    student = target.build(plan, seed=seed)
     student.train()
     model = par.wrap(student)
     optimizer = make_optimizer(student.parameters(), settings)
-    task = TeacherTask(
-        plan,
-        teacher,
-        seed=seed,
-        tokens=settings.batch_tokens,
-        device=dev,
-        dtype=dtype,
-        seq_len=settings.seq_len,
-        rows=(lambda x, inputs: (par.local_rows(x), par.local_inputs(inputs))) if par.is_parallel else None,
-    )
+    task = TeacherTask(plan, teacher, target, tokens=settings.batch_tokens, seq_len=settings.seq_len)
     loss_names = loss_output_names(plan)
 
     run = run_record(
@@ -294,8 +273,8 @@ def _train_locked(
         plan=plan,
         seed=seed,
         engine=student.engine,
-        kernels=kernels,
-        dtype=dtype,
+        kernels=target.kernels,
+        dtype=target.dtype,
         recipe=recorded_recipe,
     )
     run_sha256 = record_sha256(run)
@@ -329,7 +308,9 @@ def _train_locked(
             plan,
             settings,
             out_dir,
-            run=_Training(student, model, optimizer, task, loss_names, par, dev, files, earlier_run, notes),
+            run=_Training(
+                student, model, optimizer, task, loss_names, par, target, files, earlier_run, notes
+            ),
             start=start,
             end=end,
             losses=losses,
@@ -385,7 +366,7 @@ class _Training:
     task: TeacherTask
     loss_names: tuple[str, ...]
     par: ParallelContext
-    device: torch.device
+    target: Target
     files: _RunFiles | None
     earlier_run: list[Path]
     notes: list[str]
@@ -403,13 +384,13 @@ def _steps(
     meta_base: dict[str, Any],
     on_step: Callable[[StepRecord], None] | None,
 ) -> TrainResult:
-    student, model, optimizer, task, par, dev = (
+    student, model, optimizer, task, par, target = (
         run.student,
         run.model,
         run.optimizer,
         run.task,
         run.par,
-        run.device,
+        run.target,
     )
     loss_names, notes, earlier_run, files = run.loss_names, run.notes, run.earlier_run, run.files
     checkpoints: list[Path] = []
@@ -419,11 +400,11 @@ def _steps(
         lr = lr_at(step, settings)
         set_lr(optimizer, lr)
         optimizer.zero_grad(set_to_none=True)
-        _sync(dev)
+        target.sync()
         began = time.perf_counter()
         y, extras = model(batch.x, **batch.inputs)
-        terms = loss_terms(y, batch.target, extras, loss_names)
-        loss = torch.stack(list(terms.values())).sum()
+        terms = objective.loss_terms(y, extras, loss_names, target=batch.target)
+        loss = objective.total(terms)
         inject = settings.inject_nan_at_step == step
         if inject and settings.inject_nan_into == "loss":
             loss = loss * float("nan")
@@ -439,7 +420,7 @@ def _steps(
         _check_grads(step, student)
         grad_norm = par.norm_of_grads(student)
         optimizer.step()
-        _sync(dev)
+        target.sync()
         seconds = time.perf_counter() - began
         losses.append(value)
         record = StepRecord(

@@ -10,6 +10,7 @@ has its own generator), so training-mode randomness is not comparable across eng
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,11 +18,11 @@ from typing import Any
 import torch
 
 from te_assembly.analysis.plan import Plan
-from te_assembly.engines import build, check_device
+from te_assembly.analysis.recipes import checked_recipe
+from te_assembly.engines import check_device
 from te_assembly.engines.base import AssembledModel
-from te_assembly.engines.data import DEFAULT_SEQ_LEN, sample_public_inputs, sample_x
-from te_assembly.engines.memory import check_fits, estimate
-from te_assembly.errors import VerificationError
+from te_assembly.engines.data import DEFAULT_SEQ_LEN
+from te_assembly.jobs.target import NO_RECIPE, Target, copy_weights
 
 
 @dataclass(frozen=True)
@@ -116,24 +117,6 @@ class VerifyReport:
     @property
     def failures(self) -> list[TensorComparison]:
         return [c for c in self.comparisons if not c.passed]
-
-
-def copy_weights(source: AssembledModel, target: AssembledModel) -> None:
-    """Load ``source``'s state dict into ``target``; every parameter and buffer name must match.
-
-    TE ops also carry an ``_extra_state`` entry (quantization metadata) with no counterpart in the
-    reference engine; the target keeps its own, and the load is strict about everything else."""
-    src = source.state_dict()
-    tgt = target.state_dict()
-    own_extra = {k: v for k, v in tgt.items() if k.endswith("._extra_state")}
-    missing = sorted(set(tgt) - set(own_extra) - set(src))
-    unexpected = sorted(set(src) - set(tgt))
-    if missing or unexpected:
-        raise VerificationError(
-            f"parameter names differ between the {source.engine} and {target.engine} engines: "
-            f"only in {target.engine}: {missing or 'none'}; only in {source.engine}: {unexpected or 'none'}"
-        )
-    target.load_state_dict({**src, **own_extra}, strict=True)
 
 
 def state_dict_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -259,6 +242,7 @@ def _plan_of(config: Plan | Mapping[str, Any] | str) -> Plan:
 
 def verify(
     config: Plan | Mapping[str, Any] | str,
+    target: Target | None = None,
     *,
     kernels: str = "te",
     device: str | torch.device = "cpu",
@@ -270,28 +254,47 @@ def verify(
 ) -> VerifyReport:
     """Build both engines with the reference engine's weights, run one forward and backward on the same
     synthetic data and cotangents, and compare every output and gradient. Both models run in eval mode
-    (dropout is the identity): random masks are not comparable across implementations."""
+    (dropout is the identity): random masks are not comparable across implementations.
+
+    ``target``: where and how (its engine is taken to be ``te``: the candidate; the reference engine runs
+    on the same device and dtype). Without one, ``kernels``, ``device``, ``dtype``, ``recipe`` and
+    ``seed`` describe it. ``tokens``, ``seq_len``: the batch."""
     plan = _plan_of(config)
-    dev = check_device(device)
-    needed = estimate(plan, dtype, tokens=tokens, models=2, trained=2, seq_len=seq_len)
-    check_fits(needed, dev, f"verifying {plan.name}", "lower run.tokens or make the model smaller")
+    if target is None:
+        target = Target(
+            "te",
+            kernels=kernels,
+            device=check_device(device),
+            dtype=dtype,
+            recipe=checked_recipe(recipe) if recipe is not None else NO_RECIPE,
+            seed=seed,
+        )
+    target = dataclasses.replace(target, engine="te", parallel=None)
+    seed = target.seed
+    target.check_fits(
+        plan,
+        f"verifying {plan.name}",
+        "lower run.tokens or make the model smaller",
+        tokens=tokens,
+        models=2,
+        trained=2,
+        seq_len=seq_len,
+        fused=False,
+    )
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
-    candidate = build(plan, engine="te", kernels=kernels, device=dev, dtype=dtype, recipe=recipe)
-    torch.manual_seed(seed)
-    reference = build(plan, engine="reference", device=dev, dtype=dtype)
+    candidate = target.build(plan)
+    reference = target.build(plan, seed=seed, engine="reference")
     fill_zero_parameters(reference, seed)
     copy_weights(reference, candidate)
     # Dropout draws its masks from each implementation's own RNG: compare the deterministic model.
     reference.eval()
     candidate.eval()
 
-    generator = torch.Generator().manual_seed(seed)
-    x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
-    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
+    x, inputs = target.sample(plan, tokens, torch.Generator().manual_seed(seed), seq_len)
     ref_run, cotangents = _forward_backward(reference, x, inputs, None, seed)
     te_run, _ = _forward_backward(candidate, x, inputs, cotangents, seed)
 
-    precision = precision_class(dtype, recipe, te_gemms=kernels == "te" and dev.type == "cuda")
+    precision = precision_class(target.dtype, target.recipe, te_gemms=target.te_gemms)
     tolerance = TOLERANCES[precision]
     rows = [compare(MAIN_OUTPUT, "main output", te_run.y, ref_run.y, tolerance)]
     rows += [compare(n, "output", te_run.outputs.get(n), v, tolerance) for n, v in ref_run.outputs.items()]
@@ -303,13 +306,12 @@ def verify(
         compare(f"grad {n}", "param grad", te_run.param_grads.get(n), v, tolerance)
         for n, v in ref_run.param_grads.items()
     ]
-    recipe_name = None if recipe is None else str(recipe.get("name") or recipe.get("kind"))
     return VerifyReport(
         model=plan.name,
-        kernels=kernels,
-        device=str(dev),
-        dtype=str(dtype).removeprefix("torch."),
-        recipe=recipe_name,
+        kernels=target.kernels,
+        device=str(target.device),
+        dtype=target.dtype_name,
+        recipe=None if target.recipe is NO_RECIPE else target.recipe.name,
         precision=precision,
         tolerance=tolerance,
         tokens=tokens,
@@ -363,16 +365,12 @@ def recipe_effect(
     """Proof that ``recipe`` is on: the same weights and input through the reference engine, TE without
     a recipe and TE under ``recipe``, all in bfloat16 and eval mode (GPU only: recipes need one)."""
     plan = _plan_of(config)
-    dev = torch.device(device)
-    dtype = torch.bfloat16
-    plain = build(plan, engine="te", kernels="te", device=dev, dtype=dtype, recipe=None)
-    quantized = build(plan, engine="te", kernels="te", device=dev, dtype=dtype, recipe=recipe)
-    torch.manual_seed(seed)
-    reference = build(plan, engine="reference", device=dev, dtype=dtype)
+    base = Target("te", kernels="te", device=torch.device(device), dtype=torch.bfloat16, seed=seed)
+    plain = base.build(plan)
+    quantized = dataclasses.replace(base, recipe=checked_recipe(recipe)).build(plan)
+    reference = base.build(plan, seed=seed, engine="reference")
     fill_zero_parameters(reference, seed)
-    generator = torch.Generator().manual_seed(seed)
-    x = sample_x(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
-    inputs = sample_public_inputs(plan, tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
+    x, inputs = base.sample(plan, tokens, torch.Generator().manual_seed(seed), seq_len)
     outputs = []
     for model in (reference, plain, quantized):
         if model is not reference:

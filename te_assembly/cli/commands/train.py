@@ -26,6 +26,7 @@ from te_assembly.cli import job_dir
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
 from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.jobs.target import Target
 from te_assembly.jobs.train import check_can_train
 from te_assembly.jobs.training import StepRecord, TrainSettings, train
 from te_assembly.jobs.training.checkpoint import CheckpointError, scan
@@ -39,8 +40,9 @@ RUN_DIR = True
 def main(analysis: Analysis, console: Console) -> int:
     session = start(analysis, console)
     settings: TrainSettings = session.section("train")
-    with session.parallel("train", ("train.batch_tokens", settings.batch_tokens), settings.seq_len) as par:
-        return _train(session, settings, console, par)
+    tokens = ("train.batch_tokens", settings.batch_tokens)
+    with session.distributed("train", tokens, settings.seq_len) as target:
+        return _train(session, settings, console, target)
 
 
 def _continued(target: str, settings: TrainSettings) -> TrainSettings:
@@ -102,12 +104,12 @@ def _agreed(settings: TrainSettings, par: ParallelContext) -> tuple[TrainSetting
     return dataclasses.replace(settings, **values), notes
 
 
-def _train(session: Session, settings: TrainSettings, console: Console, par: ParallelContext) -> int:
-    plan, device, dtype, seed = session.plan, par.device(session.device), session.dtype, session.seed
+def _train(session: Session, settings: TrainSettings, console: Console, target: Target) -> int:
+    plan, device, seed, par = session.plan, target.device, target.seed, target.context(session.plan)
     # Before the progress bar: a model without parameters, sizes that cannot fit, a bad path, a directory
     # another run holds, or an earlier run in the way fails first and alone (train() checks the
     # directory again under its lock). Every rank probes the lock (shared probes never collide).
-    check_can_train(plan, settings, device, dtype)
+    check_can_train(plan, settings, target)
     settings, notes = _agreed(settings, par)
     out_dir = out_dir_of(settings)
     check_unlocked(out_dir)
@@ -124,7 +126,7 @@ def _train(session: Session, settings: TrainSettings, console: Console, par: Par
         f"{printable(plan.name)}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
         f"for {settings.steps} steps "
         f"of {settings.batch_tokens} tokens; {settings.optimizer} lr {settings.lr:g} ({settings.schedule}, "
-        f"warm-up {settings.warmup_steps}), device {device}, dtype {str(dtype).removeprefix('torch.')}",
+        f"warm-up {settings.warmup_steps}), device {device}, dtype {target.dtype_name}",
         markup=False,
     )
     columns = (
@@ -143,20 +145,7 @@ def _train(session: Session, settings: TrainSettings, console: Console, par: Par
                 task, completed=record.step, loss=f"{record.loss:.4g}", tps=f"{record.tokens_per_s:,.0f}"
             )
 
-        result = train(
-            plan,
-            settings,
-            engine=session.engine,
-            kernels=session.kernels,
-            device=device,
-            dtype=dtype,
-            seed=seed,
-            recipe=session.engine_recipe,
-            recipe_config=session.recipe,
-            on_step=on_step,
-            parallel=par,
-            config=session.analysis.resolved.as_config(),
-        )
+        result = train(plan, settings, target, on_step=on_step, config=session.analysis.resolved.as_config())
     for note in result.notes:
         console.print(note, style="yellow", markup=False)
     if result.losses:

@@ -26,10 +26,10 @@ from te_assembly.analysis.analyze import COMMON, DEFAULT_SECTIONS, Analysis
 from te_assembly.analysis.settings import CommonSettings, RunSettings
 from te_assembly.cli import job_dir
 from te_assembly.cli.commands.common import checked_plan
-from te_assembly.cli.commands.session import DTYPES, resolve_device
 from te_assembly.diagnostics import printable
 from te_assembly.engines import te_available
 from te_assembly.errors import EngineUnavailableError
+from te_assembly.jobs.target import Target
 from te_assembly.jobs.verify import VerifyReport, verify
 from te_assembly.outputs import write_text_atomic
 
@@ -80,18 +80,10 @@ def main(analysis: Analysis, console: Console) -> int:
     run: RunSettings = analysis.section("run")
     if not te_available():
         raise EngineUnavailableError(INSTALL_HINT)
-    device = resolve_device(common.device)
-    kernels = _kernels(analysis.resolved.overrides, common.kernels, device.type == "cuda")
-    dtype, tokens, seed = DTYPES[common.dtype], run.tokens, common.seed
+    target = Target.from_settings(common, analysis.recipe)
+    kernels = _kernels(analysis.resolved.overrides, common.kernels, target.device.type == "cuda")
     report = verify(
-        plan,
-        kernels=kernels,
-        device=device,
-        dtype=dtype,
-        recipe=analysis.recipe,
-        tokens=tokens,
-        seed=seed,
-        seq_len=run.seq_len,
+        plan, dataclasses.replace(target, kernels=kernels), tokens=run.tokens, seq_len=run.seq_len
     )
     console.print(report_table(report))
     job = job_dir.current("verify")

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
         Variant,
         VariantResult,
         bench_loss,
-        make_optimizer,
         run_benchmark,
     )
     from te_assembly.jobs.benchmark.settings import BenchSettings
@@ -49,7 +48,6 @@ _LAZY = {
     "Variant": "te_assembly.jobs.benchmark.runner",
     "VariantResult": "te_assembly.jobs.benchmark.runner",
     "bench_loss": "te_assembly.jobs.benchmark.runner",
-    "make_optimizer": "te_assembly.jobs.benchmark.runner",
     "run_benchmark": "te_assembly.jobs.benchmark.runner",
     "BenchSettings": "te_assembly.jobs.benchmark.settings",
     "Bridge": "te_assembly.jobs.benchmark.split",
@@ -90,7 +88,6 @@ __all__ = [
     "cut_at",
     "forward_flops",
     "gemm_precision",
-    "make_optimizer",
     "peak_for",
     "peak_tflops",
     "plain_source",

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from te_assembly.engines.base import ModelOutput, loss_precision
+from te_assembly.engines.base import ModelOutput
+from te_assembly.jobs import objective
 from te_assembly.jobs.benchmark.timing import PhaseTimer, Stats, synchronize
-from te_assembly.jobs.training.task import aux_losses
+from te_assembly.jobs.target import NothingToStep
 
 PHASES = ("forward", "backward", "step")
 ModelFn = Callable[..., ModelOutput]
@@ -47,32 +48,9 @@ class VariantResult:
 
 
 def bench_loss(out: ModelOutput, loss_names: Sequence[str]) -> torch.Tensor:
-    """Mean square of ``y`` plus every public loss output: something every output's gradient flows from."""
-    loss = loss_precision(out.y).square().mean()
-    for value in aux_losses(out.extras, loss_names).values():
-        loss = loss + value
-    return loss
-
-
-class NothingToStep:
-    """The optimizer of a model without parameters: ``step`` has nothing to update."""
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass
-
-    def step(self) -> None:
-        pass
-
-
-def make_optimizer(model: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer | NothingToStep:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:  # torch's optimizers refuse an empty parameter list
-        return NothingToStep()
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise ValueError(f"unknown optimizer {name!r} (adamw | sgd)")
+    """Mean square of ``y`` plus every public loss output (``jobs/objective.py``): something every
+    output's gradient flows from."""
+    return objective.objective(out.y, out.extras, loss_names)
 
 
 def _forward(v: Variant, x: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> ModelOutput:

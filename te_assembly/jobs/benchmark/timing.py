@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from te_assembly.jobs.target import synchronize
+
 NOISE_THRESHOLD = 0.1
 """A phase whose IQR is more than this fraction of its median is reported as noise (the threshold at
 which ``torch.utils.benchmark.Measurement`` warns of "system fluctuation")."""
@@ -62,11 +64,6 @@ class Stats:
     def noisy(self) -> bool:
         """The spread says these samples are noise (``NOISE_THRESHOLD``); one sample has no spread."""
         return self.n >= 2 and self.relative_spread > NOISE_THRESHOLD
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(fn: Callable[[], object], device: torch.device) -> float:

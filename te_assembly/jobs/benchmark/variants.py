@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from te_assembly.analysis.plan import Plan
-from te_assembly.engines import build
+from te_assembly.analysis.recipes import checked_recipe
 from te_assembly.engines.base import loss_output_names
 from te_assembly.jobs.benchmark.plain import PlainModel
-from te_assembly.jobs.benchmark.runner import Variant, make_optimizer
+from te_assembly.jobs.benchmark.runner import Variant
 from te_assembly.jobs.benchmark.split import SplitModel, SplitPlan, compare_cuts, split_plan
+from te_assembly.jobs.target import NO_RECIPE, OptimizerSpec, Target, copy_weights, make_optimizer
 
 if TYPE_CHECKING:
     from te_assembly.engines.parallel.context import ParallelContext
@@ -27,53 +28,44 @@ SPLIT = "(b) split, public tensors"
 PLAIN = "(c) plain PyTorch"
 
 
-def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
-    """Load every tensor of ``target``'s state dict from ``source`` (names agree across engines; a TE
-    model's extra state, such as FP8 metadata, has no counterpart in plain PyTorch and is left out)."""
-    available = source.state_dict()
-    wanted = target.state_dict()
-    missing = sorted(set(wanted) - set(available))
-    if missing:
-        raise KeyError(f"weights missing from the source model: {missing}")
-    target.load_state_dict({k: available[k] for k in wanted})
-
-
 def build_variants(
     plan: Plan,
+    target: Target | None = None,
     *,
-    engine: str,
-    kernels: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    optimizer: str,
-    lr: float,
-    compare: bool,
+    optimizer: str = "adamw",
+    lr: float = 1e-3,
+    compare: bool = False,
     split_at: str | None = None,
+    engine: str = "reference",
+    kernels: str = "te",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
     recipe: Mapping[str, Any] | None = None,
     parallel: ParallelContext | None = None,
 ) -> tuple[list[Variant], SplitPlan | None]:
-    """``parallel``: (a) alone, this rank's part, wrapped for data parallelism (``compare`` is for one
-    process)."""
-    model = build(
-        plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe, parallel=parallel
-    )
+    """The variants to time, built on ``target`` (without one: ``engine``, ``kernels``, ``device``,
+    ``dtype``, ``recipe`` and ``parallel`` describe it), each with ``train``'s optimizer of ``optimizer``
+    at ``lr`` (``jobs.target.make_optimizer``). A parallel target: (a) alone, this rank's part, wrapped
+    for data parallelism (``compare`` is for one process)."""
+    if target is None:
+        chosen = checked_recipe(recipe) if recipe is not None else NO_RECIPE
+        target = Target(engine, kernels, torch.device(device), dtype, chosen, parallel=parallel)
+    spec = OptimizerSpec(optimizer, lr)
+    model = target.build(plan)
     losses = loss_output_names(plan)
     name = (REROUTED if plan.reroutes else CHANNELLED) if compare else plan.name
-    optim = make_optimizer(model, optimizer, lr)
-    if parallel is not None and parallel.is_parallel:
-        finish = functools.partial(parallel.finish_grads, model)
-        return [Variant(name, parallel.wrap(model), optim, losses, after_backward=finish)], None
+    optim = make_optimizer(model.parameters(), spec)
+    if target.is_parallel:
+        assert target.parallel is not None
+        finish = functools.partial(target.parallel.finish_grads, model)
+        return [Variant(name, target.parallel.wrap(model), optim, losses, after_backward=finish)], None
     variants = [Variant(name, model, optim, losses)]
     if not compare:
         return variants, None
     split = split_plan(plan, compare_cuts(plan, split_at))
-    parts = [
-        build(p, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
-        for p in split.parts
-    ]
-    two = SplitModel(split, *parts).load_from(model)
-    plain = PlainModel(plan, device=device, dtype=dtype)
+    two = SplitModel(split, *(target.build(p) for p in split.parts)).load_from(model)
+    plain = PlainModel(plan, device=target.device, dtype=target.dtype)
     copy_weights(model, plain)
-    variants.append(Variant(SPLIT, two, make_optimizer(two, optimizer, lr), losses))
-    variants.append(Variant(PLAIN, plain, make_optimizer(plain, optimizer, lr), losses))
+    variants.append(Variant(SPLIT, two, make_optimizer(two.parameters(), spec), losses))
+    variants.append(Variant(PLAIN, plain, make_optimizer(plain.parameters(), spec), losses))
     return variants, split

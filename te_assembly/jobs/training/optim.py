@@ -11,14 +11,20 @@ from collections.abc import Iterable
 
 import torch
 
+from te_assembly.jobs import target
+from te_assembly.jobs.target import NothingToStep, OptimizerSpec
 from te_assembly.jobs.training.settings import TrainSettings
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], s: TrainSettings) -> torch.optim.Optimizer:
-    trainable = [p for p in params if p.requires_grad]
-    if s.optimizer == "adamw":
-        return torch.optim.AdamW(trainable, lr=s.lr, weight_decay=s.weight_decay)
-    return torch.optim.SGD(trainable, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+def optimizer_spec(s: TrainSettings) -> OptimizerSpec:
+    return OptimizerSpec(s.optimizer, s.lr, s.weight_decay, s.momentum)
+
+
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter], s: TrainSettings
+) -> torch.optim.Optimizer | NothingToStep:
+    """``train``'s optimizer (``jobs.target.make_optimizer``, the one ``bench`` steps with too)."""
+    return target.make_optimizer(params, optimizer_spec(s))
 
 
 def lr_at(step: int, s: TrainSettings) -> float:

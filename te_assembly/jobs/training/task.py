@@ -6,16 +6,16 @@ uninterrupted one would, without replaying any random stream.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from te_assembly.analysis.plan import Plan
-from te_assembly.engines.base import AssembledModel, loss_precision
-from te_assembly.engines.data import DEFAULT_SEQ_LEN, sample_public_inputs, sample_x
-
-RowSelector = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.data import DEFAULT_SEQ_LEN
+from te_assembly.jobs import objective
+from te_assembly.jobs.target import Target
 
 
 @dataclass
@@ -37,34 +37,23 @@ class TeacherTask:
         self,
         plan: Plan,
         teacher: AssembledModel,
+        target: Target,
         *,
-        seed: int,
         tokens: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        rows: RowSelector | None = None,
         seq_len: int = DEFAULT_SEQ_LEN,
     ) -> None:
         self.plan = plan
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.target = target
+        """Device, dtype and seed; under a parallel layout each batch is this rank's rows, taken before
+        the teacher runs."""
+        self.tokens = tokens
         self.seq_len = seq_len
         """Positions per sequence, for a model that takes ``[batch, seq, features]``."""
-        self.rows = rows
-        """Parallel runs: this rank's rows of each batch (x and public inputs), before the teacher runs."""
-        self.teacher = teacher.eval().requires_grad_(False)
-        self.seed = seed
-        self.tokens = tokens
-        self.device = device
-        self.dtype = dtype
 
     def batch(self, step: int) -> Batch:
-        generator = torch.Generator().manual_seed(step_seed(self.seed, step))
-        dev, dtype, seq_len = self.device, self.dtype, self.seq_len
-        x = sample_x(self.plan, self.tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len)
-        inputs = sample_public_inputs(
-            self.plan, self.tokens, generator=generator, device=dev, dtype=dtype, seq_len=seq_len
-        )
-        if self.rows is not None:
-            x, inputs = self.rows(x, inputs)
+        generator = torch.Generator().manual_seed(step_seed(self.target.seed, step))
+        x, inputs = self.target.sample(self.plan, self.tokens, generator, self.seq_len)
         with torch.no_grad():
             target = self.teacher(x, **inputs).y.detach()
         return Batch(x, inputs, target)
@@ -85,20 +74,9 @@ def perturb_constant_parameters(model: torch.nn.Module, scale: float = 0.1) -> l
     return changed
 
 
-def aux_losses(extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The public outputs named in ``loss_names`` (``engines.base.loss_output_names``: slots the catalog
-    marks ``is_loss``, whatever their channel is called); they join the objective as they are (the op
-    already weights them, e.g. TopKRouter's ``aux_loss_coeff``)."""
-    return {
-        name: loss_precision(extras[name]).sum() for name in loss_names if extras[name].is_floating_point()
-    }
-
-
 def loss_terms(
     y: torch.Tensor, target: torch.Tensor, extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]
 ) -> dict[str, torch.Tensor]:
-    """Named terms of the objective, in float32 at least (``loss_precision``): the regression error,
-    then each aux loss."""
-    terms = {"mse(y, teacher)": torch.nn.functional.mse_loss(loss_precision(y), loss_precision(target))}
-    terms.update(aux_losses(extras, loss_names))
-    return terms
+    """The training objective's named terms (``jobs/objective.py``): the regression error, then each
+    loss output."""
+    return objective.loss_terms(y, extras, loss_names, target=target)
