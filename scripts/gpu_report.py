@@ -115,7 +115,7 @@ def _unsupported(recipe: Mapping[str, Any]) -> str | None:
     """Why this GPU cannot run the recipe, or None."""
     import torch
 
-    from te_assembly.analysis.recipes import check_recipe_supported
+    from te_assembly.engines.te.recipe import check_recipe_supported
     from te_assembly.errors import UnsupportedRecipeError
 
     try:

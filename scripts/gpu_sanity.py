@@ -153,7 +153,8 @@ def check_channelled_ops(te: Any) -> None:
 
 def recipe_objects() -> dict[str, tuple[dict[str, Any], Any]]:
     """Each FP8 recipe as (config, TE recipe object), or with None when this GPU cannot run it."""
-    from te_assembly.analysis.recipes import check_recipe_supported, load_recipe, to_te_recipe
+    from te_assembly.analysis.recipes import load_recipe
+    from te_assembly.engines.te.recipe import check_recipe_supported, to_te_recipe
     from te_assembly.errors import UnsupportedRecipeError
 
     out = {}

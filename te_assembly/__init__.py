@@ -1,7 +1,10 @@
 """te_assembly: configuration-driven model assembly for Transformer Engine fusible ops and channels.
 
-Importing this package is cheap and never imports torch or TE; ``build`` pulls them in when called.
-``load`` runs the config pipeline (``pipeline.py``) without either.
+Importing this package is cheap and never imports torch or TE; ``build`` and the jobs pull them in when
+called. ``load`` runs the config pipeline (``analysis/pipeline.py``) without either.
+
+The jobs (``jobs/``) are functions of a plan, a ``Target`` and their settings: ``run``, ``verify``,
+``train`` and ``bench``, with ``RunSettings``, ``TrainSettings`` and ``BenchSettings``.
 """
 
 from __future__ import annotations
@@ -13,9 +16,17 @@ from te_assembly.version import __version__
 
 if TYPE_CHECKING:
     from te_assembly.analysis.pipeline import load, validate_model
+    from te_assembly.analysis.settings import RunSettings
     from te_assembly.config.locations import configs_dir, shipped_config
     from te_assembly.engines import build
+    from te_assembly.jobs.bench import bench
+    from te_assembly.jobs.benchmark.settings import BenchSettings
     from te_assembly.jobs.pretrained import export_checkpoint, from_pretrained, save_pretrained
+    from te_assembly.jobs.run import run
+    from te_assembly.jobs.target import Target
+    from te_assembly.jobs.train import train
+    from te_assembly.jobs.training.settings import TrainSettings
+    from te_assembly.jobs.verify import verify
 
 _LAZY = {
     "build": "te_assembly.engines",
@@ -26,6 +37,14 @@ _LAZY = {
     "save_pretrained": "te_assembly.jobs.pretrained",
     "from_pretrained": "te_assembly.jobs.pretrained",
     "export_checkpoint": "te_assembly.jobs.pretrained",
+    "Target": "te_assembly.jobs.target",
+    "run": "te_assembly.jobs.run",
+    "verify": "te_assembly.jobs.verify",
+    "train": "te_assembly.jobs.train",
+    "bench": "te_assembly.jobs.bench",
+    "RunSettings": "te_assembly.analysis.settings",
+    "TrainSettings": "te_assembly.jobs.training.settings",
+    "BenchSettings": "te_assembly.jobs.benchmark.settings",
 }
 
 
@@ -33,13 +52,21 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
+    "BenchSettings",
+    "RunSettings",
+    "Target",
+    "TrainSettings",
     "__version__",
+    "bench",
     "build",
     "configs_dir",
     "export_checkpoint",
     "from_pretrained",
     "load",
+    "run",
     "save_pretrained",
     "shipped_config",
+    "train",
     "validate_model",
+    "verify",
 ]

@@ -119,7 +119,7 @@ def write_atomic(
                 os.unlink(tmp)
         problem = problem_of(exc)
         if problem is not None:
-            raise (error or _output_error)(path, problem) from None
+            raise (error or _output_error)(path, problem) from exc
         raise
     fsync_dir(path.parent)
     return path

@@ -19,14 +19,12 @@ from te_assembly.analysis.recipes import (
     RECIPE_SCHEMA,
     SKIPPED_FIELDS,
     available_recipes,
-    check_recipe_supported,
     load_recipe,
     recipe_dir,
-    required_capability,
-    to_te_recipe,
     validate_recipe,
 )
 from te_assembly.diagnostics import Diagnostic
+from te_assembly.engines.te.recipe import check_recipe_supported, required_capability, to_te_recipe
 from te_assembly.errors import ConfigError, UnsupportedRecipeError
 
 RECIPE_FILES = sorted(recipe_dir().glob("*.yaml"))

@@ -15,10 +15,11 @@ import torch
 from rich.console import Console
 
 from te_assembly.analysis.pipeline import load
-from te_assembly.cli.commands import run
+from te_assembly.cli.commands import run as run_command
 from te_assembly.engines import build, resolve_engine
 from te_assembly.engines.data import sample_public_inputs, split_sizes
 from te_assembly.engines.reference.model import ReferenceModel
+from te_assembly.jobs import run
 from tests.engines._helpers import plan_from_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ CPU = torch.device("cpu")
 def _run_in_process(*overrides: str) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=400, no_color=True, highlight=False)
-    assert run.main(load(None, list(overrides), sections=run.SECTIONS), console) == 0
+    assert run_command.main(load(None, list(overrides), sections=run_command.SECTIONS), console) == 0
     return buffer.getvalue()
 
 

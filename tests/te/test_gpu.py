@@ -20,7 +20,8 @@ import torch
 from te_assembly import load
 from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
-from te_assembly.analysis.recipes import available_recipes, check_recipe_supported, load_recipe
+from te_assembly.analysis.recipes import available_recipes, load_recipe
+from te_assembly.engines.te.recipe import check_recipe_supported
 from te_assembly.errors import ConfigError, UnsupportedRecipeError
 
 pytestmark = pytest.mark.gpu

@@ -68,7 +68,7 @@ def test_decoder_layer_verifies_with_te_kernels(dtype: torch.dtype) -> None:
 
 
 def test_fp8_recipe_quantizes_the_linears_around_bf16_attention() -> None:
-    from te_assembly.analysis.recipes import check_recipe_supported
+    from te_assembly.engines.te.recipe import check_recipe_supported
     from te_assembly.errors import UnsupportedRecipeError
     from te_assembly.jobs.verify import verify
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_assembly.cli.commands.bench import noise_warnings
 from te_assembly.engines import build
+from te_assembly.jobs.bench import noise_warnings
 from te_assembly.jobs.benchmark import peaks
 from te_assembly.jobs.benchmark.flops import CATALOG, COUNTER, count_flops, forward_flops
 from te_assembly.jobs.benchmark.runner import VariantResult, bench_loss

@@ -31,9 +31,9 @@ from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
 from te_assembly.errors import ConfigError, NonFiniteError, RunDirectoryInUseError
-from te_assembly.jobs.training import TrainSettings, train
+from te_assembly.jobs import train as loop_module
+from te_assembly.jobs.train import train
 from te_assembly.jobs.training import checkpoint as ckpt_module
-from te_assembly.jobs.training import loop as loop_module
 from te_assembly.jobs.training.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -46,6 +46,7 @@ from te_assembly.jobs.training.checkpoint import (
 from te_assembly.jobs.training.optim import make_optimizer
 from te_assembly.jobs.training.run_dir import LOCK_NAME, RunLock, resume_point
 from te_assembly.jobs.training.run_record import ExistingRunError, record_sha256
+from te_assembly.jobs.training.settings import TrainSettings
 from tests.conftest import REPO_ROOT
 
 SMALL = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]
@@ -101,8 +102,12 @@ def _flip(path: Path, offset: int) -> None:
 
 
 def _tensor_offset(path: Path, name: str = "model/steps.fc1.basic_ops.0.weight") -> int:
-    header = read_header(path)
-    return header.data_start + header.tensors[name]["data_offsets"][0] + 3
+    """A byte inside tensor ``name``'s data, read from the safetensors layout (an 8-byte header length,
+    the JSON header, then the data)."""
+    raw = path.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    entries = json.loads(raw[8 : 8 + length])
+    return 8 + length + entries[name]["data_offsets"][0] + 3
 
 
 def _craft(
@@ -304,7 +309,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "header length": (lambda p: _flip(p, 5), "the header claims"),
     "header shape": (
         lambda p: p.write_bytes(p.read_bytes().replace(b'"shape":[16]', b'"shape":[61]', 1)),
-        "dtype/shape differ from the recorded ones",
+        "shape, dtype or data offsets are inconsistent",
     ),
     "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-100]), "truncated"),
     "empty": (lambda p: p.write_bytes(b""), "too short"),

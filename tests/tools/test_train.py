@@ -15,8 +15,8 @@ from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.plan import Plan
 from te_assembly.cli.main import main as cli_main
 from te_assembly.engines import build
-from te_assembly.errors import ConfigError, NonFiniteError
-from te_assembly.jobs.training import ExistingRunError, StepRecord, TrainSettings, train
+from te_assembly.errors import ConfigError, ExistingRunError, NonFiniteError
+from te_assembly.jobs.train import StepRecord, train
 from te_assembly.jobs.training import checkpoint as ckpt_module
 from te_assembly.jobs.training.checkpoint import (
     CheckpointError,
@@ -26,6 +26,7 @@ from te_assembly.jobs.training.checkpoint import (
 )
 from te_assembly.jobs.training.optim import lr_at, make_optimizer
 from te_assembly.jobs.training.run_dir import LOCK_NAME
+from te_assembly.jobs.training.settings import TrainSettings
 
 SMALL = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]
 

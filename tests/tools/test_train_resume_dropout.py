@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from te_assembly.cli.main import main as cli_main
-from te_assembly.jobs.training import StepRecord, TrainSettings, train
+from te_assembly.jobs.train import StepRecord, train
+from te_assembly.jobs.training.settings import TrainSettings
 from tests.engines._helpers import plan_from_yaml
 
 DROPOUT_MLP = """

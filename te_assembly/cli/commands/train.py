@@ -27,11 +27,11 @@ from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.jobs.target import Target
-from te_assembly.jobs.train import check_can_train
-from te_assembly.jobs.training import StepRecord, TrainSettings, train
+from te_assembly.jobs.train import StepRecord, check_can_train, train
 from te_assembly.jobs.training.checkpoint import CheckpointError, scan
 from te_assembly.jobs.training.run_dir import check_unlocked, latest_run, out_dir_of
 from te_assembly.jobs.training.run_record import check_fresh_start
+from te_assembly.jobs.training.settings import TrainSettings
 
 SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings}
 RUN_DIR = True

@@ -77,7 +77,7 @@ def _prepare_recipe(plan: Plan, recipe: Mapping[str, Any] | None) -> object | No
     if recipe is None:
         return None
     from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
-    from te_assembly.analysis.recipes import check_recipe_on_current_device, to_te_recipe
+    from te_assembly.engines.te.recipe import check_recipe_on_current_device, to_te_recipe
 
     te_recipe = to_te_recipe(recipe)
     if te_recipe is not None:

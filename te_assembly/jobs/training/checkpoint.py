@@ -22,19 +22,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import stat
-import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_bytes
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from te_assembly import outputs
@@ -44,8 +41,6 @@ FORMAT = "te_assembly.jobs.training/2"
 SUFFIX = ".safetensors"
 _NAME = re.compile(r"^ckpt-(\d+)\.safetensors$")
 _TEMP_SUFFIX = outputs.TEMP_SUFFIX
-_MAX_HEADER = 100 * 2**20
-"""A safetensors header larger than this is corruption, not a checkpoint (ours are a few KiB/MiB)."""
 _DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -111,56 +106,72 @@ def _open_regular(path: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def _read_exactly(fd: int, size: int, path: Path) -> bytes:
-    chunks, left = [], size
-    while left > 0:
-        chunk = os.read(fd, min(left, 64 * 2**20))
-        if not chunk:
-            raise CheckpointError(f"{path} is truncated: the file ends {left} bytes early")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
 @dataclass(frozen=True)
 class Header:
-    """A checkpoint's header, checked for consistency (not its tensor data: see ``verify``)."""
+    """A checkpoint's header as safetensors reads it, checked against what was recorded at save time
+    (not its tensor data: see ``verify``)."""
 
     path: Path
     step: int
     meta: dict[str, Any]
     tensors: dict[str, dict[str, Any]]
-    """Header entries: dtype, shape, data_offsets."""
-    data_start: int
-    file_size: int
+    """Each tensor's ``dtype`` (safetensors' name, e.g. ``F32``) and ``shape``."""
 
 
 def _corrupt(path: Path, what: str) -> CheckpointError:
     return CheckpointError(f"{path} is corrupt: {what}")
 
 
-def _parse_header(path: Path, fd: int, fmt: str = FORMAT) -> Header:
-    size = os.fstat(fd).st_size
-    if size < 8:
-        raise _corrupt(path, f"{size} bytes, too short for a safetensors header (truncated?)")
-    (length,) = struct.unpack("<Q", _read_exactly(fd, 8, path))
-    if length > min(_MAX_HEADER, size - 8):
-        raise _corrupt(path, f"the header claims {length} bytes, the file has {size} (truncated?)")
-    try:
-        header = json.loads(_read_exactly(fd, length, path))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _corrupt(path, f"the header is not valid JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise _corrupt(path, "the header is not a JSON object")
-    metadata = header.pop("__metadata__", None)
+_SAFETENSORS_PROBLEMS = {
+    "header too large": "the header claims more bytes than the file holds (truncated?)",
+    "incomplete metadata": "its tensors do not cover the file's data exactly (truncated?)",
+    "invalid shape, data type, or offset": "a tensor's shape, dtype or data offsets are inconsistent",
+    "invalid json in header": "the header is not a JSON object safetensors can read",
+}
+
+
+def _unreadable(path: Path, exc: SafetensorError, size: int) -> CheckpointError:
+    """safetensors' reason a file is not a safetensors file, in words (the file's size where it helps)."""
+    text = str(exc).splitlines()[0] if str(exc) else "unreadable"
+    if "header too small" in text:
+        return _corrupt(path, f"{size} bytes, too short for a safetensors header (truncated?)")
+    for key, words in _SAFETENSORS_PROBLEMS.items():
+        if key in text.lower():
+            return _corrupt(path, f"{words} ({text})")
+    return _corrupt(path, f"safetensors cannot read it ({text})")
+
+
+@contextlib.contextmanager
+def _safe_open(path: Path) -> Iterator[Any]:
+    """safetensors' ``safe_open`` of ``path`` if it is a regular file: the file is opened first (``_open_
+    regular``: never blocking on a FIFO) and safetensors reads that same open file (``/proc/self/fd``
+    where there is one), so a file swapped after the check is not the one read. Whatever safetensors
+    cannot parse is a ``CheckpointError`` saying why."""
+    with _open_regular(path) as fd:
+        size = os.fstat(fd).st_size
+        same_file = f"/proc/self/fd/{fd}"
+        source = same_file if os.path.exists(same_file) else str(path)
+        try:
+            with safe_open(source, framework="pt", device="cpu") as handle:
+                yield handle
+        except SafetensorError as exc:
+            raise _unreadable(path, exc, size) from None
+
+
+def _header(path: Path, handle: Any, fmt: str = FORMAT) -> Header:
+    metadata = handle.metadata()
     what = "training checkpoint" if fmt == FORMAT else "weights file"
     if not isinstance(metadata, dict) or "te_assembly" not in metadata:
         raise CheckpointError(f"{path} is not a te_assembly {what} (no te_assembly metadata)")
     meta = _checked_meta(path, metadata)
+    tensors = {}
+    for name in handle.keys():
+        view = handle.get_slice(name)
+        tensors[name] = {"dtype": view.get_dtype(), "shape": list(view.get_shape())}
     if fmt != FORMAT:
         if meta.get("format") != fmt:
             raise CheckpointError(f"{path} has format {meta.get('format')!r}, this te_assembly reads {fmt!r}")
-        return _checked_entries(path, header, meta, 0, length, size)
+        return _checked_entries(path, tensors, meta, 0)
     if meta.get("format") != FORMAT:
         raise CheckpointError(
             f"{path} has format {meta.get('format')!r}, this te_assembly reads {FORMAT!r} (checkpoints of "
@@ -170,19 +181,22 @@ def _parse_header(path: Path, fd: int, fmt: str = FORMAT) -> Header:
     step = meta.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1 or str(step) != metadata.get("step"):
         raise _corrupt(path, f"its step field is invalid ({step!r})")
-    return _checked_entries(path, header, meta, step, length, size)
+    return _checked_entries(path, tensors, meta, step)
 
 
 def _checked_entries(
-    path: Path, header: dict[str, Any], meta: dict[str, Any], step: int, length: int, size: int
+    path: Path, tensors: dict[str, dict[str, Any]], meta: dict[str, Any], step: int
 ) -> Header:
     recorded = meta.get("tensors")
-    if not isinstance(recorded, dict) or set(recorded) != set(header):
+    if not isinstance(recorded, dict) or set(recorded) != set(tensors):
         raise _corrupt(path, "its tensor list does not match the checksums recorded with it")
-    data_start = 8 + length
-    for name, entry in header.items():
-        _check_entry(path, name, entry, recorded[name], size - data_start)
-    return Header(path, step, meta, header, data_start, size)
+    for name, entry in tensors.items():
+        saved = recorded[name]
+        if not isinstance(saved, dict):
+            raise _corrupt(path, f"tensor {name!r} has a malformed recorded entry")
+        if entry["dtype"] != saved.get("dtype") or entry["shape"] != saved.get("shape"):
+            raise _corrupt(path, f"tensor {name!r}: the header's dtype/shape differ from the recorded ones")
+    return Header(path, step, meta, tensors)
 
 
 def _checked_meta(path: Path, metadata: dict[str, Any]) -> dict[str, Any]:
@@ -199,60 +213,35 @@ def _checked_meta(path: Path, metadata: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _check_entry(path: Path, name: str, entry: Any, recorded: Any, data_size: int) -> None:
-    if not isinstance(entry, dict) or not isinstance(recorded, dict):
-        raise _corrupt(path, f"tensor {name!r} has a malformed header entry")
-    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype != recorded.get("dtype") or shape != recorded.get("shape"):
-        raise _corrupt(path, f"tensor {name!r}: the header's dtype/shape differ from the recorded ones")
-    if dtype not in _DTYPES or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-        raise _corrupt(path, f"tensor {name!r} has an unreadable dtype or shape")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-        raise _corrupt(path, f"tensor {name!r} has malformed data offsets")
-    begin, end = offsets
-    expected = math.prod(shape) * _DTYPES[dtype].itemsize
-    if not 0 <= begin <= end <= data_size or end - begin != expected:
-        raise _corrupt(path, f"tensor {name!r} lies outside the file's data (truncated?)")
-
-
 def read_header(path: Path, fmt: str = FORMAT) -> Header:
     """The checked header of ``path``; ``CheckpointError`` for anything that is not a readable
     te_assembly checkpoint (a directory, a FIFO, a truncated or corrupt file, another format). ``fmt``:
     the format expected (training checkpoints by default; ``pretrained.py``'s weights files)."""
-    with _open_regular(path) as fd:
-        return _parse_header(path, fd, fmt)
+    with _safe_open(path) as handle:
+        return _header(path, handle, fmt)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
     return read_header(path).meta
 
 
-def _verified_bytes(path: Path, fmt: str = FORMAT) -> tuple[Header, bytes]:
-    """The whole file, every tensor's SHA-256 checked against the one recorded at save time."""
-    with _open_regular(path) as fd:
-        header = _parse_header(path, fd, fmt)
-        os.lseek(fd, 0, os.SEEK_SET)
-        data = _read_exactly(fd, header.file_size, path)
-    view = memoryview(data)[header.data_start :]
-    for name, entry in header.tensors.items():
-        begin, end = entry["data_offsets"]
-        if hashlib.sha256(view[begin:end]).hexdigest() != header.meta["tensors"][name].get("sha256"):
-            raise _corrupt(path, f"tensor {name!r} does not match its checksum")
-    return header, data
+def read_verified(path: Path, fmt: str = FORMAT) -> tuple[Header, dict[str, torch.Tensor]]:
+    """Every tensor of ``path`` (CPU), each checked against the SHA-256 recorded at save time before
+    any is returned (``CheckpointError`` first)."""
+    with _safe_open(path) as handle:
+        header = _header(path, handle, fmt)
+        tensors = {}
+        for name in header.tensors:
+            tensor = handle.get_tensor(name)
+            if _digest(tensor) != header.meta["tensors"][name].get("sha256"):
+                raise _corrupt(path, f"tensor {name!r} does not match its checksum")
+            tensors[name] = tensor
+    return header, tensors
 
 
 def verify(path: Path, fmt: str = FORMAT) -> Header:
-    """Check ``path`` completely (header and every tensor's checksum) without loading it."""
-    return _verified_bytes(path, fmt)[0]
-
-
-def read_verified(path: Path, fmt: str = FORMAT) -> tuple[Header, dict[str, torch.Tensor]]:
-    """Every tensor of ``path`` (CPU), after the whole file is verified (``CheckpointError`` first)."""
-    header, data = _verified_bytes(path, fmt)
-    try:
-        return header, load_bytes(data)
-    except SafetensorError as exc:
-        raise _corrupt(path, f"safetensors cannot read it ({str(exc).splitlines()[0]})") from None
+    """Check ``path`` completely: header and every tensor's checksum."""
+    return read_verified(path, fmt)[0]
 
 
 def model_state(path: Path) -> tuple[Header, dict[str, torch.Tensor]]:
