@@ -1,5 +1,4 @@
-"""Collectives as autograd functions, and a timer of the time spent in them (``bench``'s communication
-share).
+"""Collectives with autograd, and a timer of the time spent in them (``bench``'s communication share).
 
 The pairs are Megatron-LM's conjugate operators, which TE's ``BasicLinear`` also implements inside its
 tensor-parallel modes: a column-parallel Linear's input is copied to every rank (backward: all-reduce of
@@ -7,6 +6,14 @@ the input gradient) or, under sequence parallelism, gathered by rows (backward: 
 row-parallel Linear's output is all-reduced (backward: the gradient is already whole on every rank) or
 reduce-scattered by rows (backward: all-gather). Dispatched rows travel with ``all_to_all_single``, and
 its backward sends the gradients back along the same routes.
+
+torch carries the autograd of three of them: all-gather <-> reduce-scatter and ``all_to_all_single``,
+as its functional collectives (``torch.distributed._functional_collectives``, what FSDP2 and
+torchtitan's expert parallelism use; ``torch.distributed.nn.functional`` is deprecated for them since
+torch 2.9). The two that mean "the loss is the same on every rank", copy-to-group and
+reduce-from-group (an all-reduce whose backward is the identity, and the reverse), have no torch
+counterpart (``torch.distributed.nn.functional.all_reduce`` differentiates a sum over ranks' losses), so
+they are the two autograd Functions written here.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as _fc
 
 from te_assembly.engines.parallel.mesh import Group, group_rank, group_size
 
@@ -158,42 +166,6 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
-class _GatherRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group) -> torch.Tensor:  # type: ignore[override]
-        ctx.group = group
-        return all_gather_rows(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return reduce_scatter_rows(grad, ctx.group), None
-
-
-class _ReduceScatterRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group) -> torch.Tensor:  # type: ignore[override]
-        ctx.group = group
-        return reduce_scatter_rows(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return all_gather_rows(grad, ctx.group), None
-
-
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group
-    ) -> torch.Tensor:
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        return all_to_all(x, out_splits, in_splits, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        out_splits, in_splits = ctx.splits
-        return all_to_all(grad, in_splits, out_splits, ctx.group), None, None, None
-
-
 def copy_to_group(x: torch.Tensor, group: Group) -> torch.Tensor:
     """Forward: x as is; backward: the input gradient summed over the group (column-parallel input)."""
     return x if group_size(group) == 1 else _CopyToGroup.apply(x, group)
@@ -204,14 +176,76 @@ def reduce_from_group(x: torch.Tensor, group: Group) -> torch.Tensor:
     return x if group_size(group) == 1 else _ReduceFromGroup.apply(x, group)
 
 
+def _functional(*names: str) -> Any:
+    """The first of ``names`` this torch's functional collectives have (their names moved between
+    releases: ``all_gather_tensor_autograd`` became ``all_gather_single_autograd``)."""
+    for name in names:
+        found = getattr(_fc, name, None)
+        if found is not None:
+            return found
+    raise ImportError(f"torch.distributed._functional_collectives has none of {', '.join(names)}")
+
+
+def _time_backward(out: torch.Tensor) -> None:
+    """Count the collective the backward of ``out`` runs in ``TIMER``: from the gradient reaching
+    ``out``'s ``wait_tensor`` node to the collective's own backward node having waited for its
+    result (the chain the functional collectives record: wait, wrap, collective)."""
+    first = out.grad_fn
+    if first is None:
+        return
+    node = first
+    while True:
+        nxt = [f for f, _ in node.next_functions if f is not None and "c10d_functional" in f.name()]
+        if not nxt:
+            break
+        node = nxt[0]
+    started: list[float] = []
+
+    def start(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        for g in grad_outputs:
+            if g is not None and g.is_cuda:
+                torch.cuda.synchronize(g.device)
+        started.append(time.perf_counter())
+
+    def finish(
+        grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: tuple[torch.Tensor | None, ...]
+    ) -> tuple[torch.Tensor | None, ...]:
+        waited = tuple(_fc.wait_tensor(g) if g is not None else None for g in grad_inputs)
+        for g in waited:
+            if g is not None and g.is_cuda:
+                torch.cuda.synchronize(g.device)
+        if started:
+            TIMER.add(started.pop(), time.perf_counter())
+        return waited
+
+    first.register_prehook(start)
+    node.register_hook(finish)
+
+
+def _collective(op: Any, x: torch.Tensor, *args: Any) -> torch.Tensor:
+    """``op(x, *args)`` waited for (so its forward time is all inside ``TIMER``), its backward timed too
+    while ``TIMER`` is on."""
+    with TIMER.measure(x):
+        out = _fc.wait_tensor(op(x.contiguous(), *args))
+    if TIMER.enabled and out.requires_grad:
+        _time_backward(out)
+    return out
+
+
 def gather_rows(x: torch.Tensor, group: Group) -> torch.Tensor:
     """Forward: all-gather rows; backward: reduce-scatter (sequence-parallel column input)."""
-    return x if group_size(group) == 1 else _GatherRows.apply(x, group)
+    if group_size(group) == 1:
+        return x
+    gather = _functional("all_gather_single_autograd", "all_gather_tensor_autograd")
+    return _collective(gather, x, 0, group)
 
 
 def reduce_scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
     """Forward: reduce-scatter rows; backward: all-gather (sequence-parallel row output)."""
-    return x if group_size(group) == 1 else _ReduceScatterRows.apply(x, group)
+    if group_size(group) == 1:
+        return x
+    scatter = _functional("reduce_scatter_single_autograd", "reduce_scatter_tensor_autograd")
+    return _collective(scatter, x, "sum", 0, group)
 
 
 def exchange_rows(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group) -> torch.Tensor:
@@ -220,7 +254,8 @@ def exchange_rows(x: torch.Tensor, out_splits: list[int], in_splits: list[int], 
         return x
     if not x.requires_grad:
         return all_to_all(x, out_splits, in_splits, group)
-    return _AllToAll.apply(x, out_splits, in_splits, group)
+    exchange = _functional("all_to_all_single_autograd")
+    return _collective(exchange, x, list(out_splits), list(in_splits), group)
 
 
 __all__ = [
