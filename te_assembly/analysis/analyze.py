@@ -60,7 +60,7 @@ class ModelAnalysis:
     graph: ChannelGraph | None = None
     diagnostics: tuple[Diagnostic, ...] = ()
     input_layout: str = "any"
-    """What ``x`` must look like (``validate/layouts.py``)."""
+    """What ``x`` must look like (``layouts.py``)."""
     input_layout_source: str = ""
 
 
@@ -245,7 +245,8 @@ def _cross_checks(
     """Checks of the model against another section, run once the model plans: the recipe's shape rules
     (``recipe_shapes.py``) and the parallel layout (``parallel/layout.py``: divisibility, tensor-parallel
     regions, expert rules, at every size once a step is marked). Whether this process was launched with
-    the layout's ranks is no property of the config: the commands check that (``parallel/runtime.py``)."""
+    the layout's ranks is no property of the config: the commands check that
+    (``engines/parallel/runtime.py``)."""
     out: list[Diagnostic] = []
     layout = None
     if plan is not None and recipe is not None:

@@ -1,7 +1,7 @@
 """The validated plan: what every engine, ``explain`` and ``graph`` build from.
 
 A plan is only made from a config with no errors, so engines never re-check the graph. Everything here
-is frozen: each validation pass returns new steps (``validate/analysis.py`` runs them in order), and
+is frozen: each validation pass returns new steps (``analyze.py`` runs them in order), and
 what a plan derives (``steps_by_index``, ``producer_of``) is computed once and kept.
 """
 
@@ -145,7 +145,7 @@ class Plan:
     warnings: list[Diagnostic] = field(default_factory=list)
     input_layout: str = "any"
     """What ``x`` must look like: ``any`` ``[..., features]``, ``tokens`` ``[tokens, features]`` or
-    ``sequence`` ``[batch, seq, features]`` (``validate/layouts.py``)."""
+    ``sequence`` ``[batch, seq, features]`` (``layouts.py``)."""
     input_layout_source: str = ""
     """Why, for messages: ``from input_layout: sequence`` or the step that needs it."""
     reroutes: tuple[Reroute, ...] = ()

@@ -1,4 +1,5 @@
-"""How each catalog op and module runs when a model is split across processes (``te_assembly.analysis.parallel``).
+"""How each catalog op and module runs when a model is split across processes (``analysis/parallel/``,
+``engines/parallel/``).
 
 Pure data, declared once per op name and read by the parallel planner (validation, ``explain``), the
 sharded engines and the checkpoint gather. An op missing here is refused by every parallel layout

@@ -49,7 +49,7 @@ def _norm_params(with_bias: bool):  # type: ignore[no-untyped-def]
 
 
 _IN_PLACE = Param("in_place", bool, False, doc="Alias the channel tensor instead of copying (TE hazard).")
-# TE's own constructor argument. It only acts under parallel.tensor > 1, where te_assembly.analysis.parallel builds
+# TE's own constructor argument. It only acts under parallel.tensor > 1, where engines/parallel/ builds
 # the split op with TE's tensor_parallel_group and sequence_parallel (catalog/sharding.py); alone, a no-op.
 _TP_MODE = Param(
     "tensor_parallel_mode",

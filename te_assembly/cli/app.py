@@ -296,7 +296,7 @@ def _run_dir_overrides(state: AppState, overrides: list[str], scratch: str | Non
 def _check_launch(analysis: Any, command: str) -> None:
     """Under torchrun, every command needs the world the ``parallel`` sizes ask for (each rank runs this
     app on the same config). ``run``, ``train`` and ``bench`` also refuse sizes above 1 without torchrun,
-    when they start the process groups (``parallel/runtime.py``)."""
+    when they start the process groups (``engines/parallel/runtime.py``)."""
     from te_assembly.analysis.parallel.launch import current_launch
 
     launch = current_launch()

@@ -15,7 +15,7 @@ set of dims (24 identical layers: once), through the same ``Interpolator`` as th
 
 The expanded model is an ordinary model: the analysis checks it like any other. ``Expansion.origins``
 says where each of its steps came from, so that diagnostics point at the block's own file and line and
-name the uses they concern (``validate/origins.py``). Problems of a block step itself (no such block,
+name the uses they concern (``analysis/origins.py``). Problems of a block step itself (no such block,
 ``repeat`` and ``uses`` both given...) are reported here, in the model's coordinates, and the step is
 left unexpanded: the analysis then treats it as a step it cannot plan.
 """

@@ -5,7 +5,7 @@ From a Hydra composition (``composition.py``: file groups arrive as stubs), each
 once (``source.py``), anything other configs merged under it is merged in, its held-back overrides are
 applied (``overrides.py``) and its interpolations resolved (``interpolate.py``). Settings sections are
 small and come from Hydra's own composition, resolved leaf by leaf. From Python, a mapping takes the
-model file's place. Nothing here checks what the values mean: that is the analysis (``validate/``).
+model file's place. Nothing here checks what the values mean: that is the analysis (``analysis/``).
 """
 
 from __future__ import annotations

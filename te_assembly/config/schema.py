@@ -72,7 +72,7 @@ class ModelConfig:
     input_layout: str | None = field(default=None, metadata={"choices": ("any", "tokens", "sequence")})
     """What ``x`` looks like: ``any`` ``[..., features]``, ``tokens`` ``[tokens, features]``, ``sequence``
     ``[batch, seq, features]``; null: the first step that needs a layout of ``x`` decides
-    (``validate/layouts.py``)."""
+    (``analysis/layouts.py``)."""
     blocks: dict[str, Any] = field(default_factory=dict)
     """Blocks defined in the model file, by name (each laid out like a block file)."""
 

@@ -114,7 +114,7 @@ def build(
     build time) or ``auto``. ``kernels=reference`` with ``engine=te`` runs our reference math inside TE's
     real ``OperationFuser``. ``recipe``: the TE engine's quantization recipe (a recipe config, see
     recipes.py; default: the config's own ``recipe``); the reference engine computes in ``dtype``.
-    ``parallel``: this rank's part of a parallel layout (``te_assembly.analysis.parallel``): the model holds this
+    ``parallel``: this rank's part of a parallel layout (``engines/parallel/``): the model holds this
     rank's slices of the weights a single process would draw with the same seed.
 
     Raises ``ArgumentError`` (a ``TypeError`` and ``ValueError``) for arguments of the wrong type or value,

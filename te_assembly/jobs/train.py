@@ -64,7 +64,7 @@ class StepRecord:
     """Seconds since this invocation started training."""
 
     def metrics(self) -> dict[str, Any]:
-        """The record ``metrics.jsonl`` keeps (``train/metrics.py``)."""
+        """The record ``metrics.jsonl`` keeps (``training/metrics.py``)."""
         return {
             "step": self.step,
             "loss": self.loss,
@@ -87,7 +87,7 @@ class TrainResult:
     last_step: int
     checkpoints: list[Path] = field(default_factory=list)
     metrics_file: Path | None = None
-    """``metrics.jsonl``: one record per step (``train/metrics.py``)."""
+    """``metrics.jsonl``: one record per step (``training/metrics.py``)."""
     tensorboard_dir: Path | None = None
     config_file: Path | None = None
     plot: Path | None = None
@@ -187,8 +187,9 @@ def train(
     ``target``: engine, kernels, device, dtype, recipe (the TE engine's, teacher and student alike; the
     reference engine ignores it), seed and parallel layout; without one, the keywords ``engine``,
     ``kernels``, ``device``, ``dtype``, ``seed``, ``recipe`` and ``parallel`` describe it.
-    ``recipe_config``, the invocation's recipe config, is what the run records (default: the recipe). The run holds ``settings.out_dir``'s lock from start to end (``run_dir``;
-    rank 0 of a parallel run holds it for the job).
+    ``recipe_config``, the invocation's recipe config, is what the run records (default: the recipe).
+    The run holds ``settings.out_dir``'s lock from start to end (``run_dir``; rank 0 of a parallel run
+    holds it for the job).
 
     Raises, before anything is built: ``ConfigError`` for a model without parameters;
     ``ResourceError`` when teacher, student, optimizer and one batch's activations cannot fit in memory;

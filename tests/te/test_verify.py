@@ -218,9 +218,10 @@ def test_verify_defaults_and_what_it_compares(monkeypatch: pytest.MonkeyPatch) -
 
 def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """What verify hands each engine and the inputs, and how it names the run (recorded, without TE)."""
+    import te_assembly.jobs.target as target_module
     import te_assembly.jobs.verify as verify_module
 
-    real_build = verify_module.build
+    real_build = target_module.build  # every job builds through its Target
     calls: list[tuple[str, dict[str, Any]]] = []
     input_dtypes: list[torch.dtype] = []
 
@@ -236,16 +237,14 @@ def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: 
         model._forward_positional = recording  # type: ignore[method-assign]
         return model
 
-    monkeypatch.setattr(verify_module, "build", build)
+    monkeypatch.setattr(target_module, "build", build)
     recipe = {"name": "fp8_delayed", "kind": "DelayedScaling"}
     report = verify_module.verify(
         "two_stage", kernels="reference", dtype=torch.float64, recipe=recipe, tokens=8
     )
     cpu = torch.device("cpu")
-    assert calls == [
-        ("te", {"kernels": "reference", "device": cpu, "dtype": torch.float64, "recipe": recipe}),
-        ("reference", {"device": cpu, "dtype": torch.float64}),
-    ]
+    same = {"kernels": "reference", "device": cpu, "dtype": torch.float64, "parallel": None}
+    assert calls == [("te", {**same, "recipe": recipe}), ("reference", {**same, "recipe": None})]
     assert set(input_dtypes) == {torch.float64}  # x and the public input, in both engines
     assert (report.model, report.recipe, report.precision) == ("two_stage", "fp8_delayed", "fp8")
     assert report.tolerance == TOLERANCES["fp8"]

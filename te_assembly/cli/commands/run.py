@@ -70,7 +70,8 @@ def _header(session: Session, target: object, console: Console) -> None:
 
     assert isinstance(target, Target)
     recipe = target.recipe
-    header = f"{printable(session.plan.name)}: device {target.device}, dtype {target.dtype_name}, seed {target.seed}"
+    header = f"{printable(session.plan.name)}: device {target.device}, dtype {target.dtype_name}"
+    header += f", seed {target.seed}"
     if target.engine == "te":
         header += f", kernels {target.kernels}, recipe {printable(recipe.name)}"
     elif recipe.kind != "none":

@@ -1,4 +1,4 @@
-"""``train``: a short run regressing a fixed random teacher of the same plan (see ``te_assembly.jobs.training``).
+"""``train``: a short run regressing a fixed random teacher of the same plan (the job: ``jobs/train.py``).
 
 Prints a progress bar with loss and tokens/s. Each run has its own directory, by default
 ``outputs/<model>/<date>_<time>/`` (``train.out_dir`` names another), holding its checkpoints, the

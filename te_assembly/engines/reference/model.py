@@ -163,7 +163,7 @@ def build_reference(
 ) -> ReferenceModel:
     """The plan as a ``ReferenceModel``. Initialisation draws from torch's global RNG: seed it with
     ``torch.manual_seed`` before building for reproducible weights. ``parallel``: build this rank's
-    split ops (``te_assembly.analysis.parallel``); their weights are then loaded by ``parallel.build``."""
+    split ops (``engines/parallel/``); their weights are then loaded by ``parallel.build``."""
     return ReferenceModel(plan, torch.device(device), dtype, parallel)
 
 

@@ -1,4 +1,4 @@
-"""One generic ``BasicOperation`` that runs a reference op (te_assembly/engines/reference/ops) inside TE's fuser.
+"""One generic ``BasicOperation`` that runs a reference op (``engines/reference/ops``) inside TE's fuser.
 
 With it, our own ops (router, dispatch, combine) run in TE's real ``OperationFuser`` next to TE's
 kernels, and ``kernels=reference`` runs a whole model through TE's channel routing, locking and

@@ -40,7 +40,7 @@ def build_te(
 ) -> TEModel:
     """The plan as TE fusers. ``kernels=te``: TE's own ops (our MoE ops through the reference adapter);
     ``kernels=reference``: every op through the adapter, so the whole model runs on CPU. ``recipe``: a
-    recipe config (``recipes.py``), checked against this machine before anything is built.
+    recipe config (``analysis/recipes.py``), checked against this machine before anything is built.
     ``parallel``: this rank's split ops (``te_assembly.engines.parallel.context.ParallelContext.te_op``)."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     _check_machine(plan, kernels, dev)

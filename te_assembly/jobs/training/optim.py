@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
+from te_assembly.errors import ArgumentError
 from te_assembly.jobs import target
 from te_assembly.jobs.target import NothingToStep, OptimizerSpec
 from te_assembly.jobs.training.settings import TrainSettings
@@ -20,11 +21,13 @@ def optimizer_spec(s: TrainSettings) -> OptimizerSpec:
     return OptimizerSpec(s.optimizer, s.lr, s.weight_decay, s.momentum)
 
 
-def make_optimizer(
-    params: Iterable[torch.nn.Parameter], s: TrainSettings
-) -> torch.optim.Optimizer | NothingToStep:
-    """``train``'s optimizer (``jobs.target.make_optimizer``, the one ``bench`` steps with too)."""
-    return target.make_optimizer(params, optimizer_spec(s))
+def make_optimizer(params: Iterable[torch.nn.Parameter], s: TrainSettings) -> torch.optim.Optimizer:
+    """``train``'s optimizer (``jobs.target.make_optimizer``, the one ``bench`` steps with too); a model
+    with nothing to train is refused before this (``check_can_train``)."""
+    optimizer = target.make_optimizer(params, optimizer_spec(s))
+    if isinstance(optimizer, NothingToStep):
+        raise ArgumentError("train has no trainable parameters to optimize")
+    return optimizer
 
 
 def lr_at(step: int, s: TrainSettings) -> float:

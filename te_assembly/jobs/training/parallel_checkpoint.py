@@ -1,6 +1,6 @@
 """Checkpoints of parallel runs: gathered to global tensors, written once by rank 0, read by every rank.
 
-A parallel run's checkpoint is a single-process checkpoint (``train/checkpoint.py``: same keys, shapes
+A parallel run's checkpoint is a single-process checkpoint (``checkpoint.py``: same keys, shapes
 and format, atomic write) plus, in its metadata, the layout that wrote it and every rank's RNG state.
 Every rank takes part in the gather; rank 0 alone writes; the others wait for it.
 

@@ -27,7 +27,7 @@ def _new_bias(size: int, device: torch.device | str | None, dtype: torch.dtype |
 
 class BasicLinear(ReferenceOp):
     """y = x W^T. ``tensor_parallel_mode`` is accepted for the catalog's sake and acts only under a
-    tensor-parallel layout, where ``te_assembly.analysis.parallel`` builds the split op instead of this one."""
+    tensor-parallel layout, where ``engines/parallel/`` builds the split op instead of this one."""
 
     def __init__(
         self,
