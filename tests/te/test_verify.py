@@ -148,9 +148,9 @@ def _shift_y(shift: float) -> Callable[[Outputs], Outputs]:
 def _reference_as_te(monkeypatch: pytest.MonkeyPatch, alter: Callable[[Outputs], Outputs]) -> None:
     """verify's 'TE engine' becomes a second reference engine whose outputs ``(y, *public outputs)`` pass
     through ``alter``: verify's own plumbing (thresholds by dtype, what is compared) runs without TE."""
-    import te_assembly.jobs.verify as verify_module
+    import te_assembly.jobs.target as target_module
 
-    real_build = verify_module.build
+    real_build = target_module.build  # every job builds through its Target
 
     def build(plan: Any, engine: str, **kwargs: Any) -> Any:
         model = real_build(plan, engine="reference", device=kwargs.get("device"), dtype=kwargs["dtype"])
@@ -165,7 +165,7 @@ def _reference_as_te(monkeypatch: pytest.MonkeyPatch, alter: Callable[[Outputs],
             model._forward_positional = altered  # type: ignore[method-assign]
         return model
 
-    monkeypatch.setattr(verify_module, "build", build)
+    monkeypatch.setattr(target_module, "build", build)
 
 
 def test_verify_fails_on_a_1e_6_float64_difference_without_te(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,7 +133,7 @@ def test_hydra_verbose_logs_what_was_read() -> None:
     done = _cli("validate", "model=two_stage", "hydra.verbose=true")
     _clean(done)
     assert "[DEBUG]" in done.stderr
-    assert re.search(r"te_assembly\.config\.resolved: read .*two_stage\.yaml", done.stderr), done.stderr
+    assert re.search(r"te_assembly\.config\.source: read .*two_stage\.yaml", done.stderr), done.stderr
     assert "[DEBUG]" not in _cli("validate", "model=two_stage").stderr
 
 
