@@ -110,3 +110,14 @@ class InterpolationError(Exception):
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.hint = hint
+
+
+class SidecarError(TeAssemblyError, ValueError):
+    """A config's ``.expect.yaml`` sidecar (``te_assembly.testing``) cannot be read as one; the message
+    names the file and the key."""
+
+
+class ConfigCheckError(TeAssemblyError, AssertionError):
+    """A config check (``te_assembly.testing``: ``assert_valid``, ``assert_diagnostics``, the pytest
+    plugin's items) found what it must not, or missed what it must; the message is te_assembly's own
+    diagnostics, ready to show as the test's failure."""

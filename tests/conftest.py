@@ -19,6 +19,8 @@ from hypothesis import settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ("pytester",)  # tests/testing: te_assembly's pytest plugin in a user's project
+
 # CI replays the same examples every run (a red CI then means a code change, not a new random draw);
 # local runs keep exploring and print a reproduction blob for anything they find.
 settings.register_profile("ci", derandomize=True, print_blob=True, database=None)

@@ -74,6 +74,48 @@ def load(
         return analyze_resolved(resolve_composed(cfg, task_overrides(cfg), dirs), sections)
 
 
+_COMPOSED: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
+_COMPOSED_KEPT = 16
+
+
+def load_model_file(
+    path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    config_dirs: Sequence[str | os.PathLike[str]] = (),
+    sections: Mapping[str, type] | None = None,
+) -> Analysis:
+    """``load(path, overrides, ...)`` of a model file, with Hydra's composition of everything but the
+    model made once per (overrides, config folders) and reused: Hydra sees a model only as a stub naming
+    its file (``config/composition.py``), so the stub is pointed at ``path`` and the rest is read as
+    ``load`` reads it. What ``te_assembly.testing`` validates hundreds of files with; same diagnostics
+    as ``load``."""
+    from omegaconf import open_dict
+
+    from te_assembly.config.resolved import resolve_composed
+
+    file = str(Path(path).resolve())
+    dirs = tuple(str(d) for d in config_dirs)
+    key = (tuple(overrides), dirs)
+    base = _COMPOSED.get(key)
+    if base is None:
+        base = _compose([f"model={quoted_value(file)}", *overrides], config_dirs)
+        _COMPOSED[key] = base
+        while len(_COMPOSED) > _COMPOSED_KEPT:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+    cfg = base.copy()
+    with open_dict(cfg):
+        cfg.model._choice_ = file
+        cfg.model._source_ = file
+        cfg.hydra.runtime.choices.model = file
+        cfg.hydra.overrides.task = [
+            f"model={quoted_value(file)}" if str(o).startswith("model=") else o
+            for o in cfg.hydra.overrides.task
+        ]
+    with paused():
+        return analyze_resolved(resolve_composed(cfg, task_overrides(cfg), dirs), sections)
+
+
 CONFIG_KINDS = "a Plan, a model mapping, an Analysis, a model name or a path to a model file"
 """What ``build()`` takes as its config (``load()`` the same but a Plan, and None for the default model)."""
 
@@ -130,6 +172,7 @@ __all__ = [
     "CONFIG_KINDS",
     "check_config_argument",
     "load",
+    "load_model_file",
     "quoted_value",
     "task_overrides",
     "validate_model",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from te_assembly.analysis.parallel.layout import ShardPlan, local_param_shapes
 from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import OpSpec
 from te_assembly.errors import ResourceError
@@ -155,6 +156,43 @@ def estimate(
     )
 
 
+def rank_estimate(
+    plan: Plan,
+    layout: ShardPlan,
+    dtype: torch.dtype,
+    *,
+    tokens: int = 0,
+    trained: int = 1,
+    optimizer: str | None = None,
+    seq_len: int | None = None,
+    fused_attention: bool = False,
+) -> MemoryEstimate:
+    """``estimate`` for the fullest rank of a parallel ``layout``: the parameters (with their gradients
+    and optimizer state) the rank holding the most keeps, and the activations of its share of the
+    ``tokens`` rows (data-parallel and sequence-parallel splits; what tensor parallelism saves in
+    activations is not counted, which errs safe)."""
+    settings = layout.settings
+    held = max(
+        (
+            sum(
+                math.prod(shape)
+                for step, shard in zip(plan.steps, layout.steps, strict=True)
+                for shape in local_param_shapes(step, shard, settings, expert).values()
+            )
+            for expert in range(settings.expert)
+        ),
+        default=0,
+    )
+    params = held * dtype_bytes(dtype)
+    rows = math.ceil(tokens / settings.row_shards) if tokens else 0
+    return MemoryEstimate(
+        parameters=params,
+        gradients=params * trained,
+        optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
+        activations=2 * activation_bytes(plan, rows, dtype, seq_len, fused_attention) if rows else 0,
+    )
+
+
 def format_bytes(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
@@ -252,4 +290,5 @@ __all__ = [
     "format_bytes",
     "fused_attention",
     "parameter_count",
+    "rank_estimate",
 ]

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("views", ("te_assembly.views",)),
     ("engines", ("te_assembly.engines",)),
     ("jobs", ("te_assembly.jobs",)),
-    ("cli", ("te_assembly.cli", "te_assembly.__main__")),
+    ("front ends", ("te_assembly.cli", "te_assembly.__main__", "te_assembly.testing")),
     ("api", ("te_assembly",)),
 )
 """Lowest first. ``te_assembly`` itself (the package's ``__init__``: the public names, resolved on first

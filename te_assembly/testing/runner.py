@@ -1,0 +1,55 @@
+"""What each of the plugin's items does (``plugin.py`` collects them): one call of ``checks.py`` per
+item, chosen by the item's kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from te_assembly.errors import SidecarError
+from te_assembly.testing import checks
+
+
+def _validate(config: Any, folder: Path, sidecar: Any, overrides: tuple[str, ...]) -> None:
+    if sidecar.diagnostics is not None:
+        checks.assert_diagnostics(config, sidecar.diagnostics, overrides, [folder])
+    else:
+        checks.assert_valid(config, overrides, [folder])
+
+
+def run_check(path: Path, check: tuple[Any, ...]) -> None:
+    kind = check[0]
+    if kind == "sidecar":
+        raise SidecarError(check[1])
+    if kind == "model":
+        _, folder, sidecar, overrides = check
+        _validate(path, folder, sidecar, overrides)
+    elif kind == "block":
+        _, folder, sidecar, overrides = check
+        model = checks.block_model(str(path.resolve()), path, sidecar.model)
+        model["name"] = f"{path.stem}_check"
+        _validate(model, folder, sidecar, overrides)
+    elif kind == "recipe":
+        _, _folder, sidecar, _ = check
+        checks.assert_recipe(path, sidecar.diagnostics)
+    elif kind == "with":
+        _, folder, model = check
+        checks.assert_valid(model, [f"recipe={path.resolve()}"], [folder])
+    elif kind == "build":
+        checks.build_on_meta(checks.assert_valid(path, (), [check[1]]))
+    elif kind == "smoke":
+        checks.smoke(checks.assert_valid(path, (), [check[1]]))
+    elif kind == "te":
+        from te_assembly.engines import te_available
+
+        if not te_available():
+            pytest.skip("Transformer Engine does not import here (pip install 'te_assembly[te]')")
+        checks.build_with_te(checks.assert_valid(path, (), [check[1]]))
+    elif kind == "fits":
+        _, folder, target = check
+        analysis = checks.assert_valid(path, (), [folder], checks.sections_with_train())
+        checks.assert_fits(analysis, target)
+    else:  # pragma: no cover - the plugin makes only the kinds above
+        raise AssertionError(f"unknown config check {kind!r}")
