@@ -121,3 +121,14 @@ class ConfigCheckError(TeAssemblyError, AssertionError):
     """A config check (``te_assembly.testing``: ``assert_valid``, ``assert_diagnostics``, the pytest
     plugin's items) found what it must not, or missed what it must; the message is te_assembly's own
     diagnostics, ready to show as the test's failure."""
+
+
+class OverrideRefused(Exception):
+    """An override that cannot apply to a model or recipe file (a sweep in a single run, a key that is
+    not there, an index out of range). Internal to the config layer, which turns it into a diagnostic at
+    ``path`` (so not a ``TeAssemblyError``)."""
+
+    def __init__(self, message: str, path: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.hint = hint

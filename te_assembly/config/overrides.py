@@ -18,6 +18,7 @@ from typing import Any
 from te_assembly.config.interpolate import find_sites, suggest_key
 from te_assembly.config.source import Key
 from te_assembly.diagnostics import Diagnostic, error
+from te_assembly.errors import OverrideRefused
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,6 @@ class Applied:
     diagnostics: tuple[Diagnostic, ...]
     sites: tuple[tuple[Key, ...], ...]
     """Interpolation sites the override values brought in."""
-
-
-class _Refused(Exception):
-    def __init__(self, message: str, path: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-        self.hint = hint
 
 
 def held_back(override: Any, groups: Sequence[str]) -> bool:
@@ -50,7 +44,7 @@ def apply(data: Any, overrides: Sequence[Any], prefix: str) -> Applied:
         keys = _keys(override.key_or_group[len(prefix) + 1 :])
         try:
             data, value = _apply_one(data, keys, override, prefix)
-        except _Refused as exc:
+        except OverrideRefused as exc:
             diags.append(error(exc.path, "bad-override", str(exc), exc.hint))
             continue
         if value is not None:
@@ -87,9 +81,9 @@ def _as_keys(data: Any, keys: Sequence[str]) -> list[Key]:
 def _apply_one(data: Any, keys: list[str], override: Any, prefix: str) -> tuple[Any, Any]:
     line = override.input_line or ""
     if override.is_sweep_override():
-        raise _Refused(f"cannot sweep {line!r} in a single run (add --multirun)", _path(prefix, keys))
+        raise OverrideRefused(f"cannot sweep {line!r} in a single run (add --multirun)", _path(prefix, keys))
     if not keys:
-        raise _Refused(f"override {line!r} names no key below {prefix}", prefix)
+        raise OverrideRefused(f"override {line!r} names no key below {prefix}", prefix)
     value = override.value()  # for ``~key=value``, the value the key must have
     root = {prefix: data}
     # Walk to the parent, copying each container on the way (the input is shared with the source).
@@ -118,13 +112,13 @@ def _apply_one(data: Any, keys: list[str], override: Any, prefix: str) -> tuple[
     current = _get(node, last)
     if override.is_delete():
         if current is _MISSING:
-            raise _Refused(
+            raise OverrideRefused(
                 f"Could not delete from config: {_dotted(prefix, keys)!r} does not exist",
                 _path(prefix, [*walked, last]),
                 suggest_key(root, _dotted(prefix, keys)),
             )
         if value is not None and value != current:
-            raise _Refused(
+            raise OverrideRefused(
                 f"Could not delete from config: the value of {_dotted(prefix, keys)!r} is {current!r}, "
                 f"not {value!r}",
                 _path(prefix, [*walked, last]),
@@ -134,7 +128,7 @@ def _apply_one(data: Any, keys: list[str], override: Any, prefix: str) -> tuple[
     if current is _MISSING and isinstance(node, list):
         raise _out_of_range(line, keys[-1], node, prefix, walked)
     if override.is_add() and current is not _MISSING and not isinstance(value, (Mapping, list)):
-        raise _Refused(
+        raise OverrideRefused(
             f"Could not append to config: an item is already at {_dotted(prefix, keys)!r} "
             f"(remove the + to change it, or use ++ to add or change)",
             _path(prefix, [*walked, last]),
@@ -192,21 +186,23 @@ def _dotted(prefix: str, keys: Sequence[str]) -> str:
     return ".".join([prefix, *keys])
 
 
-def _out_of_range(line: str, key: str, node: list[Any], prefix: str, walked: list[Key]) -> _Refused:
-    return _Refused(
+def _out_of_range(line: str, key: str, node: list[Any], prefix: str, walked: list[Key]) -> OverrideRefused:
+    return OverrideRefused(
         f"Could not override {line!r}: list index {key} is out of range ({len(node)} items)",
         _path(prefix, walked),
     )
 
 
-def _missing(root: Any, prefix: str, walked: list[Key], key: str, line: str, override: Any) -> _Refused:
+def _missing(
+    root: Any, prefix: str, walked: list[Key], key: str, line: str, override: Any
+) -> OverrideRefused:
     dotted = ".".join([prefix, *map(str, walked), key])
     hint = suggest_key(root, dotted)
     if override.is_add() or override.is_force_add():
-        return _Refused(
+        return OverrideRefused(
             f"Could not override {line!r}: {dotted!r} is not a mapping", _path(prefix, walked), hint
         )
-    return _Refused(
+    return OverrideRefused(
         f"Could not override {dotted!r}: no such key (to add it, use +{line})",
         _path(prefix, [*walked, key]),
         hint,

@@ -146,13 +146,31 @@ def estimate(
     gradients and ``optimizer`` state, and the activations of one forward+backward of ``tokens`` rows
     (in sequences of ``seq_len`` for attention; default: one sequence; ``fused_attention``: TE's fused
     attention kernels, see ``attention_elements``)."""
-    params = parameter_count(plan) * dtype_bytes(dtype)
+    return _footprint(
+        plan, parameter_count(plan), dtype, tokens, models, trained, optimizer, seq_len, fused_attention
+    )
+
+
+def _footprint(
+    plan: Plan,
+    elements: int,
+    dtype: torch.dtype,
+    tokens: int,
+    models: int,
+    trained: int,
+    optimizer: str | None,
+    seq_len: int | None,
+    fused: bool,
+) -> MemoryEstimate:
+    """``models`` copies of ``elements`` parameters, ``trained`` of them with gradients and optimizer
+    state, and one forward+backward of ``tokens`` rows."""
+    params = elements * dtype_bytes(dtype)
     return MemoryEstimate(
         parameters=params * models,
         gradients=params * trained,
         optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
         # Backward holds the gradient of the activation it is working on next to the saved ones.
-        activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused_attention) if tokens else 0,
+        activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused) if tokens else 0,
     )
 
 
@@ -183,14 +201,8 @@ def rank_estimate(
         ),
         default=0,
     )
-    params = held * dtype_bytes(dtype)
     rows = math.ceil(tokens / settings.row_shards) if tokens else 0
-    return MemoryEstimate(
-        parameters=params,
-        gradients=params * trained,
-        optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
-        activations=2 * activation_bytes(plan, rows, dtype, seq_len, fused_attention) if rows else 0,
-    )
+    return _footprint(plan, held, dtype, rows, 1, trained, optimizer, seq_len, fused_attention)
 
 
 def format_bytes(n: int) -> str:

@@ -32,13 +32,8 @@ def _describe(config: Config, overrides: Sequence[str]) -> str:
 
 
 def _lines(diagnostics: Iterable[Diagnostic]) -> list[str]:
-    out = []
-    for d in diagnostics:
-        line = f"  {d.format()}"
-        if d.hint:
-            line += f"\n      hint: {d.hint}"
-        out.append(line)
-    return out
+    """Each diagnostic as ``validate`` prints it (file:line, key path, message and hint), indented."""
+    return [f"  {d.format()}" for d in diagnostics]
 
 
 def analyze(

@@ -62,7 +62,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "te_configs_overrides",
         type="linelist",
-        help="override sets, one per line, each a test of every model and block ('-': as written)",
+        help="override sets, one per line, each a test of every model ('-': as written)",
     )
     parser.addini("te_configs_recipes", type="args", help="recipes every model is also checked with")
     parser.addini("te_configs_levels", type="args", help="deeper levels (as --te-configs-level)")
@@ -131,7 +131,8 @@ class ConfigFile(pytest.File):
         except SidecarError as exc:
             yield ConfigItem.from_parent(self, name="sidecar", check=("sidecar", str(exc)))
             return
-        sets = _sets(self.config, sidecar.overrides)
+        # The ini's override sets are every model's; a block's come from its own sidecar.
+        sets = _sets(self.config, sidecar.overrides) if kind == "model" else [*(sidecar.overrides or [()])]
         if kind == "recipe":
             yield from self._recipe_items(folder, sidecar)
             return

@@ -3,10 +3,12 @@ item, chosen by the item's kind."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from te_assembly.errors import SidecarError
 from te_assembly.testing import checks
@@ -30,7 +32,14 @@ def run_check(path: Path, check: tuple[Any, ...]) -> None:
         _, folder, sidecar, overrides = check
         model = checks.block_model(str(path.resolve()), path, sidecar.model)
         model["name"] = f"{path.stem}_check"
-        _validate(model, folder, sidecar, overrides)
+        if not overrides:
+            _validate(model, folder, sidecar, overrides)
+            return
+        # Overrides such as recipe=... need a composed config, so the model goes through a file.
+        with tempfile.TemporaryDirectory(prefix="te_assembly-block-") as tmp:
+            file = Path(tmp) / f"{path.stem}_check.yaml"
+            file.write_text(yaml.safe_dump(model, sort_keys=False))
+            _validate(file, folder, sidecar, overrides)
     elif kind == "recipe":
         _, _folder, sidecar, _ = check
         checks.assert_recipe(path, sidecar.diagnostics)

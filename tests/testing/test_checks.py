@@ -28,7 +28,7 @@ def test_assert_valid_passes_and_fails_with_the_diagnostics() -> None:
     text = str(info.value)
     assert "does not validate: 1 error(s)" in text
     assert "dangling-typo.yaml:" in text and "model.ops[4].extra_inputs.split_sizes" in text
-    assert "hint: did you mean 'split_sizes'?" in text
+    assert "(did you mean 'split_sizes'?)" in text
     assert isinstance(info.value, AssertionError)
 
 
@@ -108,3 +108,30 @@ def test_our_own_configs_are_collected_through_the_plugin() -> None:
     corpus = {line for line in items if line.startswith("tests/configs/corpus/model/")}
     assert len(corpus) == len(CASES)
     assert "tests/configs/corpus-recipes/recipe/typo_field.yaml::validate" in items
+
+
+def test_rank_estimate_is_the_fullest_ranks_share() -> None:
+    import torch
+
+    from te_assembly.analysis.pipeline import load
+    from te_assembly.engines.memory import estimate, rank_estimate
+
+    one = load("moe_block")
+    whole = estimate(one.checked_plan(), torch.float32, tokens=256, trained=1, optimizer="adamw")
+    assert one.layout is not None
+    same = rank_estimate(one.checked_plan(), one.layout, torch.float32, tokens=256, optimizer="adamw")
+    assert same == whole  # one process: the whole model, the whole batch
+    split = load("moe_block", ["parallel.expert=2", "parallel.data=2"])
+    assert split.layout is not None and split.plan is not None
+    rank = rank_estimate(split.plan, split.layout, torch.float32, tokens=256, optimizer="adamw")
+    expert_params = sum(
+        p.numel() for name, p in te_build_params(split.plan).items() if name.startswith("steps.fc")
+    )
+    assert rank.parameters == whole.parameters - (expert_params // 2) * 4  # half the experts, 4 bytes each
+    assert rank.activations < whole.activations  # half the rows per rank
+
+
+def te_build_params(plan: object) -> dict[str, object]:
+    import te_assembly
+
+    return dict(te_assembly.build(plan, engine="reference").state_dict())  # type: ignore[arg-type]
