@@ -47,6 +47,7 @@ from te_assembly.config.locations import (
     recipes_dir,
     shipped_config,
 )
+from te_assembly.config.no_code import code_in_config
 from te_assembly.config.overrides import held_back
 
 STUB_KEYS = ("_group_", "_choice_", "_source_")
@@ -159,6 +160,11 @@ class GroupConfigLoader(ConfigLoaderImpl):
             from_shell=from_shell,
             validate_sweep_overrides=validate_sweep_overrides,
         )
+        refused = code_in_config(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
+        if refused:  # before Hydra builds a callback, a logging handler or a launcher from it
+            from te_assembly.errors import ConfigError
+
+            raise ConfigError(refused)
         if held:
             app = [o for o in parsed if not o.is_hydra_override()]
             with open_dict(cfg.hydra):

@@ -23,6 +23,10 @@ from te_assembly.errors import InterpolationError
 
 _REF = re.compile(r"\$\{\s*([A-Za-z_][\w]*(?:\.[A-Za-z_\w][\w]*|\[\d+\])*)\s*\}")
 _ARITHMETIC = re.compile(r"\$\{\s*(mul|add)\s*:(.*)\}", re.S)
+_RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*:")
+FILE_ROOTS = ("model", "recipe", "block")
+"""Sections read from te_assembly's own files: resolvers that read the environment or files are refused
+there (the command line and the settings sections may still use them)."""
 _NUMBER = re.compile(r"[-+]?(?:\d[\d_]*)?(?:\.\d[\d_]*)?(?:[eE][-+]?\d+)?")
 _MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
 
@@ -166,6 +170,16 @@ class Interpolator:
 
     def _fallback(self, text: str, path: tuple[Key, ...]) -> Any:
         from omegaconf import OmegaConf
+
+        if path and path[0] in FILE_ROOTS:
+            refused = [name for name in _RESOLVER.findall(text) if name not in ARITHMETIC]
+            if refused:
+                raise InterpolationError(
+                    f"${{{refused[0]}:...}} is not allowed in a {path[0]} file: only references and "
+                    "${mul:...}/${add:...} are (a value read from the environment or a file would be "
+                    "written into config.yaml, checkpoints and exports)",
+                    "give the value itself, or set it from the command line",
+                )
 
         register_resolvers()
         node, key = self._omegaconf_parent(text, path)

@@ -79,24 +79,31 @@ def test_a_whole_subtree_reference_resolves_inside_it() -> None:
     assert problems == {} and data["x"] == {"size": 4}
 
 
-def test_other_interpolations_go_to_omegaconf(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TE_ASSEMBLY_TEST_WIDTH", "12")
-    model = {
-        "dims": {"h": 8},
-        "env": "${oc.decode:${oc.env:TE_ASSEMBLY_TEST_WIDTH}}",
-        "text": "width_${model.dims.h}",
-        "seed_copy": "${seed}",
-    }
+def test_other_interpolations_go_to_omegaconf() -> None:
+    model = {"dims": {"h": 8}, "text": "width_${model.dims.h}", "seed_copy": "${seed}"}
     data, problems = _resolve(model, context={"seed": 5})
     assert problems == {}
-    assert data["env"] == 12 and data["text"] == "width_8" and data["seed_copy"] == 5
+    assert data["text"] == "width_8" and data["seed_copy"] == 5
 
 
-def test_a_failing_fallback_is_one_diagnostic(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TE_ASSEMBLY_TEST_UNSET", raising=False)
-    data, problems = _resolve({"a": "${oc.env:TE_ASSEMBLY_TEST_UNSET}", "b": 1})
+@pytest.mark.parametrize(
+    "text", ["${oc.env:TE_ASSEMBLY_TEST_WIDTH}", "tok_${oc.env:HOME}", "${oc.decode:'3'}"]
+)
+def test_resolvers_that_read_the_environment_are_refused_in_a_model(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A secret read into a channel name would be written into config.yaml, checkpoints and exports."""
+    monkeypatch.setenv("TE_ASSEMBLY_TEST_WIDTH", "12")
+    data, problems = _resolve({"a": text, "b": 1})
     assert data == {"b": 1}
-    assert "TE_ASSEMBLY_TEST_UNSET" in problems["model.a"]
+    assert "is not allowed in a model file" in problems["model.a"]
+    assert "12" not in problems["model.a"] and "/root" not in problems["model.a"]
+
+
+def test_a_failing_fallback_is_one_diagnostic() -> None:
+    data, problems = _resolve({"a": "width_${model.nope}", "b": 1})
+    assert data == {"b": 1}
+    assert "model.nope" in problems["model.a"]
 
 
 def test_a_failed_list_item_keeps_the_list_length() -> None:

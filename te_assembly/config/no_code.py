@@ -1,0 +1,104 @@
+"""What a config may never do: run code. Hydra instantiates whatever a config names: ``_target_``
+objects, ``hydra.callbacks`` and ``logging.config`` handlers (a ``FileHandler`` with ``mode: w`` truncates
+any file the user can write). te_assembly needs none of that, so a composed config that asks for any of
+it is refused, with the key path, before Hydra acts on it (``composition.GroupConfigLoader``).
+
+Allowed: Hydra's own launcher and sweeper (its defaults), and logging to the terminal (``StreamHandler``
+on stdout/stderr, ``NullHandler``) as the shipped ``hydra/job_logging`` and ``hydra/hydra_logging`` do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from te_assembly.diagnostics import Diagnostic, error
+
+ALLOWED_TARGETS = {
+    "hydra.launcher._target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    "hydra.sweeper._target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+}
+"""The ``_target_`` keys Hydra's own defaults set, and the one value each may hold."""
+
+HANDLER_CLASSES = ("logging.StreamHandler", "logging.NullHandler")
+STREAMS = ("ext://sys.stderr", "ext://sys.stdout")
+LOGGING = ("hydra.job_logging", "hydra.hydra_logging")
+
+_WHY = "te_assembly configs never run code"
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, str, Any]]:
+    """(path, key, value) of every mapping entry below ``node``."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            child = f"{path}.{key}" if path else str(key)
+            yield child, str(key), value
+            yield from _walk(value, child)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _walk(value, f"{path}[{index}]")
+
+
+def _logging(section: str, config: Any) -> list[Diagnostic]:
+    if not isinstance(config, Mapping):
+        return []
+    out = []
+    for path, key, _ in _walk(config, section):
+        if key == "()":
+            out.append(error(path, "code-in-config", f"a logging factory '()' builds any object: {_WHY}"))
+    handlers = config.get("handlers")
+    for name, handler in (handlers or {}).items() if isinstance(handlers, Mapping) else ():
+        where = f"{section}.handlers.{name}"
+        if not isinstance(handler, Mapping):
+            continue
+        cls = handler.get("class")
+        if cls not in HANDLER_CLASSES:
+            out.append(
+                error(
+                    f"{where}.class",
+                    "code-in-config",
+                    f"logging handler class {cls!r} is not allowed: {_WHY} and write nothing but their "
+                    f"own files",
+                    f"use one of {', '.join(HANDLER_CLASSES)}",
+                )
+            )
+        stream = handler.get("stream")
+        if stream is not None and stream not in STREAMS:
+            out.append(
+                error(
+                    f"{where}.stream",
+                    "code-in-config",
+                    f"stream {stream!r} is not allowed",
+                    f"use one of {', '.join(STREAMS)}",
+                )
+            )
+    return out
+
+
+def code_in_config(cfg: Mapping[str, Any]) -> list[Diagnostic]:
+    """Every place the composed config (as plain data, unresolved) asks Hydra to build an object."""
+    out = []
+    for path, key, value in _walk(cfg, ""):
+        if key != "_target_":
+            continue
+        if ALLOWED_TARGETS.get(path) == value:
+            continue
+        out.append(error(path, "code-in-config", f"_target_ {value!r} would build a Python object: {_WHY}"))
+    raw = cfg.get("hydra")
+    hydra: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    callbacks = hydra.get("callbacks")
+    if isinstance(callbacks, Mapping):
+        for name in callbacks:
+            path = f"hydra.callbacks.{name}"
+            if not any(d.path.startswith(path) for d in out):
+                out.append(error(path, "code-in-config", f"Hydra callbacks run Python code: {_WHY}"))
+    for section in LOGGING:
+        out.extend(
+            _logging(
+                section, hydra.get(section.removeprefix("hydra.")) if isinstance(hydra, Mapping) else None
+            )
+        )
+    return out
+
+
+__all__ = ["ALLOWED_TARGETS", "HANDLER_CLASSES", "code_in_config"]
