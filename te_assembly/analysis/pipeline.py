@@ -164,7 +164,13 @@ def _compose(overrides: list[str], config_dirs: Sequence[str | os.PathLike[str]]
 
 def validate_model(model: Mapping[str, Any]) -> list:  # type: ignore[type-arg]
     """Every diagnostic for a model mapping (what a model file holds; ``${model.dims.X}`` resolved as in
-    a file): ``load(model).diagnostics`` as a list."""
+    a file): ``load(model).diagnostics`` as a list. ``ArgumentError`` for anything but a mapping (a name
+    or a file goes to ``load``)."""
+    if not isinstance(model, Mapping):
+        raise ArgumentError(
+            "validate_model() takes a model mapping (what a model file holds); got "
+            f"{model!r} ({type(model).__name__}): for a name or a file, use te_assembly.load(...).diagnostics"
+        )
     return list(load(model).diagnostics)
 
 

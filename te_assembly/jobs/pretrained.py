@@ -9,13 +9,16 @@ defaults filled in, and its channel bindings), the recipe it was built with and 
 tensors (global tensors, whatever parallel layout trained it) and its run record.
 
 ``model.safetensors`` is a plain safetensors file (``safetensors.torch.load_file`` reads it; its header
-says ``format: pt``) that also carries every tensor's SHA-256, checked by ``from_pretrained`` before any
-weight is used. Both files are written atomically (temp file, fsync, rename); the weights are read back
+says ``format: pt``) that also carries every tensor's SHA-256 and the SHA-256 of ``config.yaml``, checked
+by ``from_pretrained`` before any weight is used (directories written before the config's checksum was
+recorded load without that check). Non-finite weights are never written or loaded. Both files are
+written atomically (temp file, fsync, rename); the weights are read back
 and verified before the rename. A directory that already holds files is refused unless ``overwrite``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +28,7 @@ import torch
 import yaml
 
 from te_assembly.analysis.plan import Plan
-from te_assembly.errors import ArgumentError, ConfigError, OutputPathError
+from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError, OutputPathError
 from te_assembly.jobs.training.checkpoint import CheckpointError, model_state, read_verified, write_verified
 from te_assembly.jobs.training.run_record import model_record
 from te_assembly.outputs import prepare_out_dir, write_text_atomic
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
-FORMAT = "te_assembly.jobs.pretrained/1"
+FORMAT = "te_assembly.pretrained/1"
 _EXTRA_STATE = "._extra_state"
 
 
@@ -104,17 +107,31 @@ def write_pretrained(
     overwrite: bool = False,
 ) -> Path:
     """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring)."""
+    check_finite(weights, "the weights")
     out = _target(directory, overwrite)
-    write_verified(
-        out / WEIGHTS_FILE, weights, {"model": config["model"].get("name")}, FORMAT, {"format": "pt"}
-    )
     header = (
         "# te_assembly pretrained model: te_assembly.from_pretrained(<this directory>, engine=...)\n"
         "# the model as built (each step, its arguments with defaults, its channels), its recipe, its dtype\n"
     )
     body = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, default_flow_style=False)
-    write_text_atomic(out / CONFIG_FILE, header + body)
+    text = header + body
+    # The weights file records the config's checksum, so an edited or corrupt config.yaml is refused too.
+    meta = {"model": config["model"].get("name"), "config_sha256": _sha256(text.encode())}
+    write_verified(out / WEIGHTS_FILE, weights, meta, FORMAT, {"format": "pt"})
+    write_text_atomic(out / CONFIG_FILE, text)
     return out
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_finite(weights: Mapping[str, torch.Tensor], where: str) -> None:
+    """``NonFiniteError`` naming the first weight with a NaN or an infinity: such weights are never saved
+    or loaded (as training never checkpoints them)."""
+    for name, value in weights.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise NonFiniteError(0, name, f"non-finite value in {name} of {where}: refusing to use it")
 
 
 def save_pretrained(
@@ -196,8 +213,15 @@ def from_pretrained(
     plan = analysis.checked_plan()
     if not (folder / WEIGHTS_FILE).exists():
         raise CheckpointError(f"{folder} is not a pretrained model directory: no {WEIGHTS_FILE}")
-    _, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
-    _check_fits(plan, weights, str(folder / WEIGHTS_FILE))
+    header, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
+    _check_fits(plan, weights, str(folder / WEIGHTS_FILE))  # weights of another model: name them first
+    recorded = header.meta.get("config_sha256")
+    if recorded is not None and recorded != _sha256((folder / CONFIG_FILE).read_bytes()):
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE} does not match the checksum recorded in {WEIGHTS_FILE}: it was edited "
+            "or is corrupt (save or export the model again)"
+        )
+    check_finite(weights, str(folder / WEIGHTS_FILE))
     if dtype is None:
         saved = str(config.get("dtype") or "float32")
         dtype = (

@@ -176,3 +176,29 @@ def test_from_pretrained_builds_a_plan_equal_to_the_saved_models(tmp_path: Path)
         (s.name, s.type, s.fuser) for s in plan.steps
     ]
     assert list(loaded.plan.channels) == list(plan.channels)
+
+
+def test_a_changed_config_is_refused_by_its_checksum(tmp_path: Path) -> None:
+    """One flipped character of config.yaml (an eps, a scale) would load a different model silently."""
+    saved = te_assembly.save_pretrained(build_yaml(NESTED), tmp_path / "pre")
+    text = (saved / CONFIG_FILE).read_text()
+    assert "eps: 1.0e-05" in text or "eps:" in text
+    changed = text.replace("eps: 1.0e-05", "eps: 1.0e-04", 1) if "eps: 1.0e-05" in text else text + "\n#"
+    (saved / CONFIG_FILE).write_text(changed)
+    with pytest.raises(CheckpointError, match=r"does not match the checksum recorded in model\.safetensors"):
+        te_assembly.from_pretrained(saved, engine="reference")
+    (saved / CONFIG_FILE).write_text(text)
+    assert te_assembly.from_pretrained(saved, engine="reference").plan.name
+
+
+def test_non_finite_weights_are_never_saved_or_loaded(tmp_path: Path) -> None:
+    import torch
+
+    from te_assembly.errors import NonFiniteError
+
+    model = build_yaml(NESTED)
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    with pytest.raises(NonFiniteError, match="non-finite value in steps"):
+        te_assembly.save_pretrained(model, tmp_path / "nan")
+    assert not (tmp_path / "nan" / WEIGHTS_FILE).exists()

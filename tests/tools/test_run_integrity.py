@@ -413,8 +413,8 @@ CRAFTED: dict[str, tuple[dict[str, Any], str]] = {
     "optimizer": ({"meta": lambda m: m.update(optim_scalars={"x/step": 1})}, "cannot restore"),
     "run hash": ({"meta": lambda m: m.update(run_sha256="0" * 64)}, "run record does not match the hash"),
     "format": (
-        {"meta": lambda m: m.update(format="te_assembly.jobs.training/1")},
-        "has format 'te_assembly.jobs.training/1'",
+        {"meta": lambda m: m.update(format="te_assembly.train/1")},
+        "has format 'te_assembly.train/1'",
     ),
     "weights": (
         {"tensors": lambda t: t.update({"model/steps.fc1.basic_ops.0.weight": torch.zeros(3)})},

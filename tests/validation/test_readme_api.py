@@ -65,3 +65,11 @@ def test_build_accepts_a_raw_model_mapping() -> None:
     assert load({"model": raw}).checked_plan().step("fc1").args == plan.step("fc1").args
     model = te_assembly.build(raw, engine="reference")
     assert model.plan.step("fc1").args == plan.step("fc1").args
+
+
+@pytest.mark.parametrize("bad", [None, 3, "moe_block", ["ops"]])
+def test_validate_model_takes_only_a_mapping(bad: object) -> None:
+    from te_assembly.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="validate_model\\(\\) takes a model mapping"):
+        te_assembly.validate_model(bad)  # type: ignore[arg-type]

@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from te_assembly import outputs
 from te_assembly.errors import CheckpointError, NonFiniteError
 
-FORMAT = "te_assembly.jobs.training/2"
+FORMAT = "te_assembly.train/2"
 SUFFIX = ".safetensors"
 _NAME = re.compile(r"^ckpt-(\d+)\.safetensors$")
 _TEMP_SUFFIX = outputs.TEMP_SUFFIX
