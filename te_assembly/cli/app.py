@@ -314,11 +314,17 @@ def _check_launch(analysis: Any, command: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import hydra
     from hydra._internal.utils import get_args_parser
+
+    from te_assembly.version import __version__
 
     parser = get_args_parser()
     parser.prog = f"{PROG} [COMMAND]"
     parser.exit_on_error = False
+    for action in parser._actions:  # Hydra's --version says Hydra's: say ours, Hydra's beside it
+        if "--version" in action.option_strings:
+            action.version = f"te_assembly {__version__} (Hydra {hydra.__version__})"  # type: ignore[attr-defined]
     return parser
 
 

@@ -126,7 +126,9 @@ def test_hydra_help_and_version() -> None:
     assert "Hydra (" in done.stdout and "--multirun" in done.stdout
     done = _cli("--version")
     _clean(done)
-    assert done.stdout.startswith("Hydra 1.3")
+    from te_assembly.version import __version__
+
+    assert done.stdout.startswith(f"te_assembly {__version__} (Hydra 1.3")  # ours first, Hydra's beside it
 
 
 def test_hydra_verbose_logs_what_was_read() -> None:
