@@ -3,8 +3,10 @@ objects, ``hydra.callbacks`` and ``logging.config`` handlers (a ``FileHandler`` 
 any file the user can write). te_assembly needs none of that, so a composed config that asks for any of
 it is refused, with the key path, before Hydra acts on it (``composition.GroupConfigLoader``).
 
-Allowed: Hydra's own launcher and sweeper (its defaults), and logging to the terminal (``StreamHandler``
-on stdout/stderr, ``NullHandler``) as the shipped ``hydra/job_logging`` and ``hydra/hydra_logging`` do.
+Allowed: Hydra's own launcher and sweeper (its defaults), logging to the terminal (``StreamHandler`` on
+stdout/stderr, ``NullHandler``) as the shipped ``hydra/job_logging`` and ``hydra/hydra_logging`` do, and
+Hydra's default log file (``hydra/job_logging=default``: a ``FileHandler`` appending to
+``${hydra.runtime.output_dir}/<name>.log``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,19 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, str, Any]]:
             yield from _walk(value, f"{path}[{index}]")
 
 
+RUN_DIR_LOG = "${hydra.runtime.output_dir}/"
+"""Where Hydra's default ``job_logging`` writes its log file, the one place a ``FileHandler`` may."""
+
+
+def _in_run_dir(handler: Mapping[str, Any]) -> bool:
+    """A ``FileHandler`` appending to a file in the run directory, as Hydra's default logging does."""
+    name = handler.get("filename")
+    if not isinstance(name, str) or not name.startswith(RUN_DIR_LOG) or ".." in name:
+        return False
+    rest = name.removeprefix(RUN_DIR_LOG)
+    return "/" not in rest and set(handler) <= {"class", "formatter", "filename", "level"}
+
+
 def _logging(section: str, config: Any) -> list[Diagnostic]:
     if not isinstance(config, Mapping):
         return []
@@ -52,6 +67,8 @@ def _logging(section: str, config: Any) -> list[Diagnostic]:
         if not isinstance(handler, Mapping):
             continue
         cls = handler.get("class")
+        if cls == "logging.FileHandler" and _in_run_dir(handler):
+            continue  # Hydra's own default: a log file appended in the run directory
         if cls not in HANDLER_CLASSES:
             out.append(
                 error(

@@ -110,3 +110,20 @@ def test_the_environment_is_never_read_into_a_config_file(tmp_path: Path, where:
 def test_settings_may_still_read_the_environment(tmp_path: Path) -> None:
     done = _cli(tmp_path, "validate", "model=residual_mlp", "seed=${oc.decode:${oc.env:TE_ASSEMBLY_SEED}}")
     assert done.returncode == 2 and "TE_ASSEMBLY_SEED" in done.stdout + done.stderr  # unset: refused by value
+
+
+@pytest.mark.parametrize(
+    ("filename", "allowed"),
+    [
+        ("${hydra.runtime.output_dir}/${hydra.job.name}.log", True),
+        ("${hydra.runtime.output_dir}/../outside.log", False),
+        ("${hydra.runtime.output_dir}/sub/dir.log", False),
+        ("/etc/passwd", False),
+    ],
+)
+def test_only_hydras_own_log_file_may_be_written(filename: str, allowed: bool) -> None:
+    handler = {"class": "logging.FileHandler", "formatter": "simple", "filename": filename}
+    found = code_in_config({"hydra": {"job_logging": {"handlers": {"file": handler}}}})
+    assert (found == []) is allowed
+    mode_w = code_in_config({"hydra": {"job_logging": {"handlers": {"file": {**handler, "mode": "w"}}}}})
+    assert mode_w and mode_w[0].path == "hydra.job_logging.handlers.file.class"
