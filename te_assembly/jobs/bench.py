@@ -111,9 +111,9 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
-def noise_warnings(results: Sequence[VariantResult]) -> list[str]:
+def noise_warnings(results: Sequence[VariantResult], threads: int | None = None) -> list[str]:
     """What the timings' own spread says about them: a phase whose IQR is wide, a full step faster
-    than a part of it."""
+    than a part of it; and what to try (``threads``: ``bench.threads``, not suggested again when 1)."""
     out = []
     for r in results:
         for phase, s in r.stats.items():
@@ -131,8 +131,9 @@ def noise_warnings(results: Sequence[VariantResult]) -> list[str]:
                     f"({_ms(alone.median)} ms), which is part of it: these times are noise"
                 )
     if out:
+        fewer = "" if threads == 1 else "bench.threads=1, "
         out.append(
-            "(the machine is busy or the work too small: rerun with bench.threads=1, more bench.repeats, "
+            f"(the machine is busy or the work too small: rerun with {fewer}more bench.repeats, "
             "or a larger bench.tokens on a quieter machine)"
         )
     return out
@@ -211,7 +212,7 @@ def bench(plan: Plan, target: Target, settings: BenchSettings, on_event: OnEvent
         from te_assembly.jobs.benchmark.throughput import gather_rank_results
 
         rows = gather_rank_results(par, results[0], tokens)
-    warnings = noise_warnings(results)
+    warnings = noise_warnings(results, settings.threads)
     if settings.repeats < 2:
         warnings.append("1 sample per phase: no spread to judge the times by (bench.repeats >= 5 is better)")
     result = BenchResult(plan.name, device_name, tokens, results, flops, peak, split, warnings, rows)

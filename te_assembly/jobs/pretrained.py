@@ -208,6 +208,11 @@ def from_pretrained(
     folder = Path(directory).expanduser()
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a pretrained model directory (no such directory)")
+    if not (folder / WEIGHTS_FILE).exists() and any(folder.glob("ckpt-*.safetensors")):
+        raise CheckpointError(
+            f"{folder} is a training run, not a pretrained model directory: export it first "
+            f"(python -m te_assembly export {folder} DEST, or te_assembly.export_checkpoint), then load DEST"
+        )
     config = read_config(folder)
     analysis = load({k: v for k, v in config.items() if k in ("model", "recipe")})
     plan = analysis.checked_plan()

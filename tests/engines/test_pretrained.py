@@ -202,3 +202,13 @@ def test_non_finite_weights_are_never_saved_or_loaded(tmp_path: Path) -> None:
     with pytest.raises(NonFiniteError, match="non-finite value in steps"):
         te_assembly.save_pretrained(model, tmp_path / "nan")
     assert not (tmp_path / "nan" / WEIGHTS_FILE).exists()
+
+
+def test_a_run_directory_is_pointed_to_export(tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "configs" / "saved" / "run_v0", run)
+    with pytest.raises(CheckpointError, match=r"is a training run, not a pretrained model directory: export"):
+        te_assembly.from_pretrained(run, engine="reference")
+    assert te_assembly.from_pretrained(te_assembly.export_checkpoint(run), engine="reference").plan.name

@@ -80,6 +80,14 @@ def test_recipe_is_reported_as_ignored_by_the_reference_engine() -> None:
     assert "ignored" not in plain
 
 
+@pytest.mark.te
+def test_a_recipe_that_quantizes_nothing_is_not_called_a_recipe() -> None:
+    """The default recipe (bf16, kind none) on a float32 run: 'recipe bf16' would read as bf16 math."""
+    args = ("model=channel_demo", "engine=te", "kernels=reference", "run.steps=1", "run.tokens=4")
+    out = _run_in_process(*args)
+    assert "kernels reference, no quantization recipe" in out and "recipe bf16" not in out
+
+
 def test_same_seed_same_run_other_seed_other_run() -> None:
     args = ("model=two_stage", "engine=reference", "run.steps=2", "run.tokens=16")
 

@@ -50,6 +50,10 @@ def test_a_wide_spread_is_called_noise() -> None:
     warnings = noise_warnings([_result(wide, _stats(2.0, 0.02), _stats(3.2, 0.03))])
     assert any("(a), forward" in w and "noise" in w for w in warnings), warnings
     assert not any("backward" in w and "IQR" in w for w in warnings)
+    assert "bench.threads=1" in warnings[-1]
+    # Already on one thread: the advice does not suggest it again.
+    once = noise_warnings([_result(wide, _stats(2.0, 0.02), _stats(3.2, 0.03))], threads=1)
+    assert "bench.threads=1" not in once[-1] and "more bench.repeats" in once[-1]
 
 
 @pytest.mark.parametrize("part", ["forward", "backward"])

@@ -56,6 +56,10 @@ def test_ls_op_shows_arguments_slots_in_te_order_and_the_width_rule(run_cli: Run
             positions.append(match.start())
         assert positions == sorted(positions)  # listed in TE's slot order
     assert f"width: {spec.width.describe()}" in out
+    if spec.te_class is None:  # our own op: no TE kernel to run anywhere, so no claim about one on CPU
+        assert "TE's own kernel: none" in out and "TE's own kernel runs on CPU" not in out
+    else:
+        assert ("TE's own kernel runs on CPU: yes" in out) is spec.te_runs_on_cpu
 
 
 def test_ls_op_groupedlinear_in_words() -> None:

@@ -202,10 +202,13 @@ def op_tables(spec: OpSpec | ModuleSpec) -> list[Table | str]:
             out.append(
                 "in_place: aliases the channel tensor instead of copying it (a hazard at channel endpoints)"
             )
-        out.append(
-            "TE's own kernel runs on CPU: "
-            + ("yes" if spec.te_runs_on_cpu else "no (a GPU, or kernels=reference)")
-        )
+        if spec.te_class is None:  # no TE kernel to ask about: the reference op runs everywhere
+            out.append("TE's own kernel: none (the reference op runs inside TE's fuser, on CPU and GPU)")
+        else:
+            out.append(
+                "TE's own kernel runs on CPU: "
+                + ("yes" if spec.te_runs_on_cpu else "no (a GPU, or kernels=reference)")
+            )
     return out
 
 

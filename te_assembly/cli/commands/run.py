@@ -73,7 +73,10 @@ def _header(session: Session, target: object, console: Console) -> None:
     header = f"{printable(session.plan.name)}: device {target.device}, dtype {target.dtype_name}"
     header += f", seed {target.seed}"
     if target.engine == "te":
-        header += f", kernels {target.kernels}, recipe {printable(recipe.name)}"
+        # A recipe of kind none (the shipped bf16) quantizes nothing: say so, not "recipe bf16" on float32.
+        quantized = recipe.kind != "none"
+        quantization = f"recipe {printable(recipe.name)}" if quantized else "no quantization recipe"
+        header += f", kernels {target.kernels}, {quantization}"
     elif recipe.kind != "none":
         header += f"; recipe {printable(recipe.name)} ignored by the reference engine"
     console.print(header, markup=False)
