@@ -401,10 +401,29 @@ def _run(hydra: Any, state: AppState, config_name: str, overrides: list[str]) ->
             # makes the run directory.
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="te_assembly_rank_"))
         overrides = _run_dir_overrides(state, overrides, scratch)
+        if state.multirun and scratch is None and not _sets(overrides, "hydra.sweep.dir"):
+            overrides = [*overrides, _own_sweep_dir(hydra, config_name, overrides)]
         if not state.multirun:
             hydra.run(config_name=config_name, task_function=task, overrides=overrides)
             return state.outcomes[-1][1].code if state.outcomes else 2
         return _multirun(hydra, state, config_name, overrides, task)
+
+
+def _own_sweep_dir(hydra: Any, config_name: str, overrides: list[str]) -> str:
+    """``hydra.sweep.dir=<dir>``: the sweep directory the config names (by default
+    ``multirun/<date>/<time>``), claimed for this sweep alone (``job_dir.claim_sweep``), so two sweeps
+    started in the same second each keep their own ``multirun.yaml``."""
+    from pathlib import Path
+
+    from hydra.types import RunMode
+
+    from te_assembly.analysis.pipeline import quoted_value
+    from te_assembly.cli import job_dir
+
+    mode = RunMode.MULTIRUN
+    cfg = hydra.compose_config(config_name, overrides, run_mode=mode, with_log_configuration=False)
+    claimed = job_dir.claim_sweep(Path(str(cfg.hydra.sweep.dir)))
+    return f"hydra.sweep.dir={quoted_value(str(claimed))}"
 
 
 def _multirun(hydra: Any, state: AppState, config_name: str, overrides: list[str], task: Any) -> int:

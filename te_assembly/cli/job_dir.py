@@ -84,6 +84,24 @@ def claim(job: JobDir) -> Path:
             candidate = job.path.with_name(f"{job.path.name}_{n}")
 
 
+SWEEP_FILE = "multirun.yaml"
+
+
+def claim_sweep(path: Path) -> Path:
+    """The sweep directory a ``-m`` sweep records itself in: ``path``, or, when another sweep started in
+    the same second already holds it, the first free ``<path>_<n>``. Claimed by creating its
+    ``multirun.yaml`` exclusively (Hydra then writes the sweep's record into it)."""
+    candidate, n = path, 0
+    while True:
+        candidate.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(candidate / SWEEP_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = path.with_name(f"{path.name}_{n}")
+
+
 def command_line(job: JobDir | None) -> str | None:
     """The command that made this run, for the config's header."""
     if job is None:
@@ -111,4 +129,14 @@ def remove_if_unused(job: JobDir) -> None:
         folder = folder.parent
 
 
-__all__ = ["CONFIG_FILE", "JobDir", "claim", "command_line", "current", "remove_if_unused", "write_config"]
+__all__ = [
+    "CONFIG_FILE",
+    "SWEEP_FILE",
+    "JobDir",
+    "claim",
+    "claim_sweep",
+    "command_line",
+    "current",
+    "remove_if_unused",
+    "write_config",
+]
