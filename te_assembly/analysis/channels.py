@@ -96,12 +96,14 @@ def check_channels(
     producers: dict[str, SlotRef] = {}
     # A consumer is fed from its own fuser (TE's rule), even when a duplicate name elsewhere is an error.
     local_producers: dict[tuple[str, int | None], SlotRef] = {}
+    every_producer: dict[str, list[SlotRef]] = {}
     for step in planned:
         for slot, name in enumerate(step.output_channels):
             if name is None:
                 continue
             ref = SlotRef(step.index, slot, step.output_slots[slot].name)
             local_producers.setdefault((name, step.fuser), ref)
+            every_producer.setdefault(name, []).append(ref)
             first = producers.get(name)
             if first is not None:
                 other = steps[first.step]
@@ -165,16 +167,25 @@ def check_channels(
             producer = steps[source.step]
             assert producer is not None
             if source.step >= step.index:
-                diags.append(
-                    error(
-                        path,
-                        "producer-after-consumer",
+                named = every_producer.get(name, [])
+                if len(named) > 1:  # an earlier one exists: the name has two producers, say so
+                    where = ", ".join(
+                        f"step {steps[r.step].name!r} at model.ops[{r.step}]"  # type: ignore[union-attr]
+                        for r in named
+                    )
+                    message = (
+                        f"channel {name!r} has {len(named)} producers ({where}): step {step.name!r} would "
+                        f"take it from {producer.name!r} in its own fuser, which comes after it"
+                    )
+                    hint = "give each producer its own channel name"
+                else:
+                    message = (
                         f"channel {name!r} consumed by step {step.name!r} has no earlier producer: it is "
                         f"produced by step {producer.name!r} at model.ops[{producer.index}]"
-                        + (f", in a later fuser ({producer.fuser})" if producer.fuser != step.fuser else ""),
-                        "move the producer before its consumer",
+                        + (f", in a later fuser ({producer.fuser})" if producer.fuser != step.fuser else "")
                     )
-                )
+                    hint = "move the producer before its consumer"
+                diags.append(error(path, "producer-after-consumer", message, hint))
                 continue
             produced_dtype = producer.output_slots[source.slot].dtype
             if produced_dtype != dtype:

@@ -47,3 +47,34 @@ def test_a_channel_nobody_declares_is_still_dangling() -> None:
         resolve_text(BASE_YAML.replace("{addend: residual}", "{addend: resid}"))
     ).diagnostics
     assert [(d.code, d.hint) for d in diags if d.is_error] == [("dangling-input", "did you mean 'residual'?")]
+
+
+def test_a_name_with_two_producers_is_said_to_have_two() -> None:
+    """Consumed after a module (a later fuser) where a second producer of the name follows it: the
+    earlier producer exists, so 'no earlier producer' would be wrong."""
+    from te_assembly.analysis.pipeline import load
+
+    model = {
+        "name": "two",
+        "in_features": 8,
+        "ops": [
+            {
+                "name": "tap1",
+                "op": "MakeExtraOutput",
+                "extra_outputs": {"out": {"channel": "r", "public": False}},
+            },
+            {"name": "drop", "module": "Dropout", "args": {"p": 0.0}},
+            {"name": "add", "op": "AddExtraInput", "extra_inputs": {"addend": "r"}},
+            {
+                "name": "tap2",
+                "op": "MakeExtraOutput",
+                "extra_outputs": {"out": {"channel": "r", "public": False}},
+            },
+        ],
+    }
+    found = {d.code: d for d in load(model).diagnostics}
+    consumer = found["producer-after-consumer"]
+    assert consumer.path == "model.ops[2].extra_inputs.addend"
+    assert "has 2 producers (step 'tap1' at model.ops[0], step 'tap2' at model.ops[3])" in consumer.message
+    assert "no earlier producer" not in consumer.message
+    assert found["duplicate-producer"].path == "model.ops[3].extra_outputs.out.channel"
