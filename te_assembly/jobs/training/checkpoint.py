@@ -67,6 +67,23 @@ def checkpoint_path(out_dir: Path, step: int) -> Path:
     return out_dir / f"ckpt-{step:07d}{SUFFIX}"
 
 
+def free_checkpoint_path(out_dir: Path, step: int) -> Path:
+    """Where step ``step``'s checkpoint goes: ``checkpoint_path``, unless a file there holds another
+    step (renamed by hand) or is no checkpoint: that file is never overwritten, and the checkpoint takes
+    the first free ``ckpt-<step>_<n>.safetensors`` (the step inside a file is what counts)."""
+    path = checkpoint_path(out_dir, step)
+    n = 0
+    while path.exists() or path.is_symlink():
+        try:
+            if read_header(path).step == step:
+                return path  # this step's own checkpoint, written again (replaced atomically)
+        except CheckpointError:
+            pass
+        n += 1
+        path = out_dir / f"ckpt-{step:07d}_{n}{SUFFIX}"
+    return path
+
+
 def name_step(path: Path) -> int | None:
     match = _NAME.match(path.name)
     return int(match.group(1)) if match else None
@@ -378,7 +395,7 @@ def save_checkpoint(
             else:
                 optim_scalars[f"{index}/{key}"] = value
     tensors.update(_rng_tensors())
-    path = checkpoint_path(out_dir, step)
+    path = free_checkpoint_path(out_dir, step)
     meta = {**meta, "step": step, "optim_scalars": optim_scalars}
     return write_verified(path, tensors, meta, FORMAT, {"step": str(step)})
 

@@ -184,19 +184,32 @@ def _explicit(out_dir: Path, resume_from: str, found: list[Found]) -> tuple[Path
         )
     chosen = verify(path)
     notes = [f"resuming from {path} (step {chosen.step}), as train.resume_from asks"]
+    later: list[Found] = []
+    broken: list[tuple[Found, str]] = []
     for f in found:
         if f.path.resolve() == path.resolve():
             continue
-        newer = f.header is None or f.header.step > chosen.step
-        if not newer:
+        if f.header is not None and f.header.step <= chosen.step:
             continue
         try:
             if f.header is not None:
                 verify(f.path)
+                later.append(f)
                 continue
-            problem = f.problem
+            problem = str(f.problem)
         except CheckpointError as exc:
             problem = str(exc)
+        broken.append((f, problem))
+    if later:
+        # A resume never rolls back: the run's good checkpoints past this one would be rewritten.
+        listed = ", ".join(f"{f.path.name} (step {f.step})" for f in later)
+        raise CheckpointError(
+            f"train.resume_from={resume_from} is step {chosen.step}, but this run has good checkpoints past "
+            f"it: {listed}; resuming from it would overwrite them (a resume never rolls back). Resume from "
+            "the newest (train.resume=true without resume_from), or, to branch from this step, copy "
+            f"{path.name} into a new directory and resume there (train.resume=<that directory>)"
+        )
+    for f, problem in broken:
         notes.append(f"set aside {f.path} as {_set_aside(f.path).name}: {problem}")
     return path, notes
 
