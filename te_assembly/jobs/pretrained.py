@@ -11,15 +11,18 @@ tensors (global tensors, whatever parallel layout trained it) and its run record
 ``model.safetensors`` is a plain safetensors file (``safetensors.torch.load_file`` reads it; its header
 says ``format: pt``) that also carries every tensor's SHA-256 and the SHA-256 of ``config.yaml``, checked
 by ``from_pretrained`` before any weight is used (directories written before the config's checksum was
-recorded load without that check). Non-finite weights are never written or loaded. Both files are
-written atomically (temp file, fsync, rename); the weights are read back
-and verified before the rename. A directory that already holds files is refused unless ``overwrite``.
+recorded load without that check). Non-finite weights are never written or loaded. The directory is
+written as a whole: both files go into a hidden directory beside it (each fsynced; the weights read
+back and verified), which then takes its place, so a save killed at any point leaves the old pretrained
+directory as it was and loadable. A directory that already holds files is refused unless ``overwrite``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +34,7 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError, OutputPathError
 from te_assembly.jobs.training.checkpoint import CheckpointError, model_state, read_verified, write_verified
 from te_assembly.jobs.training.run_record import model_record
-from te_assembly.outputs import prepare_out_dir, write_text_atomic
+from te_assembly.outputs import fsync_dir, prepare_out_dir, write_text_atomic
 
 if TYPE_CHECKING:
     from te_assembly.engines.base import AssembledModel
@@ -40,6 +43,8 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 FORMAT = "te_assembly.pretrained/1"
 _EXTRA_STATE = "._extra_state"
+_STAGING = ".saving"
+"""Suffix of the hidden directory a save writes into before it takes the pretrained directory's place."""
 
 
 def expected_shapes(plan: Plan) -> dict[str, tuple[int, ...]]:
@@ -84,7 +89,10 @@ def _target(directory: str | os.PathLike[str], overwrite: bool) -> Path:
             f"{out} is not empty: refusing to write a pretrained model over what is there (choose an "
             "empty or new directory, or pass overwrite=True; export.overwrite=true on the command line)"
         )
-    return prepare_out_dir(out)
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"cannot write to {out}: it exists and is not a directory")
+    prepare_out_dir(out.parent if out.parent != Path("") else Path("."))
+    return out
 
 
 def config_of(
@@ -109,6 +117,48 @@ def write_pretrained(
     """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring)."""
     check_finite(weights, "the weights")
     out = _target(directory, overwrite)
+    staging = _staging(out)
+    try:
+        _write_files(staging, weights, config)
+        _swap_into(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _staging(out: Path) -> Path:
+    """A new hidden directory beside ``out`` to write the whole pretrained directory into (made with the
+    user's normal permissions); stale ones a killed save left behind are removed first."""
+    for stale in out.parent.glob(f".{out.name}.*{_STAGING}"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for _ in range(100):
+        candidate = out.parent / f".{out.name}.{secrets.token_hex(4)}{_STAGING}"
+        try:
+            candidate.mkdir(0o777)  # the umask applies, as for any directory of the user
+            return candidate
+        except FileExistsError:
+            continue
+    raise OutputPathError(f"cannot create a staging directory next to {out}")
+
+
+def _swap_into(staging: Path, out: Path) -> None:
+    """Put the complete ``staging`` directory where ``out`` is: a reader sees the old pretrained
+    directory or the new one (the old one is moved aside, then removed, only once the new one is in
+    place)."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if out.exists():
+        old = out.parent / f".{out.name}.{secrets.token_hex(4)}.old"
+        os.rename(out, old)
+        os.rename(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, out)
+    fsync_dir(out.parent)
+
+
+def _write_files(out: Path, weights: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
     header = (
         "# te_assembly pretrained model: te_assembly.from_pretrained(<this directory>, engine=...)\n"
         "# the model as built (each step, its arguments with defaults, its channels), its recipe, its dtype\n"
@@ -119,7 +169,6 @@ def write_pretrained(
     meta = {"model": config["model"].get("name"), "config_sha256": _sha256(text.encode())}
     write_verified(out / WEIGHTS_FILE, weights, meta, FORMAT, {"format": "pt"})
     write_text_atomic(out / CONFIG_FILE, text)
-    return out
 
 
 def _sha256(data: bytes) -> str:

@@ -212,3 +212,66 @@ def test_a_run_directory_is_pointed_to_export(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"is a training run, not a pretrained model directory: export"):
         te_assembly.from_pretrained(run, engine="reference")
     assert te_assembly.from_pretrained(te_assembly.export_checkpoint(run), engine="reference").plan.name
+
+
+def test_overwrite_is_atomic_as_a_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save that dies between the weights and the config leaves the old directory loadable, and no
+    staging directory behind."""
+    import torch
+
+    import te_assembly.jobs.pretrained as pretrained
+
+    first = build_yaml(NESTED)
+    target = te_assembly.save_pretrained(first, tmp_path / "pre")
+    old = {
+        k: v.clone() for k, v in te_assembly.from_pretrained(target, engine="reference").state_dict().items()
+    }
+    second = build_yaml(NESTED)
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(1.0)
+
+    def dies(path: Path, text: str) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pretrained, "write_text_atomic", dies)
+    with pytest.raises(OSError):
+        te_assembly.save_pretrained(second, target, overwrite=True)
+    monkeypatch.undo()
+    again = te_assembly.from_pretrained(target, engine="reference").state_dict()
+    assert all(torch.equal(again[k], v) for k, v in old.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pre"]  # nothing left beside it
+    te_assembly.save_pretrained(second, target, overwrite=True)
+    new = te_assembly.from_pretrained(target, engine="reference").state_dict()
+    assert not all(torch.equal(new[k], v) for k, v in old.items() if v.is_floating_point())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pre"]
+
+
+def test_a_save_killed_mid_write_leaves_the_old_directory(tmp_path: Path) -> None:
+    """SIGKILL between writing the weights and the config: the old directory still loads, and the next
+    save clears what the killed one left."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    target = te_assembly.save_pretrained(build_yaml(NESTED), tmp_path / "pre")
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        import te_assembly, te_assembly.jobs.pretrained as pretrained
+        from tests.engines.test_pretrained import NESTED, build_yaml
+        real = pretrained.write_text_atomic
+        def killed(path, text):
+            os.kill(os.getpid(), signal.SIGKILL)
+        pretrained.write_text_atomic = killed
+        te_assembly.save_pretrained(build_yaml(NESTED), {str(target)!r}, overwrite=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert te_assembly.from_pretrained(target, engine="reference").plan.name
+    assert any(p.name.endswith(".saving") for p in tmp_path.iterdir())  # what the killed save left
+    te_assembly.save_pretrained(build_yaml(NESTED), target, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pre"]
