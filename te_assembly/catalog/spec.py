@@ -41,10 +41,10 @@ class Param:
         must be finite, and ints positive unless ``bounds`` say otherwise."""
         low, high = self.bounds
         types = self.type if isinstance(self.type, tuple) else (self.type,)
-        if types == (int,) and low is None and high is None:
-            low = 1
         # ``type(None)`` among the types (``tensor_parallel_mode``) is a nullable field.
         kept = tuple(t for t in types if t is not type(None))
+        if kept == (int,) and low is None and high is None:  # a count, nullable or not (num_kv_heads)
+            low = 1
         nullable = len(kept) < len(types)
         choices = None if self.choices is None else tuple(c for c in self.choices if c is not None)
         kind: type | tuple[type, ...] = kept[0] if len(kept) == 1 else kept

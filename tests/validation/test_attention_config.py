@@ -365,3 +365,14 @@ def test_the_readme_attention_example_is_valid() -> None:
     plan = load(yaml.safe_load(block.group(1))).checked_plan()
     assert plan.input_layout == "sequence"
     assert (plan.step("attn").in_width, plan.step("attn").out_width) == (128, 64)
+
+
+@pytest.mark.parametrize("kv_heads", [0, -2])
+def test_num_kv_heads_must_be_positive(kv_heads: int) -> None:
+    """Not 'width = None': a count below one is refused as what it is, at its key."""
+    from te_assembly.analysis.pipeline import load
+
+    found = load("dense_transformer", [f"model.dims.kv_heads={kv_heads}"]).diagnostics
+    messages = [d.message for d in found if d.is_error]
+    assert any(f"num_kv_heads must be positive, got {kv_heads}" in m for m in messages), messages
+    assert not any("= None" in m for m in messages)
