@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +23,34 @@ from te_assembly.errors import OutputPathError
 from te_assembly.version import __version__
 
 TEMP_SUFFIX = ".tmp"
+
+
+def not_regular(path: str | Path) -> str | None:
+    """What ``path`` is when it exists but is no regular file (``a FIFO (named pipe)``, ``a directory``,
+    ...), else None: opening a FIFO for reading blocks until a writer comes, so files te_assembly reads or
+    appends to are checked first, and refused by name."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def check_regular(path: Path, what: str) -> None:
+    """``OutputPathError`` when ``path`` exists and is no regular file (``not_regular``)."""
+    kind = not_regular(path)
+    if kind is not None:
+        raise OutputPathError(f"{path} is {kind}, not a {what}: refusing to read or write it")
 
 
 def prepare_out_dir(path: str | Path) -> Path:
@@ -147,10 +176,12 @@ def config_text(config: Mapping[str, Any], command_line: str | None = None) -> s
 
 
 __all__ = [
+    "check_regular",
     "config_text",
     "create_temp",
     "file_mode",
     "fsync_dir",
+    "not_regular",
     "prepare_out_dir",
     "write_atomic",
     "write_error",

@@ -15,6 +15,7 @@ import yaml
 
 from te_assembly.config.locations import FILE_GROUPS, is_path_choice
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.outputs import not_regular
 
 _CANNOT_OVERRIDE = re.compile(r"Could not override '([^']+)'")
 
@@ -61,6 +62,9 @@ def from_composition(exc: BaseException) -> bool:
 
 def unknown_choice(group: str, choice: str, available: Sequence[str]) -> str:
     if is_path_choice(choice):
+        kind = not_regular(choice)
+        if kind is not None:
+            return f"{group} file {choice} is {kind}, not a {group} file"
         return f"{group} file not found: {choice} (relative paths start at {os.getcwd()})"
     hint = did_you_mean(choice, available)
     return (

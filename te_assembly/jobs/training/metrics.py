@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.errors import MissingToolError
-from te_assembly.outputs import write_error, write_text_atomic
+from te_assembly.outputs import check_regular, write_error, write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -58,6 +58,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     """The readable records of a metrics file, in order; a torn last line (a crash mid-write) and any
     line that is not a record are skipped."""
     records = []
+    check_regular(path, "metrics file")
     with contextlib.suppress(FileNotFoundError):
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             with contextlib.suppress(ValueError):
@@ -107,6 +108,7 @@ class MetricsLog:
         if not self.start_step:
             self._clear_tensorboard()  # a run without checkpoints left these: it is being started over
         try:
+            check_regular(self.path, "metrics file")
             self._file = open(self.path, "a", encoding="utf-8")  # held open for the run
         except OSError as exc:
             raise write_error(self.path, exc) from None

@@ -32,7 +32,7 @@ from typing import Any
 
 from te_assembly.errors import RunDirectoryInUseError
 from te_assembly.jobs.training.checkpoint import CheckpointError, Found, name_step, scan, verify
-from te_assembly.outputs import prepare_out_dir
+from te_assembly.outputs import not_regular, prepare_out_dir
 
 try:
     import fcntl
@@ -87,6 +87,10 @@ class RunLock:
     def acquire(self) -> RunLock:
         if fcntl is None:
             return self
+        kind = not_regular(self.path)
+        if kind is not None:
+            message = f"cannot lock {self.out_dir}: {self.path} is {kind}, not a lock file"
+            raise RunDirectoryInUseError(message)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask
         except OSError as exc:
