@@ -17,13 +17,17 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from te_assembly.config.source import Key
+from te_assembly.config.source import MAX_DEPTH, MAX_VALUES, Key
 from te_assembly.diagnostics import Diagnostic, closest, error
 from te_assembly.errors import InterpolationError
 
 _REF = re.compile(r"\$\{\s*([A-Za-z_][\w]*(?:\.[A-Za-z_\w][\w]*|\[\d+\])*)\s*\}")
 _ARITHMETIC = re.compile(r"\$\{\s*(mul|add)\s*:(.*)\}", re.S)
 _RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*:")
+MAX_CHAIN = MAX_DEPTH
+"""References followed one through another at most (a config nested this deep is refused too)."""
+MAX_STRING = MAX_VALUES
+"""Characters a resolved string may hold at most (as many as values an alias may expand to)."""
 FILE_ROOTS = ("model", "recipe", "block")
 """Sections read from te_assembly's own files: resolvers that read the environment or files are refused
 there (the command line and the settings sections may still use them)."""
@@ -116,6 +120,12 @@ class Interpolator:
         if path in self.active:
             cycle = " -> ".join(_dotted(p) for p in [*self.active[self.active.index(path) :], path])
             raise InterpolationError(f"cannot resolve value: interpolation cycle {cycle}")
+        if len(self.active) >= MAX_CHAIN:
+            raise InterpolationError(
+                f"cannot resolve value: a chain of more than {MAX_CHAIN} references "
+                f"({_dotted(self.active[0])} -> ... -> {_dotted(path)})",
+                "refer to the value itself rather than through a long chain of others",
+            )
         self.active.append(path)
         try:
             result = self._resolve(raw, path)
@@ -124,6 +134,13 @@ class Interpolator:
             raise
         finally:
             self.active.pop()
+        if isinstance(result, str) and len(result) > MAX_STRING:
+            error_ = InterpolationError(
+                f"cannot resolve value: it would be a string of {len(result):,} characters (more than "
+                f"{MAX_STRING:,}: interpolations that repeat others grow exponentially)"
+            )
+            self.failed[path] = error_
+            raise error_
         self.done[path] = result
         return result
 
@@ -168,6 +185,28 @@ class Interpolator:
         except (TypeError, ValueError) as exc:
             raise InterpolationError(f"cannot resolve value: {exc}") from None
 
+    def _splice(self, text: str) -> str:
+        """``text`` with each reference to a scalar of ``roots`` replaced by its resolved value (memoized,
+        bounded), so OmegaConf never re-resolves a chain of them itself, which can take time exponential
+        in its length (``${a}${a}`` at every level)."""
+
+        def value_of(match: re.Match[str]) -> str:
+            keys = _parse_ref(match.group(1))
+            if not keys or keys[0] not in self.roots:
+                return match.group(0)
+            value = self._lookup(tuple(keys), match.group(1))
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                return match.group(0)
+            return str(value)
+
+        spliced = _REF.sub(value_of, text)
+        if len(spliced) > MAX_STRING:
+            raise InterpolationError(
+                f"cannot resolve value: it would be a string of {len(spliced):,} characters (more than "
+                f"{MAX_STRING:,}: interpolations that repeat others grow exponentially)"
+            )
+        return spliced
+
     def _fallback(self, text: str, path: tuple[Key, ...]) -> Any:
         from omegaconf import OmegaConf
 
@@ -181,6 +220,9 @@ class Interpolator:
                     "give the value itself, or set it from the command line",
                 )
 
+        text = self._splice(text)
+        if "${" not in text:
+            return text
         register_resolvers()
         node, key = self._omegaconf_parent(text, path)
         try:

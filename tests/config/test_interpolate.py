@@ -119,3 +119,32 @@ def test_settings_may_refer_to_the_model_and_to_each_other() -> None:
     assert analysis.errors == []
     run = analysis.section("run")
     assert (run.tokens, run.steps) == (32, 4)
+
+
+def test_a_doubling_string_is_refused_quickly_not_built() -> None:
+    """``${a}${a}`` at every level doubles the string: refused once it would pass the limit, long before
+    it fills memory (OmegaConf left to itself re-resolves the chain exponentially)."""
+    from te_assembly.config.interpolate import MAX_STRING
+
+    dims: dict[str, Any] = {"a0": "x"}
+    for i in range(1, 40):
+        dims[f"a{i}"] = f"${{model.dims.a{i - 1}}}${{model.dims.a{i - 1}}}"
+    data, problems = _resolve({"dims": dims})
+    limit = next(i for i in range(40) if 2**i > MAX_STRING)
+    assert data["dims"][f"a{limit - 1}"] == "x" * 2 ** (limit - 1)
+    assert "more than 2,000,000" in problems[f"model.dims.a{limit}"]
+    assert set(problems) == {f"model.dims.a{i}" for i in range(limit, 40)}
+
+
+def test_a_very_long_reference_chain_is_a_config_error() -> None:
+    from te_assembly.config.interpolate import MAX_CHAIN
+
+    dims: dict[str, Any] = {"a0": 8}
+    for i in range(1, 5000):
+        dims[f"a{i}"] = f"${{model.dims.a{i - 1}}}"
+    _, problems = _resolve({"in_features": "${model.dims.a4999}", "dims": dims})
+    assert f"a chain of more than {MAX_CHAIN} references" in problems["model.in_features"]
+    short, fine = _resolve(
+        {"x": "${model.dims.a3}", "dims": {k: v for k, v in dims.items() if int(k[1:]) < 4}}
+    )
+    assert fine == {} and short["x"] == 8
