@@ -21,7 +21,7 @@ from typing import Any
 
 from te_assembly.analysis.analyze import Analysis, analyze_resolved
 from te_assembly.collector import paused
-from te_assembly.errors import ArgumentError, CompositionError
+from te_assembly.errors import ArgumentError, CompositionError, ConfigError
 
 _PLAIN_CHOICE = re.compile(r"[\w./\\:+-]+")
 
@@ -61,6 +61,14 @@ def load(
         if overrides or config_dirs:
             raise ArgumentError("load(analysis) takes no overrides or config_dirs: load the config again")
         return config
+    if isinstance(config, Mapping):
+        from te_assembly.config.source import cycle_in
+        from te_assembly.diagnostics import error
+
+        where = cycle_in(config, "model" if "model" not in config else "")
+        if where is not None:
+            message = "this mapping contains itself (a recursive structure): a config is a tree"
+            raise ConfigError([error(where or "model", "recursive-structure", message)])
     with paused():  # see collector.py
         if isinstance(config, Mapping):
             dirs = tuple(str(d) for d in config_dirs)
@@ -171,7 +179,10 @@ def validate_model(model: Mapping[str, Any]) -> list:  # type: ignore[type-arg]
             "validate_model() takes a model mapping (what a model file holds); got "
             f"{model!r} ({type(model).__name__}): for a name or a file, use te_assembly.load(...).diagnostics"
         )
-    return list(load(model).diagnostics)
+    try:
+        return list(load(model).diagnostics)
+    except ConfigError as exc:  # a mapping that cannot even be read as a tree (it contains itself)
+        return list(exc.diagnostics)
 
 
 __all__ = [

@@ -316,14 +316,24 @@ def _join(prefix: str, keys: tuple[Key, ...]) -> str:
     return out
 
 
+class _RecursiveAlias(Exception):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+
 def _expanded_size(root: Node, limit: int) -> int:
-    """Values the document holds once every alias is followed, stopping early past ``limit``."""
+    """Values the document holds once every alias is followed, stopping early past ``limit``; raises
+    ``_RecursiveAlias`` for an alias inside the node it names (which would expand forever)."""
     sizes: dict[int, int] = {}
+    active: set[int] = set()
 
     def size(node: Node) -> int:
         known = sizes.get(id(node))
         if known is not None:
             return known
+        if id(node) in active:
+            raise _RecursiveAlias(node)
+        active.add(id(node))
         total = 1
         if isinstance(node, MappingNode):
             for k, v in node.value:
@@ -335,10 +345,36 @@ def _expanded_size(root: Node, limit: int) -> int:
                 total += size(v)
                 if total > limit:
                     break
+        active.discard(id(node))
         sizes[id(node)] = total
         return total
 
     return size(root)
+
+
+def cycle_in(data: Any, path: str = "") -> str | None:
+    """The key path of the first mapping or list that contains itself in ``data`` (plain Python data, as
+    ``build()`` and ``load()`` take), or None. Iterative, so no depth of data overflows the stack."""
+    stack: list[tuple[Any, str, bool]] = [(data, path, False)]
+    active: set[int] = set()
+    done: set[int] = set()
+    while stack:
+        node, where, leaving = stack.pop()
+        if leaving:
+            active.discard(id(node))
+            done.add(id(node))
+            continue
+        if not isinstance(node, (dict, list)) or id(node) in done:
+            continue
+        if id(node) in active:
+            return where
+        active.add(id(node))
+        stack.append((node, where, True))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            child = f"{where}[{key}]" if isinstance(node, list) else f"{where}.{key}".lstrip(".")
+            stack.append((value, child, False))
+    return None
 
 
 def parse_text(text: str, file: str | None, kind: str, prefix: str) -> Source:
@@ -360,7 +396,13 @@ def _parse(text: str, where: str, kind: str, prefix: str) -> Source:
         return fail("too-deep", f"nested deeper than {MAX_DEPTH} levels", None)
     if root is None:
         return Source(kind, where, None, LineMap(None, prefix))
-    if "&" in text and _expanded_size(root, MAX_VALUES) > MAX_VALUES:
+    try:
+        expanded = _expanded_size(root, MAX_VALUES) if "&" in text else 0
+    except _RecursiveAlias as exc:
+        line = exc.node.start_mark.line + 1
+        message = "an alias refers to a node that contains it: the document would be infinitely deep"
+        return fail("yaml-aliases", f"{message} (a recursive alias at line {line})", line)
+    if expanded > MAX_VALUES:
         message = (
             f"aliases expand this document to more than {MAX_VALUES:,} values (a 'billion laughs' "
             "document?); write the values out, or use fewer nested aliases"

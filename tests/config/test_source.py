@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -141,3 +142,28 @@ def test_a_directory_or_fifo_is_not_read(tmp_path: Path) -> None:
 def test_integer_literal_beyond_pythons_digit_limit_is_one_error() -> None:
     src = parse_text("a: " + "9" * 5000 + "\n", "n.yaml", "model", "model")
     assert [d.code for d in src.diagnostics] == ["bad-number"]
+
+
+def test_a_recursive_alias_is_refused_with_its_line(tmp_path: Path) -> None:
+    from te_assembly.analysis.pipeline import load
+
+    path = tmp_path / "rec.yaml"
+    path.write_text("name: rec\nin_features: 8\nops: &o\n  - name: a\n    op: Identity\n  - *o\n")
+    found = load(path).diagnostics
+    assert [(d.code, d.line) for d in found] == [("yaml-aliases", 3)]
+    assert "an alias refers to a node that contains it" in found[0].message
+
+
+def test_a_mapping_that_contains_itself_is_a_config_error() -> None:
+    import te_assembly
+    from te_assembly.errors import ConfigError
+
+    model: dict[str, Any] = {"name": "selfref", "in_features": 8, "ops": []}
+    model["ops"].append(model)
+    with pytest.raises(ConfigError) as info:
+        te_assembly.build(model, engine="reference")
+    assert [(d.code, d.path) for d in info.value.diagnostics] == [("recursive-structure", "model.ops[0]")]
+    dims: dict[str, Any] = {}
+    dims["me"] = dims
+    found = te_assembly.validate_model({"name": "d", "in_features": 8, "dims": dims, "ops": []})
+    assert [(d.code, d.path) for d in found] == [("recursive-structure", "model.dims.me")]
