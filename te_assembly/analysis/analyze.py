@@ -231,6 +231,7 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     # Each finding of the expanded model at its source: the model file, or a block's file and use.
     diags.extend(present(step_diags, expansion))
     diags.extend(_sequence_checks(candidate, parsed))
+    diags.extend(_dtype_range_checks(parsed))
     final = _finish(diags, resolved)
     steps_found = tuple(step_diags)
     if candidate is None or has_errors(final):
@@ -259,6 +260,43 @@ def _cross_checks(
 
 TOKEN_KEYS = {"run": "tokens", "train": "batch_tokens", "bench": "tokens"}
 """Each section that makes synthetic batches: its rows-per-batch key (next to its ``seq_len``)."""
+
+
+DTYPE_MAX = {
+    "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38,
+    "float64": 1.7976931348623157e308,
+}
+"""The largest finite value of each ``dtype`` setting (``torch.finfo(...).max``), without torch."""
+
+SCALED_BY_DTYPE = {"train": ("lr", "weight_decay", "momentum"), "bench": ("lr",)}
+"""Settings an optimizer multiplies into the parameters, in the model's dtype."""
+
+
+def _dtype_range_checks(parsed: Mapping[str, Any]) -> list[Diagnostic]:
+    """A learning rate (or weight decay, momentum) finite in float64 but not in the model's dtype makes
+    the first update infinite: a config error, not a NaN at step 1."""
+    common = parsed.get(COMMON)
+    dtype = getattr(common, "dtype", None)
+    largest = DTYPE_MAX.get(str(dtype))
+    if largest is None:
+        return []
+    out = []
+    for section, keys in SCALED_BY_DTYPE.items():
+        settings = parsed.get(section)
+        for key in keys:
+            value = getattr(settings, key, None)
+            if isinstance(value, float) and abs(value) > largest:
+                out.append(
+                    error(
+                        f"{section}.{key}",
+                        "out-of-range",
+                        f"{section}.{key}={value:g} is not a finite number in {dtype} (its largest is "
+                        f"{largest:.4g}): the first optimizer step would make every parameter infinite",
+                        f"choose a {section}.{key} below {largest:.4g}, or dtype=float64",
+                    )
+                )
+    return out
 
 
 def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
