@@ -137,3 +137,36 @@ def test_cp_a_recipe_and_unknown_sources(tmp_path: Path) -> None:
     assert not (tmp_path / "work" / "model").exists()
     missing = user_cli(tmp_path, ["cp", "moe_block"])
     assert missing.returncode == 2 and "DEST" in missing.stderr
+
+
+def test_cp_of_a_block_says_how_a_model_uses_it_and_that_works(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "te_assembly", "cp", "dense_layer", str(tmp_path / "mine")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "validate block=" not in done.stdout  # a block is no choice one can validate on its own
+    path = re.search(r"block: (\S+), then validate that model", done.stdout)
+    assert path, done.stdout
+    model = tmp_path / "uses.yaml"
+    model.write_text(
+        "name: uses\nin_features: 64\ninput_layout: sequence\nops:\n"
+        f"  - name: layers\n    block: {path.group(1)}\n"
+    )
+    check = subprocess.run(
+        [sys.executable, "-m", "te_assembly", "validate", f"model={model}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

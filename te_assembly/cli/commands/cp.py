@@ -118,6 +118,15 @@ def main(analysis: Analysis, console: Console) -> int:
     )
     stem = choice_stem(target.name)
     shadowed = any(o.name == stem for o in options(group, config_roots()) if o.origin == "shipped")
+    if group == "block":  # a block is no choice of its own: a model's step uses it
+        by_name = "" if shadowed or dest.suffix in SUFFIXES else f"block: {stem} (with -cd {dest}), or "
+        console.print(
+            f"use it from a model's ops, as a step with {printable(by_name)}block: {printable(str(target))}, "
+            "then validate that model",
+            markup=False,
+            soft_wrap=True,
+        )
+        return 0
     if dest.suffix in SUFFIXES or shadowed:
         console.print(
             f"use it with: python -m te_assembly validate {group}={printable(str(target))}",
