@@ -88,9 +88,15 @@ def print_help(command: str | None, hydra_args: Sequence[str], io: Consoles, gen
 
     options = groups or {"model": available_models(), "recipe": available_recipes()}
     for group, names in options.items():
+        if group == "block":  # no choice of its own: a model's steps use blocks
+            continue
         chosen = values.get(f"_{group}")
         now = f" (now: {printable(str(chosen))})" if chosen else ""
         out.print(Text(f"  {group}: {', '.join(names)}{now}"))
+    blocks = options.get("block")
+    if blocks:
+        where = "for a model's steps (block: NAME; -cd DIR adds DIR/block/*.yaml)"
+        out.print(Text(f"blocks, {where}: {', '.join(blocks)}"))
     if flags:
         out.print("\nHydra flags:", markup=False)
         for line in flags.splitlines():

@@ -179,3 +179,10 @@ def test_run_leaves_no_hydra_folders_behind(tmp_path: Path) -> None:
     _clean(_cli("validate", cwd=tmp_path))
     _clean(_cli("run", "model=channel_demo", "engine=reference", "run.steps=1", "run.tokens=4", cwd=tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_blocks_as_what_models_use_not_a_choice() -> None:
+    done = _cli("validate", "--help")
+    _clean(done)
+    assert "blocks, for a model's steps (block: NAME; -cd DIR adds DIR/block/*.yaml): dense_layer" in done.stdout
+    assert "\n  block:" not in done.stdout  # not among the groups one chooses with GROUP=NAME
