@@ -184,5 +184,6 @@ def test_run_leaves_no_hydra_folders_behind(tmp_path: Path) -> None:
 def test_help_lists_blocks_as_what_models_use_not_a_choice() -> None:
     done = _cli("validate", "--help")
     _clean(done)
-    assert "blocks, for a model's steps (block: NAME; -cd DIR adds DIR/block/*.yaml): dense_layer" in done.stdout
+    listed = "blocks, for a model's steps (block: NAME; -cd DIR adds DIR/block/*.yaml): dense_layer"
+    assert listed in done.stdout
     assert "\n  block:" not in done.stdout  # not among the groups one chooses with GROUP=NAME
