@@ -209,7 +209,27 @@ class _Expander:
             return error(path, "unknown-block", message)
         listed = ", ".join(known) or "none"
         message = f"no block {ref!r} (blocks: {listed}; or define it under the model's blocks:)"
+        beside = self._beside_model(ref)
+        if beside is not None:  # the user's own layout, not yet on the search path
+            folder = beside.parent.parent
+            hint = f"{beside} is there: add -cd {folder} (a folder laid out like configs/)"
+            hint += f", or write block: {beside}"
+            return error(path, "unknown-block", message, hint)
         return error(path, "unknown-block", message, did_you_mean(ref, known))
+
+    def _beside_model(self, ref: str) -> Path | None:
+        """``<folder>/block/<ref>.yaml`` next to the model file's folder (``DIR/model/m.yaml`` and
+        ``DIR/block/<ref>.yaml``), or in it: where a user keeps the blocks a model names."""
+        model_file = self.ctx.model_source.file if self.ctx.model_source is not None else None
+        if not model_file or not Path(model_file).is_file():
+            return None
+        here = Path(model_file).resolve().parent
+        for folder in (here.parent, here):
+            for suffix in (".yaml", ".yml"):
+                candidate = folder / "block" / f"{ref}{suffix}"
+                if candidate.is_file():
+                    return candidate
+        return None
 
     def _checked(self, where: BlockSource, data: Any, sites: list[tuple[Key, ...]]) -> _Block | None:
         """The block's own structure, checked once; usable when its steps can be expanded."""

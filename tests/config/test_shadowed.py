@@ -46,3 +46,21 @@ def test_unique_names_give_no_warning(tmp_path: Path) -> None:
     _copy(configs_dir() / "model" / "residual_mlp.yaml", tmp_path / "model" / "my_mlp.yaml")
     assert _shadow_warnings(te_assembly.load("my_mlp", config_dirs=[tmp_path])) == []
     assert _shadow_warnings(te_assembly.load("moe_transformer", config_dirs=[tmp_path])) == []
+
+
+def test_a_block_beside_the_model_file_is_pointed_to(tmp_path: Path) -> None:
+    """DIR/model/m.yaml names block my_layer, which is in DIR/block/ but DIR is not on the search path:
+    the hint names the folder to add, not an unrelated shipped block."""
+    from te_assembly.analysis.pipeline import load
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "my_layer.yaml").write_text(
+        "name: my_layer\nops:\n  - name: s\n    op: ConstantScale\n    args: {scale: 2.0}\n"
+    )
+    model = tmp_path / "model" / "m.yaml"
+    model.write_text("name: m\nin_features: 8\nops:\n  - name: layers\n    block: my_layer\n")
+    found = [d for d in load(model).diagnostics if d.code == "unknown-block"]
+    assert len(found) == 1 and found[0].hint is not None
+    assert f"add -cd {tmp_path}" in found[0].hint and "moe_layer" not in found[0].hint
+    assert load(model, config_dirs=[tmp_path]).plan is not None  # and with it, the model validates
