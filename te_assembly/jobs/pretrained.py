@@ -299,14 +299,24 @@ def export_checkpoint(
     pretrained directory (default: ``pretrained/`` in the checkpoint's run directory). The model tensors
     are global (a parallel run gathers them before saving), so the result loads in one process."""
     from te_assembly.analysis.pipeline import load
-    from te_assembly.jobs.training.run_dir import resume_point
+    from te_assembly.jobs.training.checkpoint import scan
+    from te_assembly.jobs.training.run_dir import newest_good
 
     source = Path(checkpoint).expanduser()
     if source.is_dir():
-        found, _ = resume_point(source)
-        if found is None:
+        good, problems, _ = newest_good(scan(source))
+        if problems:
+            listed = "\n".join(f"  {p}" for p in problems)
+            advice = (
+                f"the newest good checkpoint is {good.path} (step {good.step}, every tensor verified): "
+                f"export it with python -m te_assembly export {good.path} [DEST]"
+                if good is not None
+                else "it holds no good checkpoint"
+            )
+            raise CheckpointError(f"cannot export the newest checkpoint of {source}:\n{listed}\n{advice}")
+        if good is None:
             raise CheckpointError(f"{source} holds no checkpoint to export")
-        source = found
+        source = good.path
     elif not source.exists():
         raise CheckpointError(f"cannot export {source}: no such checkpoint file or run directory")
     header, weights = model_state(source)

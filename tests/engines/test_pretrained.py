@@ -275,3 +275,23 @@ def test_a_save_killed_mid_write_leaves_the_old_directory(tmp_path: Path) -> Non
     assert any(p.name.endswith(".saving") for p in tmp_path.iterdir())  # what the killed save left
     te_assembly.save_pretrained(build_yaml(NESTED), target, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pre"]
+
+
+def test_exporting_a_run_with_a_corrupt_newest_checkpoint_names_the_good_one(tmp_path: Path) -> None:
+    from te_assembly.jobs.train import train
+    from te_assembly.jobs.training.settings import TrainSettings
+
+    plan = te_assembly.load("residual_mlp", ["model.dims.hidden=8", "model.dims.ffn=8"]).checked_plan()
+    out = tmp_path / "run"
+    settings = TrainSettings(steps=4, batch_tokens=8, checkpoint_every=2, plot=False, out_dir=str(out))
+    train(plan, settings)
+    newest = out / "ckpt-0000004.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-3] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as info:
+        te_assembly.export_checkpoint(out, tmp_path / "pre")
+    good = out / "ckpt-0000002.safetensors"
+    assert f"export it with python -m te_assembly export {good}" in str(info.value)
+    assert "train.resume" not in str(info.value)
+    assert te_assembly.from_pretrained(te_assembly.export_checkpoint(good, tmp_path / "pre")).plan.name

@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from te_assembly.errors import RunDirectoryInUseError
-from te_assembly.jobs.training.checkpoint import CheckpointError, Found, name_step, scan, verify
+from te_assembly.jobs.training.checkpoint import CheckpointError, Found, Header, name_step, scan, verify
 from te_assembly.outputs import not_regular, prepare_out_dir
 
 try:
@@ -218,14 +218,9 @@ def _explicit(out_dir: Path, resume_from: str, found: list[Found]) -> tuple[Path
     return path, notes
 
 
-def resume_point(out_dir: Path, resume_from: str | None = None) -> tuple[Path | None, list[str]]:
-    """The verified checkpoint to resume from (None: there is none, start at step 1) and notes.
-
-    Raises ``CheckpointError`` when the newest checkpoint is corrupt or unreadable, naming each problem
-    and the newest good checkpoint with the exact setting to resume from it."""
-    found = scan(out_dir)
-    if resume_from:
-        return _explicit(out_dir, resume_from, found)
+def newest_good(found: list[Found]) -> tuple[Header | None, list[str], list[str]]:
+    """The newest checkpoint of ``found`` (``scan``) that verifies, the problems of every newer or
+    unreadable one, and notes on older unreadable ones (ignored)."""
     problems: list[str] = []
     good = None
     for f in reversed([f for f in found if f.header is not None]):
@@ -242,6 +237,18 @@ def resume_point(out_dir: Path, resume_from: str | None = None) -> tuple[Path | 
                 notes.append(f"ignored {f.path} (older than step {good.step}): {f.problem}")
             else:
                 problems.append(str(f.problem))
+    return good, problems, notes
+
+
+def resume_point(out_dir: Path, resume_from: str | None = None) -> tuple[Path | None, list[str]]:
+    """The verified checkpoint to resume from (None: there is none, start at step 1) and notes.
+
+    Raises ``CheckpointError`` when the newest checkpoint is corrupt or unreadable, naming each problem
+    and the newest good checkpoint with the exact setting to resume from it."""
+    found = scan(out_dir)
+    if resume_from:
+        return _explicit(out_dir, resume_from, found)
+    good, problems, notes = newest_good(found)
     if problems:
         listed = "\n".join(f"  {p}" for p in problems)
         if good is None:
