@@ -132,3 +132,8 @@ class OverrideRefused(Exception):
         super().__init__(message)
         self.path = path
         self.hint = hint
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command that turns it into an orderly stop (``train``): handled like Ctrl-C,
+    reported with exit code 143 (128 + SIGTERM), as the shell reports a process SIGTERM ended."""

@@ -254,9 +254,12 @@ def _job(state: AppState, cfg: Any) -> Outcome:
         _check_launch(analysis, state.command)
         result = module.main(analysis, state.io.out)
         outcome = result if isinstance(result, Outcome) else Outcome(int(result))
-    except KeyboardInterrupt:
-        state.io.err.print("interrupted", markup=False)
-        outcome = Outcome(130)
+    except KeyboardInterrupt as exc:
+        from te_assembly.errors import Terminated
+
+        terminated = isinstance(exc, Terminated)
+        state.io.err.print("terminated" if terminated else "interrupted", markup=False)
+        outcome = Outcome(143 if terminated else 130)
     except Exception as exc:  # te_assembly's, Hydra's and OmegaConf's errors; any other is one line too
         outcome = Outcome(_report(exc, state.io, overrides))
     finally:

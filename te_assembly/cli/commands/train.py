@@ -15,8 +15,13 @@ directory another run holds (its lock) stops it too, naming the holder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -26,10 +31,11 @@ from te_assembly.cli import job_dir
 from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
 from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.errors import Terminated
 from te_assembly.jobs.target import Target
 from te_assembly.jobs.train import StepRecord, check_can_train, train
 from te_assembly.jobs.training.checkpoint import CheckpointError, scan
-from te_assembly.jobs.training.run_dir import check_unlocked, latest_run, out_dir_of
+from te_assembly.jobs.training.run_dir import check_unlocked, latest_run, newest_good, out_dir_of
 from te_assembly.jobs.training.run_record import check_fresh_start
 from te_assembly.jobs.training.settings import TrainSettings
 
@@ -104,6 +110,39 @@ def _agreed(settings: TrainSettings, par: ParallelContext) -> tuple[TrainSetting
     return dataclasses.replace(settings, **values), notes
 
 
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM stops training as Ctrl-C does (the run says what it kept), instead of killing it
+    mid-line; the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _say_what_is_kept(out_dir: Path, console: Console) -> None:
+    """After an interrupt: the checkpoint the run keeps and the command that continues from it."""
+    good, _, _ = newest_good(scan(out_dir))
+    if good is None:
+        message = f"stopped before the first checkpoint: nothing of this run is kept in {out_dir}"
+        console.print(printable(message), markup=False)
+        return
+    job = job_dir.current("train")
+    kept = [o for o in job.overrides if not o.lstrip("+~").startswith(("train.resume", "hydra.run.dir"))]
+    command = " ".join(["python -m te_assembly train", *kept, f"train.resume={out_dir}"])
+    kept_line = f"stopped: the run keeps {good.path} (step {good.step}, verified); continue it with"
+    console.print(printable(kept_line), markup=False, soft_wrap=True)
+    console.print(f"  {printable(command)}", markup=False, soft_wrap=True)
+
+
 def _train(session: Session, settings: TrainSettings, console: Console, target: Target) -> int:
     plan, device, seed, par = session.plan, target.device, target.seed, target.context(session.plan)
     # Before the progress bar: a model without parameters, sizes that cannot fit, a bad path, a directory
@@ -145,7 +184,16 @@ def _train(session: Session, settings: TrainSettings, console: Console, target: 
                 task, completed=record.step, loss=f"{record.loss:.4g}", tps=f"{record.tokens_per_s:,.0f}"
             )
 
-        result = train(plan, settings, target, on_step=on_step, config=session.analysis.resolved.as_config())
+        try:
+            with _sigterm_stops():
+                result = train(
+                    plan, settings, target, on_step=on_step, config=session.analysis.resolved.as_config()
+                )
+        except KeyboardInterrupt:
+            progress.stop()
+            if par.is_main:
+                _say_what_is_kept(out_dir, console)
+            raise
     for note in result.notes:
         console.print(note, style="yellow", markup=False)
     if result.losses:
