@@ -53,6 +53,43 @@ def check_regular(path: Path, what: str) -> None:
         raise OutputPathError(f"{path} is {kind}, not a {what}: refusing to read or write it")
 
 
+RUN_MARKERS = (".te_assembly.lock", "ckpt-*.safetensors", "model.safetensors")
+"""Files that make a directory a training run's (its lock, its checkpoints) or a pretrained model's."""
+
+
+def holds_a_run(directory: Path) -> bool:
+    """Does ``directory`` hold a training run or a pretrained model (``RUN_MARKERS``)?"""
+    return directory.is_dir() and any(any(directory.glob(marker)) for marker in RUN_MARKERS)
+
+
+def check_not_a_run(directory: Path, what: str) -> None:
+    """``OutputPathError`` when ``directory`` holds another run's files: ``what`` (a command's outputs)
+    never goes where a training run or a pretrained model lives."""
+    if holds_a_run(directory):
+        raise OutputPathError(
+            f"{directory} holds a training run or a pretrained model (its lock, checkpoints or weights): "
+            f"{what} never writes into it; choose another directory"
+        )
+
+
+def check_not_theirs(path: Path, what: str) -> None:
+    """``OutputPathError`` when ``path`` exists and is not a file te_assembly writes for ``what``: a
+    checkpoint or weights file (``.safetensors``), or a ``config.yaml`` te_assembly did not write (a
+    user's own config)."""
+    if not path.exists():
+        return
+    if path.suffix == ".safetensors":
+        raise OutputPathError(f"{path} is a checkpoint or weights file: {what} never writes over it")
+    if path.name == "config.yaml":
+        with contextlib.suppress(OSError):
+            head = path.read_text(encoding="utf-8", errors="replace")[:40]
+            if head and not head.startswith("# te_assembly"):
+                raise OutputPathError(
+                    f"{path} is not a config te_assembly wrote (yours?): {what} never writes over it; "
+                    "choose another directory"
+                )
+
+
 def prepare_out_dir(path: str | Path) -> Path:
     """Create ``path`` (with parents) and check a file can be written in it; raise ``OutputPathError``."""
     out = Path(path)
@@ -176,11 +213,15 @@ def config_text(config: Mapping[str, Any], command_line: str | None = None) -> s
 
 
 __all__ = [
+    "RUN_MARKERS",
+    "check_not_a_run",
+    "check_not_theirs",
     "check_regular",
     "config_text",
     "create_temp",
     "file_mode",
     "fsync_dir",
+    "holds_a_run",
     "not_regular",
     "prepare_out_dir",
     "write_atomic",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from te_assembly.outputs import config_text, write_text_atomic
+from te_assembly.outputs import check_not_a_run, check_not_theirs, config_text, write_text_atomic
 
 CONFIG_FILE = "config.yaml"
 _DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
@@ -66,11 +66,20 @@ def current(command: str) -> JobDir:
     return JobDir(path, not named, runs_root, choice_stem(choice), command, overrides)
 
 
+def check_claimable(job: JobDir) -> None:
+    """``OutputPathError`` when a run directory named by hand (``hydra.run.dir``) is another run's, or
+    holds a ``config.yaml`` te_assembly did not write: checked before a command starts its work."""
+    if not job.default:
+        check_not_a_run(job.path, f"{job.command}'s run directory")
+        check_not_theirs(job.path / CONFIG_FILE, job.command)
+
+
 def claim(job: JobDir) -> Path:
     """The directory this job writes to, made if needed: Hydra's, or for a default name another job
     already holds (same model, same second), the first free ``<name>_<n>``. Claimed by creating an
     empty ``config.yaml`` exclusively (``write_config`` fills it)."""
     if not job.default:
+        check_claimable(job)
         job.path.mkdir(parents=True, exist_ok=True)
         return job.path
     candidate, n = job.path, 0
@@ -133,6 +142,7 @@ __all__ = [
     "CONFIG_FILE",
     "SWEEP_FILE",
     "JobDir",
+    "check_claimable",
     "claim",
     "claim_sweep",
     "command_line",

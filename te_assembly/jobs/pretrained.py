@@ -327,6 +327,11 @@ def export_checkpoint(
     _check_fits(plan, weights, str(source))
     config = config_of(run["model"], run.get("recipe"), str(run.get("dtype") or "float32"))
     target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
+    if target.resolve() == source.parent.resolve() or any(target.glob("ckpt-*.safetensors")):
+        raise OutputPathError(
+            f"{target} holds a training run: export writes a pretrained directory of its own, never into a "
+            "run (choose another DEST; the default is <run dir>/pretrained)"
+        )
     return write_pretrained(target, weights, config, overwrite=overwrite)
 
 

@@ -32,7 +32,7 @@ from te_assembly.jobs.benchmark.throughput import rank_table
 from te_assembly.jobs.benchmark.timing import Stats
 from te_assembly.jobs.events import Note
 from te_assembly.jobs.target import Target
-from te_assembly.outputs import write_text_atomic
+from te_assembly.outputs import check_not_a_run, check_not_theirs, write_text_atomic
 
 SECTIONS = {**COMMON_SECTIONS, "bench": BenchSettings}
 RUN_DIR = True
@@ -100,6 +100,10 @@ def main(analysis: Analysis, console: Console) -> Outcome:
     session = start(analysis, console)
     settings: BenchSettings = session.section("bench")
     check_split_at(session.plan, settings.split_at)
+    job_dir.check_claimable(job_dir.current("bench"))  # where it writes, before any timing
+    if settings.report is not None:
+        check_not_theirs(Path(settings.report), "bench.report")
+        check_not_a_run(Path(settings.report).parent, "bench.report")
     with session.distributed("bench", ("bench.tokens", settings.tokens), settings.seq_len) as target:
         check_settings(session.plan, settings, target.context(session.plan).settings.world_size)
         return _bench(session, target, settings, console)
@@ -179,5 +183,8 @@ def _write_reports(report: dict[str, Any], settings: BenchSettings, session: Ses
     written = [job_dir.write_config(out, session.analysis.resolved.as_config(), job)]
     written.append(write_text_atomic(out / "bench.json", text))
     if settings.report is not None:
-        written.append(write_text_atomic(Path(settings.report), text))
+        file = Path(settings.report)
+        check_not_theirs(file, "bench.report")
+        check_not_a_run(file.parent, "bench.report")
+        written.append(write_text_atomic(file, text))
     return written

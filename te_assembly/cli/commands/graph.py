@@ -16,6 +16,7 @@ from te_assembly.cli import job_dir
 from te_assembly.cli.report import print_diagnostics
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
+from te_assembly.outputs import check_not_a_run, check_not_theirs
 from te_assembly.views.graph import GraphSettings, render, view_from_analysis
 from te_assembly.views.outline import parse_expand
 
@@ -31,6 +32,9 @@ def main(analysis: Analysis, console: Console) -> int:
     if problems:  # before anything is written: the user asked for a drawing this model cannot give
         raise ConfigError([*analysis.diagnostics, *problems])
     job = job_dir.current("graph")
+    if settings.out_dir is not None:
+        check_not_a_run(Path(str(settings.out_dir)), "graph")
+        check_not_theirs(Path(str(settings.out_dir)) / job_dir.CONFIG_FILE, "graph")
     out = Path(str(settings.out_dir)) if settings.out_dir is not None else job_dir.claim(job)
     result = render(view_from_analysis(analysis, expand), out, settings.chosen_formats, stem=job.model)
     config = job_dir.write_config(out, analysis.resolved.as_config(), job)

@@ -80,6 +80,7 @@ def main(analysis: Analysis, console: Console) -> int:
     run: RunSettings = analysis.section("run")
     if not te_available():
         raise EngineUnavailableError(INSTALL_HINT)
+    job_dir.check_claimable(job_dir.current("verify"))  # where it writes, before both models are built
     target = Target.from_settings(common, analysis.recipe)
     kernels = _kernels(analysis.resolved.overrides, common.kernels, target.device.type == "cuda")
     report = verify(
