@@ -3,6 +3,7 @@ that continues it, and that command does."""
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import signal
@@ -10,8 +11,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 ARGS = [
     "model=residual_mlp",
@@ -22,46 +25,84 @@ ARGS = [
     "train.checkpoint_every=2",
     "train.steps=100000",
 ]
+ENV = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
 
 
-@pytest.mark.parametrize(
-    ("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
-)
-def test_an_interrupted_run_says_what_it_keeps_and_how_to_continue(
-    tmp_path: Path, sig: signal.Signals, code: int, word: str
-) -> None:
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
-    run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "te_assembly", "train", *ARGS, f"hydra.run.dir={run}"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not list(run.glob("ckpt-*.safetensors")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == code, out + err
-    assert word in err and "Traceback" not in err
-    line = next(x for x in out.splitlines() if x.startswith("stopped: the run keeps"))
+def _continues(folder: Path, out: str, run: Path) -> None:
+    """The printed command is there, names the run, and continues it."""
+    lines = out.splitlines()
+    line = next(x for x in lines if x.startswith("stopped: the run keeps"))
     assert str(run) in line and "verified" in line
-    command = out.splitlines()[out.splitlines().index(line) + 1].strip()
+    command = lines[lines.index(line) + 1].strip()
     assert command.startswith("python -m te_assembly train") and f"train.resume={run}" in command
-    again = shlex.split(command)[4:]  # after "python -m te_assembly train"
-    again = [a if not a.startswith("train.steps=") else "train.steps=2000000" for a in again]
+    again = [a for a in shlex.split(command)[4:] if not a.startswith("train.steps=")]  # after "... train"
     resumed = subprocess.run(
-        [sys.executable, "-m", "te_assembly", "train", *again, "train.stop_after=1"],
-        cwd=tmp_path,
-        env=env,
+        [sys.executable, "-m", "te_assembly", "train", *again, "train.steps=2000000", "train.stop_after=1"],
+        cwd=folder,
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert "resumed from" in resumed.stdout or "nothing to do" in resumed.stdout, (
-        resumed.stdout + resumed.stderr
-    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from" in resumed.stdout or "nothing to do" in resumed.stdout, resumed.stdout
+
+
+def _steps_done(run: Path) -> int:
+    metrics = run / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def test_sigterm_says_what_the_run_keeps_and_how_to_continue(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out_file, err_file = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out_file.open("w") as out, err_file.open("w") as err:  # files, not pipes: nothing can fill up
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "te_assembly", "train", *ARGS, f"hydra.run.dir={run}"],
+            cwd=tmp_path,
+            env=ENV,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and _steps_done(run) < 4:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+    assert proc.returncode == 143, out_file.read_text() + err_file.read_text()
+    assert "terminated" in err_file.read_text() and "Traceback" not in err_file.read_text()
+    _continues(tmp_path, out_file.read_text(), run)
+
+
+def test_ctrl_c_says_what_the_run_keeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (KeyboardInterrupt) after the run has checkpoints, in process: the same report."""
+    from te_assembly.cli import main as cli
+    from te_assembly.cli.commands import train as train_command
+
+    real = train_command.train
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        settings = args[1]
+        import dataclasses
+
+        real(args[0], dataclasses.replace(settings, steps=4, stop_after=4), *args[2:], **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_command, "train", interrupted)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli, "consoles", lambda: _consoles(buffer))
+    code = cli.main(["train", *ARGS, f"hydra.run.dir={run}"])
+    assert code == 130
+    text = buffer.getvalue()
+    assert "interrupted" in text
+    _continues(tmp_path, text, run)
+
+
+def _consoles(buffer: io.StringIO) -> Any:
+    from te_assembly.cli.app import Consoles
+
+    console = Console(file=buffer, width=400, no_color=True, highlight=False, force_terminal=False)
+    return Consoles(console, console)
