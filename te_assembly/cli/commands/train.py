@@ -113,8 +113,11 @@ def _agreed(settings: TrainSettings, par: ParallelContext) -> tuple[TrainSetting
 @contextlib.contextmanager
 def _sigterm_stops() -> Iterator[None]:
     """SIGTERM stops training as Ctrl-C does (the run says what it kept), instead of killing it
-    mid-line; the previous handler comes back after."""
-    if threading.current_thread() is not threading.main_thread():
+    mid-line; the previous handler comes back after. Not under torchrun: its agent ends the other ranks
+    with SIGTERM when one fails, and a rank waiting in a collective must die then, not wait for it."""
+    from te_assembly.analysis.parallel.launch import current_launch
+
+    if threading.current_thread() is not threading.main_thread() or current_launch().under_torchrun:
         yield
         return
 
