@@ -30,9 +30,13 @@ def not_regular(path: str | Path) -> str | None:
     ...), else None: opening a FIFO for reading blocks until a writer comes, so files te_assembly reads or
     appends to are checked first, and refused by name."""
     try:
-        mode = os.stat(path).st_mode
+        return mode_kind(os.stat(path).st_mode)
     except OSError:
         return None
+
+
+def mode_kind(mode: int) -> str | None:
+    """What a file of ``mode`` (``st_mode``) is, in words, when it is no regular file; None when it is."""
     if stat.S_ISREG(mode):
         return None
     if stat.S_ISDIR(mode):
@@ -222,6 +226,7 @@ __all__ = [
     "file_mode",
     "fsync_dir",
     "holds_a_run",
+    "mode_kind",
     "not_regular",
     "prepare_out_dir",
     "write_atomic",

@@ -82,15 +82,21 @@ def claim(job: JobDir) -> Path:
         check_claimable(job)
         job.path.mkdir(parents=True, exist_ok=True)
         return job.path
-    candidate, n = job.path, 0
+    return _first_free(job.path, CONFIG_FILE)
+
+
+def _first_free(path: Path, marker: str) -> Path:
+    """``path``, or the first ``<path>_<n>`` whose ``marker`` file this process creates exclusively:
+    two jobs (or sweeps) started in the same second never share a directory."""
+    candidate, n = path, 0
     while True:
         candidate.mkdir(parents=True, exist_ok=True)
         try:
-            os.close(os.open(candidate / CONFIG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            os.close(os.open(candidate / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             return candidate
         except FileExistsError:
             n += 1
-            candidate = job.path.with_name(f"{job.path.name}_{n}")
+            candidate = path.with_name(f"{path.name}_{n}")
 
 
 SWEEP_FILE = "multirun.yaml"
@@ -100,15 +106,7 @@ def claim_sweep(path: Path) -> Path:
     """The sweep directory a ``-m`` sweep records itself in: ``path``, or, when another sweep started in
     the same second already holds it, the first free ``<path>_<n>``. Claimed by creating its
     ``multirun.yaml`` exclusively (Hydra then writes the sweep's record into it)."""
-    candidate, n = path, 0
-    while True:
-        candidate.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(candidate / SWEEP_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            return candidate
-        except FileExistsError:
-            n += 1
-            candidate = path.with_name(f"{path.name}_{n}")
+    return _first_free(path, SWEEP_FILE)
 
 
 def command_line(job: JobDir | None) -> str | None:

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,18 +91,6 @@ def name_step(path: Path) -> int | None:
 # --- reading -------------------------------------------------------------------------------------
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
 @contextlib.contextmanager
 def _open_regular(path: Path) -> Iterator[int]:
     """An fd of ``path`` if it is a regular file. Opened non-blocking and checked with fstat, so a FIFO
@@ -115,9 +102,9 @@ def _open_regular(path: Path) -> Iterator[int]:
     except OSError as exc:
         raise CheckpointError(f"cannot open {path}: {exc.strerror or exc}") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise CheckpointError(f"{path} is {_kind(mode)}, not a checkpoint file")
+        kind = outputs.mode_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise CheckpointError(f"{path} is {kind}, not a checkpoint file")
         yield fd
     finally:
         os.close(fd)
