@@ -137,3 +137,8 @@ class OverrideRefused(Exception):
 class Terminated(KeyboardInterrupt):
     """SIGTERM during a command that turns it into an orderly stop (``train``): handled like Ctrl-C,
     reported with exit code 143 (128 + SIGTERM), as the shell reports a process SIGTERM ended."""
+
+
+class DataError(TeAssemblyError):
+    """A language model's data cannot be read or does not fit the model: a missing or empty source, a
+    binary or non-UTF-8 file, a token id beyond the vocabulary, a corpus shorter than one sequence."""

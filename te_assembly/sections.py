@@ -35,13 +35,31 @@ def setting(default: Any = dataclasses.MISSING, *, doc: str = "", **rules: Any) 
     return dataclasses.field(default=default, metadata=meta)
 
 
+def subsection(cls: type, *, doc: str = "") -> Any:
+    """A field that is a section of its own (``data.tokenizer``): a settings dataclass, checked and read
+    key by key under its parent's path."""
+    return dataclasses.field(default_factory=cls, metadata={_SPEC: {"doc": doc}, _SUB: cls})
+
+
+_SUB = "te_assembly.subsection"
+
+
+@functools.cache
+def subsections(cls: type) -> dict[str, type]:
+    """Field name -> settings dataclass, for the fields declared with ``subsection``."""
+    return {f.name: f.metadata[_SUB] for f in dataclasses.fields(cls) if _SUB in f.metadata}
+
+
 @functools.cache  # get_type_hints evaluates string annotations: do it once per class
 def section_specs(cls: type) -> dict[str, FieldSpec]:
-    """Field name -> spec, from the dataclass's annotations and ``setting(...)`` declarations."""
+    """Field name -> spec, from the dataclass's annotations and ``setting(...)`` declarations (not the
+    ``subsection`` fields: ``subsections`` lists those)."""
     assert dataclasses.is_dataclass(cls)
     hints = typing.get_type_hints(cls)
     specs: dict[str, FieldSpec] = {}
     for f in dataclasses.fields(cls):
+        if _SUB in f.metadata:
+            continue
         base, nullable = _base_type(hints[f.name])
         if f.default is not dataclasses.MISSING:
             default = f.default
@@ -76,12 +94,15 @@ def check_section(cls: type, raw: Any, prefix: str) -> list[Diagnostic]:
             error(prefix, "wrong-type", f"{prefix} must be mapping, got {type(raw).__name__} ({show(raw)})")
         ]
     specs = section_specs(cls)
+    nested = subsections(cls)
     out: list[Diagnostic] = []
     for key, value in raw.items():
         path = f"{prefix}.{key}" if prefix else str(key)
         spec = specs.get(str(key))
-        if spec is None:
-            hint = did_you_mean(key, specs)
+        if str(key) in nested:
+            out.extend(check_section(nested[str(key)], value, path))
+        elif spec is None:
+            hint = did_you_mean(key, [*specs, *nested])
             where = f"{prefix} settings" if prefix else "the top-level settings"
             out.append(error(path, "unknown-key", f"unknown key {key!r} in {where}", hint))
         else:
@@ -121,7 +142,13 @@ def read_section(
     if diags:
         raise ConfigError(diags)
     specs = section_specs(cls)  # type: ignore[arg-type]
-    values = {str(k): _coerce(specs[str(k)], v) for k, v in raw.items()}
+    nested = subsections(cls)  # type: ignore[arg-type]
+    values = {
+        str(k): read_section(nested[str(k)], v, f"{prefix}.{k}")
+        if str(k) in nested
+        else _coerce(specs[str(k)], v)
+        for k, v in raw.items()
+    }
     return cls(**values)
 
 
@@ -138,6 +165,9 @@ def section_help(cls: type, values: Mapping[str, Any] | None, prefix: str) -> li
     """``(key, current value, doc)`` for each field, in declaration order, for ``--help``."""
     values = values or {}
     rows = []
+    for name, sub in subsections(cls).items():
+        inner = values.get(name)
+        rows.extend(section_help(sub, inner if isinstance(inner, Mapping) else None, f"{prefix}.{name}"))
     for name, spec in section_specs(cls).items():
         value = values.get(name, spec.default)
         key = f"{prefix}.{name}" if prefix else name
@@ -148,4 +178,13 @@ def section_help(cls: type, values: Mapping[str, Any] | None, prefix: str) -> li
     return rows
 
 
-__all__ = ["check_section", "read_section", "section_diagnostics", "section_help", "section_specs", "setting"]
+__all__ = [
+    "check_section",
+    "read_section",
+    "section_diagnostics",
+    "section_help",
+    "section_specs",
+    "setting",
+    "subsection",
+    "subsections",
+]

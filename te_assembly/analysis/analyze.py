@@ -28,7 +28,9 @@ from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
 from te_assembly.analysis.recipes import Recipe, validate_recipe
 from te_assembly.analysis.settings import COMMON_KEYS, CommonSettings, RunSettings
 from te_assembly.analysis.steps import check_step, scope_clashes
+from te_assembly.analysis.ties import check_ties
 from te_assembly.analysis.widths import check_widths
+from te_assembly.catalog import LAYOUTS
 from te_assembly.collector import paused
 from te_assembly.config.resolved import ResolvedConfig
 from te_assembly.config.schema import ModelConfig, check_structure
@@ -146,6 +148,7 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
     fused, fusers = assign_fusers(drafts)
     steps, width_diags = check_widths(fused, model.get("in_features"))
     diags.extend(width_diags)
+    diags.extend(check_ties(steps))
     graph = check_channels(steps, fusers, RawChannels.of(ops))
     diags.extend(graph.diagnostics)
     layouts = check_layouts(steps, model.get("input_layout"), graph)
@@ -302,11 +305,13 @@ def _dtype_range_checks(parsed: Mapping[str, Any]) -> list[Diagnostic]:
 def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
     """A model that takes ``[batch, seq, features]`` needs whole sequences: each section's tokens a
     multiple of its ``seq_len``."""
-    if plan is None or plan.input_layout != "sequence":
+    if plan is None or not plan.takes_sequences:
         return []
     out = []
     for section, key in TOKEN_KEYS.items():
         settings = parsed.get(section)
+        if settings is not None and hasattr(settings, "for_task"):  # train: null is the task's default
+            settings = settings.for_task(plan.takes_token_ids)
         tokens, seq_len = getattr(settings, key, None), getattr(settings, "seq_len", None)
         if not isinstance(tokens, int) or not isinstance(seq_len, int) or tokens % seq_len == 0:
             continue
@@ -315,7 +320,7 @@ def _sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagn
             error(
                 f"{section}.{key}",
                 "partial-sequence",
-                f"{plan.name} takes x as [batch, seq, features] ({plan.input_layout_source}): "
+                f"{plan.name} takes x as {LAYOUTS[plan.input_layout]} ({plan.input_layout_source}): "
                 f"{section}.{key}={tokens} rows are not whole sequences of {section}.seq_len={seq_len} "
                 "positions",
                 f"use {section}.{key}={whole}, or a {section}.seq_len that divides {tokens}",

@@ -6,9 +6,13 @@ one (the catalog's ``needs_layout``): ``Dispatch`` and ``Combine`` move 2-D toke
 change it: ``FlattenTokens`` makes token rows and records the leading dimensions on its ``token_shape``
 channel; the ``RestoreTokens`` that reads that channel gives back the layout ``FlattenTokens`` received.
 
-``x``'s layout is the model's ``input_layout`` (``any``, ``tokens``, ``sequence``); left out, the first
-step that needs a layout of ``x`` itself (no token view between) decides it, and ``any`` otherwise. So
-``moe_block`` (Dispatch on ``x``) takes ``[tokens, features]``, ``residual_mlp`` any ``[..., features]``.
+An ``Embedding`` needs ``token_ids`` (``x`` itself, integer ids) and leaves ``sequence``; no other step
+may see the ids.
+
+``x``'s layout is the model's ``input_layout`` (``any``, ``tokens``, ``sequence``, ``token_ids``); left
+out, the first step that needs a layout of ``x`` itself (no token view between) decides it, and ``any``
+otherwise. So ``moe_block`` (Dispatch on ``x``) takes ``[tokens, features]``, ``residual_mlp`` any
+``[..., features]``.
 
 Runs after the channel pass: a ``RestoreTokens`` finds its ``FlattenTokens`` through the channel graph,
 and main-path channels must join steps where the main path has the same layout (a residual tapped before
@@ -75,7 +79,12 @@ def check_layouts(
                     came = f"x's layout, {source}" if current == X else current_why
                     diags.append(_needs(step, need, actual, came, current == X and fixed is not None))
         sets = getattr(step.spec, "sets_layout", None)
-        if sets == "tokens":
+        if sets == "sequence":  # an Embedding: token ids in, [batch, seq, dim] out
+            current, current_why = (
+                "sequence",
+                f"after {step.type} step {step.name!r} at model.ops[{step.index}]",
+            )
+        elif sets == "tokens":
             current, current_why = (
                 "tokens",
                 f"after FlattenTokens step {step.name!r} at model.ops[{step.index}]",
@@ -83,6 +92,8 @@ def check_layouts(
         elif sets == "token_shape":
             current, current_why = _restored(step, steps, graph, arriving, why)
     resolved = decided or "any"
+    if resolved == "token_ids":
+        diags.extend(_on_token_ids(steps, arriving, source))
     result: list[PlannedStep | None] = []
     for step in steps:
         if step is None:
@@ -113,9 +124,35 @@ def _restored(
     return restored, why.get(producer.index, "") if restored != X else "x"
 
 
+def _on_token_ids(
+    steps: Sequence[PlannedStep | None], arriving: Mapping[int, str], source: str
+) -> list[Diagnostic]:
+    """Steps that would get the model's token ids (x itself) without needing them: only an Embedding
+    can take integer ids."""
+    out = []
+    for step in steps:
+        if step is None or arriving.get(step.index) != X or step.spec.needs_layout == "token_ids":
+            continue
+        kind = "op" if step.kind == "op" else "module"
+        out.append(
+            error(
+                f"model.ops[{step.index}].{kind}",
+                "layout-mismatch",
+                f"{step.type} step {step.name!r} would receive the model's token ids "
+                f"({LAYOUTS['token_ids']}, {source}), which only an Embedding step takes",
+                "make an Embedding the first step, so every other step works on its [batch, seq, dim] output",
+            )
+        )
+    return out
+
+
 def _needs(step: PlannedStep, need: str, actual: str, came: str, declared: bool) -> Diagnostic:
     kind = "op" if step.kind == "op" else "module"
-    if need == "tokens":
+    if need == "token_ids":
+        hint = (
+            "an Embedding takes the model's own token ids: make it the first step (input_layout: token_ids)"
+        )
+    elif need == "tokens":
         hint = (
             "put a FlattenTokens step before it (before the router), and a RestoreTokens after the Combine "
             "that reads FlattenTokens' token_shape channel"

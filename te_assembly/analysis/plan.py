@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec, Slot
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS, SEQUENCE_LAYOUTS, ModuleSpec, OpSpec, Slot
 from te_assembly.config.block_uses import BlockGroup, BlockUse  # noqa: F401  (part of the plan's vocabulary)
 from te_assembly.diagnostics import Diagnostic
 
@@ -50,6 +50,8 @@ class PlannedStep:
     """Layout of the main path arriving here (``catalog.LAYOUTS``: ``any``, ``tokens``, ``sequence``)."""
     args_valid: bool = True
     """False while the step has argument errors (validation only; never in a finished plan)."""
+    tie_weight: str | None = None
+    """The step whose weight (``spec.tie_param``) this step's is, or None (``analysis/ties.py``)."""
 
     @property
     def spec(self) -> OpSpec | ModuleSpec:
@@ -66,7 +68,10 @@ class PlannedStep:
 
     @property
     def num_params(self) -> int:
-        return sum(math.prod(s) for s in self.param_shapes.values())
+        """Parameters this step owns: a tied weight is counted at the step it is tied to."""
+        shapes = self.param_shapes
+        tied = self.spec.tie_param if self.tie_weight is not None else None
+        return sum(math.prod(s) for name, s in shapes.items() if name != tied)
 
     def evolve(self, **changes: Any) -> PlannedStep:
         """A copy with ``changes`` (what a later pass computed: fuser, widths). Cheaper than
@@ -156,6 +161,27 @@ class Plan:
     @property
     def num_params(self) -> int:
         return sum(s.num_params for s in self.steps)
+
+    @property
+    def takes_token_ids(self) -> bool:
+        """A language model: ``x`` is ``[batch, seq]`` int64 token ids below ``in_features``."""
+        return self.input_layout == "token_ids"
+
+    @property
+    def takes_sequences(self) -> bool:
+        """``x`` is whole sequences (``[batch, seq, features]`` or token ids): jobs cut it by ``seq_len``."""
+        return self.input_layout in SEQUENCE_LAYOUTS
+
+    @cached_property
+    def tied_params(self) -> dict[str, str]:
+        """Each tied parameter's name -> the name of the parameter it is (``steps.head.basic_ops.0.weight``
+        -> ``steps.embed.weight``): one Parameter, stored once, under the second name."""
+        out = {}
+        for step in self.steps:
+            if step.tie_weight is not None:
+                owner = self.step(step.tie_weight)
+                out[f"steps.{step.name}.{step.spec.tie_param}"] = f"steps.{owner.name}.{owner.spec.tie_param}"
+        return out
 
     @cached_property
     def steps_by_index(self) -> dict[int, PlannedStep]:

@@ -66,15 +66,34 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
                     )
                 )
         step = PlannedStep(
-            index=index, name=name, kind=kind, type=spec.name, args=full_args, args_valid=not arg_diags
+            index=index,
+            name=name,
+            kind=kind,
+            type=spec.name,
+            args=full_args,
+            args_valid=not arg_diags,
+            tie_weight=_tie(raw),
         )
         return step, out
     slots, slot_diags = _bind_slots(spec, full_args, raw, path, args_ok=not arg_diags)
     out.extend(slot_diags)
     step = PlannedStep(
-        index=index, name=name, kind=kind, type=spec.name, args=full_args, args_valid=not arg_diags, **slots
+        index=index,
+        name=name,
+        kind=kind,
+        type=spec.name,
+        args=full_args,
+        args_valid=not arg_diags,
+        tie_weight=_tie(raw),
+        **slots,
     )
     return step, out
+
+
+def _tie(raw: Mapping[str, Any]) -> str | None:
+    """``tie_weight`` when it is a string (another type is the structural check's to report)."""
+    value = raw.get("tie_weight")
+    return value if isinstance(value, str) else None
 
 
 def scope_clashes(seen: Mapping[str, int]) -> list[Diagnostic]:

@@ -11,8 +11,10 @@ from typing import Any
 from te_assembly.catalog.modules import MODULES
 from te_assembly.catalog.moe_ops import MOE_OPS
 from te_assembly.catalog.spec import (
+    INPUT_LAYOUTS,
     LAYOUTS,
     REQUIRED,
+    SEQUENCE_LAYOUTS,
     Formula,
     ModuleSpec,
     MultipleOf,
@@ -35,10 +37,12 @@ def load_object(path: str) -> Any:
 
 
 __all__ = [
+    "INPUT_LAYOUTS",
     "LAYOUTS",
     "MODULE_ALLOWLIST",
     "OPS",
     "REQUIRED",
+    "SEQUENCE_LAYOUTS",
     "Formula",
     "ModuleSpec",
     "MultipleOf",

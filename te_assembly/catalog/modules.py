@@ -29,6 +29,25 @@ MODULES: tuple[ModuleSpec, ...] = (
             "weight": (a["out_features"], a["in_features"]),
             **({"bias": (a["out_features"],)} if a.get("bias", True) else {}),
         },
+        tie_param="weight",
+    ),
+    ModuleSpec(
+        "Embedding",
+        "Token embedding: int64 token ids [batch, seq] -> [batch, seq, embedding_dim], one learned row per "
+        "id. A language model's first step (input_layout: token_ids; in_features is the vocabulary size). "
+        "TE has no fusible embedding, so it is a module in both engines (it ends a fuser). A vocabulary "
+        "head ties its weight to it with tie_weight: <this step>.",
+        "te_assembly.engines.reference.embedding:Embedding",
+        params=(
+            Param("num_embeddings", int, doc="Vocabulary size: ids are 0 .. num_embeddings - 1."),
+            Param("embedding_dim", int, doc="Features per token."),
+            Param("init_std", float, 0.02, bounds=(0.0, None), doc="Weights start as N(0, init_std^2)."),
+        ),
+        width=Width(in_arg="num_embeddings", out_arg="embedding_dim"),
+        param_shapes=lambda a: {"weight": (a["num_embeddings"], a["embedding_dim"])},
+        needs_layout="token_ids",
+        sets_layout="sequence",
+        tie_param="weight",
     ),
     ModuleSpec(
         "LayerNorm",

@@ -236,11 +236,18 @@ LAYOUTS: dict[str, str] = {
     "tokens": "[tokens, features]",
     "sequence": "[batch, seq, features]",
     "restored": "[*token_shape, features]",
+    "token_ids": "[batch, seq] token ids (int64)",
 }
 """How the main-path tensor is laid out. ``any``: whatever ``x`` is (the ops work on the last dim);
 ``tokens``: 2-D rows (Dispatch and Combine move rows); ``sequence``: 3-D (Attention mixes positions);
-``restored``: after a RestoreTokens whose token_shape the caller passes (any leading dims). The first
-three are what a model's ``input_layout`` may declare."""
+``restored``: after a RestoreTokens whose token_shape the caller passes (any leading dims);
+``token_ids``: a language model's input, integer ids below its ``in_features`` (the vocabulary size),
+which only an ``Embedding`` takes. All but ``restored`` are what a model's ``input_layout`` may declare."""
+
+INPUT_LAYOUTS = ("any", "tokens", "sequence", "token_ids")
+"""The layouts a model's ``input_layout`` may declare."""
+SEQUENCE_LAYOUTS = ("sequence", "token_ids")
+"""Input layouts made of whole sequences: ``x`` is cut into ``[batch, seq]`` by each job's ``seq_len``."""
 
 
 @dataclass(frozen=True)
@@ -322,6 +329,9 @@ class OpSpec(_Arguments):
     sets_layout: str | None = None
     """The layout the op leaves: ``tokens`` (FlattenTokens), or ``token_shape``: the layout recorded by
     the FlattenTokens whose ``token_shape`` channel feeds it (RestoreTokens)."""
+    tie_param: str | None = None
+    """The parameter a step's ``tie_weight`` may share with another step's (a vocabulary head's weight
+    with the embedding's), by its name in ``param_shapes``; None: this op's weights cannot be tied."""
 
     @property
     def changes_rows(self) -> bool:
@@ -368,4 +378,6 @@ class ModuleSpec(_Arguments):
     needs_layout: str | None = None
     """The main-path layout the module needs (``sequence`` for Attention)."""
     sets_layout: str | None = None
-    """As ``OpSpec.sets_layout``."""
+    """As ``OpSpec.sets_layout`` (``sequence`` for Embedding: token ids in, ``[batch, seq, dim]`` out)."""
+    tie_param: str | None = None
+    """As ``OpSpec.tie_param``."""

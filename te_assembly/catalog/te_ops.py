@@ -81,6 +81,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         expands_to=_linear_basic_ops,
         param_shapes=_linear_params,
         validation_only_params=("tensor_parallel_mode",),
+        tie_param="basic_ops.0.weight",
     ),
     OpSpec(
         name="BasicLinear",
@@ -91,6 +92,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         reference=f"{_REF}.linear:BasicLinear",
         param_shapes=lambda a: {"weight": (a["out_features"], a["in_features"])},
         validation_only_params=("tensor_parallel_mode",),
+        tie_param="weight",
     ),
     OpSpec(
         name="Bias",

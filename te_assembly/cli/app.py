@@ -43,8 +43,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("te_assembly.cli.commands.explain", "print the resolved plan, channels and call signature"),
     "graph": ("te_assembly.cli.commands.graph", "draw the channel graph (Mermaid, DOT, SVG/PNG)"),
     "verify": ("te_assembly.cli.commands.verify", "compare the TE engine against the reference engine"),
-    "train": ("te_assembly.cli.commands.train", "train the block on a synthetic teacher task"),
+    "train": (
+        "te_assembly.cli.commands.train",
+        "a language model on text, any other model on a synthetic teacher task",
+    ),
     "bench": ("te_assembly.cli.commands.bench", "time forward, backward and step"),
+    "generate": ("te_assembly.cli.commands.generate", "continue a prompt with a language model, streamed"),
     "export": (
         "te_assembly.cli.commands.export",
         "turn a training checkpoint into a pretrained model directory",
@@ -56,6 +60,7 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "ls": ("what", "name"),
     "cp": ("source", "dest"),
     "export": ("checkpoint", "to"),
+    "generate": ("prompt", "source"),
 }
 """Commands that take words after them: ``ls op GroupedLinear`` is ``ls ls.what=op ls.name=GroupedLinear``,
 ``export RUN_DIR OUT`` is ``export export.checkpoint=RUN_DIR export.to=OUT``."""

@@ -57,6 +57,9 @@ class StepConfig:
     """Input slot name -> channel name, or null for a public input named ``<step>_<slot>``."""
     extra_outputs: dict[str, OutputBinding] | None = field(default_factory=dict)
     """Output slot name -> binding. Unlisted outputs are public, named ``<step>_<slot>``."""
+    tie_weight: str | None = None
+    """Share this step's weight with another step's, by that step's full name (a vocabulary head tied
+    to the embedding: one Parameter in both engines, stored once)."""
     doc: str = ""
 
 
@@ -69,10 +72,12 @@ class ModelConfig:
     description: str = ""
     dims: dict[str, Any] = field(default_factory=dict)
     """Free-form numbers for ``${model.dims.X}`` interpolation."""
-    input_layout: str | None = field(default=None, metadata={"choices": ("any", "tokens", "sequence")})
+    input_layout: str | None = field(
+        default=None, metadata={"choices": ("any", "tokens", "sequence", "token_ids")}
+    )
     """What ``x`` looks like: ``any`` ``[..., features]``, ``tokens`` ``[tokens, features]``, ``sequence``
-    ``[batch, seq, features]``; null: the first step that needs a layout of ``x`` decides
-    (``analysis/layouts.py``)."""
+    ``[batch, seq, features]``, ``token_ids`` ``[batch, seq]`` int64 ids below ``in_features`` (a language
+    model); null: the first step that needs a layout of ``x`` decides (``analysis/layouts.py``)."""
     blocks: dict[str, Any] = field(default_factory=dict)
     """Blocks defined in the model file, by name (each laid out like a block file)."""
 

@@ -99,6 +99,41 @@ def add_step(steps: torch.nn.ModuleDict, name: str, module: torch.nn.Module) -> 
     node._modules[last] = module
 
 
+def tie_weights(steps: torch.nn.Module, plan: Plan) -> None:
+    """Make each tied parameter (``Plan.tied_params``) the very Parameter it is tied to, so it gets both
+    steps' gradients. Engines call it after constructing the steps and before anything captures their
+    parameters (TE's ``OperationFuser`` lists them when it is built)."""
+    for alias, owner in plan.tied_params.items():
+        *owner_path, owner_leaf = owner.removeprefix("steps.").split(".")
+        *alias_path, alias_leaf = alias.removeprefix("steps.").split(".")
+        shared = getattr(steps.get_submodule(".".join(owner_path)), owner_leaf)
+        setattr(steps.get_submodule(".".join(alias_path)), alias_leaf, shared)
+
+
+def _drop_tied(
+    tied: Mapping[str, str], module: torch.nn.Module, state: dict[str, object], prefix: str, _meta: object
+) -> None:
+    """State-dict hook: a tied parameter is stored once, under the name of the one it is tied to."""
+    for alias in tied:
+        state.pop(prefix + alias, None)
+
+
+def _fill_tied(
+    tied: Mapping[str, str], module: torch.nn.Module, state: dict[str, object], prefix: str, *_rest: object
+) -> None:
+    """Load pre-hook: the tied parameter takes the value stored under its owner's name (an alias key
+    given as well must hold the same values, or the two steps would not share a weight)."""
+    for alias, owner in tied.items():
+        if prefix + owner not in state:
+            continue
+        given = state.get(prefix + alias)
+        value = state[prefix + owner]
+        if isinstance(given, torch.Tensor) and isinstance(value, torch.Tensor):
+            if given.shape != value.shape or not torch.equal(given.to(value.device), value):
+                raise CallError(f"{alias} is tied to {owner}, but the state gives them different values")
+        state[prefix + alias] = value
+
+
 def step_module(steps: torch.nn.Module, name: str) -> torch.nn.Module:
     """The module ``add_step`` registered under ``name``."""
     node = steps
@@ -136,6 +171,10 @@ class AssembledModel(torch.nn.Module):
         self._loss_output_names = loss_output_names(plan)
         self._checks = CallChecks(plan, self.row_changing_steps)
         self._check = self._checks.check
+        tied = dict(plan.tied_params)
+        if tied:
+            self.register_state_dict_post_hook(functools.partial(_drop_tied, tied))
+            self.register_load_state_dict_pre_hook(functools.partial(_fill_tied, tied))
 
     def step_module(self, name: str) -> torch.nn.Module:
         """The module of step ``name`` (``layers.3.norm`` for a step of a block use)."""
@@ -293,4 +332,5 @@ __all__ = [
     "loss_output_names",
     "loss_precision",
     "step_module",
+    "tie_weights",
 ]

@@ -188,6 +188,8 @@ class CallChecks:
         """The signature (shapes, dtypes, devices) of the last call that passed every check."""
 
     def check(self, x: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> None:
+        if self.input_layout == "token_ids":
+            self._check_ids(x)  # values, not only the shape: every call
         try:
             # The usual call repeats the last one's shapes, dtypes and devices: one tuple comparison,
             # its parts read by C-level attrgetters.
@@ -224,9 +226,39 @@ class CallChecks:
         self.rules = tuple(dataclasses.replace(rule, local=True) for rule in self.rules)
         self._x_key = self._accepted = None
 
+    def _lead(self, x: torch.Tensor) -> tuple[int, ...]:
+        """``x``'s leading dimensions: all of token ids' (they have no feature dimension)."""
+        return tuple(x.shape) if self.input_layout == "token_ids" else tuple(x.shape[:-1])
+
+    def _check_ids(self, x: torch.Tensor) -> None:
+        """Token ids: an integer ``[batch, seq]`` tensor, every id in ``[0, in_features)``; an id out of range
+        would be an index error deep inside the embedding (or a device assert on a GPU)."""
+        if not isinstance(x, torch.Tensor):
+            raise CallError(f"{self.name}: x must be a torch.Tensor of token ids, got {type(x).__name__}")
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise InputShapeError(
+                f"{self.name} takes x as integer token ids [batch, seq] ({self.input_layout_source}); got a "
+                f"{x.dtype} tensor"
+            )
+        if x.dim() != 2:
+            raise InputShapeError(
+                f"{self.name} takes x as token ids of shape [batch, seq] ({self.input_layout_source}); got "
+                f"shape {tuple(x.shape)}"
+            )
+        if x.numel() == 0:
+            return
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high >= self.in_features:
+            bad = low if low < 0 else high
+            where = (x == bad).nonzero()[0].tolist()
+            raise InputShapeError(
+                f"{self.name}: token id {bad} at x{where} is outside its vocabulary of {self.in_features} "
+                f"(ids 0..{self.in_features - 1}): was the text tokenized with another tokenizer?"
+            )
+
     def _learn(self, x: torch.Tensor) -> None:
         self.check_x(x)
-        lead = tuple(x.shape[:-1])
+        lead = self._lead(x)
         # Exact shapes compare fast as torch.Size; a shape with free dims never equals one, so an input
         # it describes takes the slow path (``fits``) once per new signature.
         self._expected = tuple(
@@ -242,7 +274,10 @@ class CallChecks:
 
     def check_x(self, x: torch.Tensor) -> None:
         """``x`` alone: a floating-point tensor of shape [..., in_features], 2-D or 3-D when the plan's
-        ``input_layout`` is ``tokens`` or ``sequence``."""
+        ``input_layout`` is ``tokens`` or ``sequence``; token ids as ``_check_ids`` says."""
+        if self.input_layout == "token_ids":
+            self._check_ids(x)
+            return
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
             self._bad_x_type(x)
         shape = x.shape
@@ -265,7 +300,7 @@ class CallChecks:
 
     def _bad_inputs(self, x: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> None:
         """Raise for the first public input that does not fit (the slow path, with the message)."""
-        lead = tuple(x.shape[:-1])
+        lead = self._lead(x)
         for rule, t in zip(self.rules, inputs, strict=True):
             if not isinstance(t, torch.Tensor):
                 raise CallError(

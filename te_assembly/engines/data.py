@@ -35,7 +35,7 @@ def x_lead(plan: Plan, tokens: int, seq_len: int = DEFAULT_SEQ_LEN) -> tuple[int
     """``x``'s leading dimensions for ``tokens`` rows: ``(tokens // seq_len, seq_len)`` for a model whose
     ``input_layout`` is ``sequence`` (``ValueError`` unless ``seq_len`` divides ``tokens``), else
     ``(tokens,)``."""
-    if plan.input_layout != "sequence":
+    if not plan.takes_sequences:
         return (tokens,)
     if seq_len < 1 or tokens % seq_len:
         raise ValueError(
@@ -54,7 +54,11 @@ def sample_x(
     dtype: torch.dtype,
     seq_len: int = DEFAULT_SEQ_LEN,
 ) -> torch.Tensor:
-    """``tokens`` rows of normal noise, shaped as the plan's ``input_layout`` says (``x_lead``)."""
+    """``tokens`` rows of normal noise, shaped as the plan's ``input_layout`` says (``x_lead``); for a
+    language model, uniformly random token ids ``[batch, seq]`` (int64) below its vocabulary."""
+    if plan.takes_token_ids:
+        lead = x_lead(plan, tokens, seq_len)
+        return torch.randint(0, plan.in_features, lead, generator=generator).to(device=device)
     shape = (*x_lead(plan, tokens, seq_len), plan.in_features)
     return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
 

@@ -170,7 +170,8 @@ def bench(plan: Plan, target: Target, settings: BenchSettings, on_event: OnEvent
     )
     generator = torch.Generator().manual_seed(target.seed)
     x, inputs = target.sample(plan, settings.tokens, generator, settings.seq_len)
-    tokens = x.numel() // x.shape[-1]  # this rank's rows ([batch, seq, features]: batch * seq)
+    # this rank's rows ([batch, seq, features]: batch * seq; token ids have no feature dimension)
+    tokens = x.numel() if plan.takes_token_ids else x.numel() // x.shape[-1]
     if plan.num_params == 0:
         # Without parameters only the input's gradient gives backward something to compute.
         x.requires_grad_(True)

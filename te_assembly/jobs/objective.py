@@ -1,4 +1,5 @@
-"""The objective every job computes, written once: a main term, plus every loss output the model
+"""The objective every job computes, written once: a main term (the teacher regression's error, the mean
+square of the output, or a language model's next-token cross-entropy), plus every loss output the model
 returns (slots the catalog marks ``is_loss``, e.g. TopKRouter's ``aux_loss``, whatever their channel is
 called; added as they are: the op already weights them), in float32 at least (``loss_precision``)."""
 
@@ -12,6 +13,11 @@ from te_assembly.engines.base import loss_precision
 
 MEAN_SQUARE = "mean(y^2)"
 TEACHER_MSE = "mse(y, teacher)"
+CROSS_ENTROPY = "cross_entropy"
+Z_LOSS = "z_loss"
+IGNORE_INDEX = -100
+"""Labels equal to this (padding) add nothing to the cross-entropy and get no gradient (torch's and TE's
+default)."""
 
 
 def aux_losses(extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -47,6 +53,46 @@ def loss_terms(
     return terms
 
 
+def next_token_terms(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    extras: Mapping[str, torch.Tensor],
+    loss_names: Sequence[str],
+    *,
+    z_loss: float = 0.0,
+    ignore_index: int = IGNORE_INDEX,
+    fused: bool = False,
+) -> dict[str, torch.Tensor]:
+    """A language model's objective: the mean next-token cross-entropy of ``logits`` ``[..., vocab]``
+    against ``labels`` ``[...]`` over the labels that are not ``ignore_index``, in float32 at least;
+    with ``z_loss > 0`` also ``z_loss * mean(logsumexp(logits)^2)`` over the same positions (PaLM's
+    auxiliary term, which keeps the softmax normaliser near 1); then every loss output (router aux
+    losses) as it is. ``fused``: TE's fused cross-entropy kernel (``parallel_cross_entropy``, a Triton
+    kernel: CUDA only), which computes in float32 whatever the logits' dtype."""
+    vocab = logits.shape[-1]
+    flat_labels = labels.reshape(-1)
+    kept = flat_labels != ignore_index
+    count = kept.sum().clamp(min=1)
+    if fused:
+        from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
+
+        rows = logits.reshape(1, -1, vocab)
+        per_token = parallel_cross_entropy(rows, flat_labels.reshape(1, -1), ignore_idx=ignore_index)
+        ce = per_token.reshape(-1).float().sum() / count
+    else:
+        flat = loss_precision(logits).reshape(-1, vocab)
+        ce = torch.nn.functional.cross_entropy(flat, flat_labels, ignore_index=ignore_index, reduction="sum")
+        ce = ce / count
+    terms = {CROSS_ENTROPY: ce}
+    if z_loss > 0:
+        lse = torch.logsumexp(loss_precision(logits).reshape(-1, vocab), dim=-1)
+        terms[Z_LOSS] = z_loss * (lse.square() * kept).sum() / count
+    for name, value in extras.items():
+        if name in loss_names and value.is_floating_point():
+            terms[name] = loss_precision(value).sum()
+    return terms
+
+
 def total(terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The objective: the sum of its terms (in the widest of their dtypes)."""
     values = list(terms.values())
@@ -68,4 +114,15 @@ def objective(
     return total(loss_terms(y, extras, loss_names, target=target, other_outputs=other_outputs))
 
 
-__all__ = ["MEAN_SQUARE", "TEACHER_MSE", "aux_losses", "loss_terms", "objective", "total"]
+__all__ = [
+    "CROSS_ENTROPY",
+    "IGNORE_INDEX",
+    "MEAN_SQUARE",
+    "TEACHER_MSE",
+    "Z_LOSS",
+    "aux_losses",
+    "loss_terms",
+    "next_token_terms",
+    "objective",
+    "total",
+]

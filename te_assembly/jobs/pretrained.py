@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
+TOKENIZER_FILE = "tokenizer.json"
+"""A language model's tokenizer (a tokenizer file or a BPE trained for it); byte-level models have none."""
 FORMAT = "te_assembly.pretrained/1"
 _EXTRA_STATE = "._extra_state"
 _STAGING = ".saving"
@@ -49,11 +51,13 @@ _STAGING = ".saving"
 
 def expected_shapes(plan: Plan) -> dict[str, tuple[int, ...]]:
     """Every weight of ``plan`` by its plain name, at its full (single-process) shape."""
-    return {
+    tied = plan.tied_params  # stored once, under the name of the weight they are tied to
+    shapes = {
         f"steps.{step.name}.{name}": tuple(shape)
         for step in plan.steps
         for name, shape in step.param_shapes.items()
     }
+    return {name: shape for name, shape in shapes.items() if name not in tied}
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -96,15 +100,22 @@ def _target(directory: str | os.PathLike[str], overwrite: bool) -> Path:
 
 
 def config_of(
-    model_config: Mapping[str, Any], recipe: Mapping[str, Any] | None, dtype: str
+    model_config: Mapping[str, Any],
+    recipe: Mapping[str, Any] | None,
+    dtype: str,
+    tied: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The content of a pretrained directory's ``config.yaml``: what ``te_assembly.load`` takes back."""
-    return {
+    """The content of a pretrained directory's ``config.yaml``: what ``te_assembly.load`` takes back, and
+    (``tied_weights``) each tied weight with the one it is stored as."""
+    config = {
         "format": FORMAT,
         "model": dict(model_config),
         "recipe": dict(recipe) if recipe else None,
         "dtype": dtype,
     }
+    if tied:
+        config["tied_weights"] = dict(tied)
+    return config
 
 
 def write_pretrained(
@@ -113,13 +124,17 @@ def write_pretrained(
     config: Mapping[str, Any],
     *,
     overwrite: bool = False,
+    tokenizer: Path | None = None,
 ) -> Path:
-    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring)."""
+    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring), and a copy
+    of the ``tokenizer`` file (a language model's ``tokenizer.json``) when given."""
     check_finite(weights, "the weights")
     out = _target(directory, overwrite)
     staging = _staging(out)
     try:
         _write_files(staging, weights, config)
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, staging / TOKENIZER_FILE)
         _swap_into(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -167,6 +182,8 @@ def _write_files(out: Path, weights: Mapping[str, torch.Tensor], config: Mapping
     text = header + body
     # The weights file records the config's checksum, so an edited or corrupt config.yaml is refused too.
     meta = {"model": config["model"].get("name"), "config_sha256": _sha256(text.encode())}
+    if config.get("tied_weights"):
+        meta["tied_weights"] = dict(config["tied_weights"])
     write_verified(out / WEIGHTS_FILE, weights, meta, FORMAT, {"format": "pt"})
     write_text_atomic(out / CONFIG_FILE, text)
 
@@ -189,9 +206,12 @@ def save_pretrained(
     *,
     overwrite: bool = False,
     recipe: Mapping[str, Any] | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Write ``model``'s weights (``model.safetensors``, plain parameter names) and its resolved config
-    (``config.yaml``) into ``directory``; returns it. ``recipe``: the quantization recipe to record
+    """Write ``model``'s weights (``model.safetensors``, plain parameter names; a tied weight once) and
+    its resolved config (``config.yaml``) into ``directory``; returns it. ``tokenizer``: a language
+    model's ``tokenizer.json`` to keep beside it (byte-level models need none). ``recipe``: the
+    quantization recipe to record
     (default: the one a TE model was built with). Raises ``OutputPathError`` for a directory that is not
     empty (unless ``overwrite``) or cannot be written, and ``ArgumentError`` for a model that holds one
     rank's part of a parallel layout (export its training checkpoint instead: global tensors)."""
@@ -213,9 +233,11 @@ def save_pretrained(
     floats = [w.dtype for w in weights.values() if w.is_floating_point()]
     dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")
     chosen = recipe if recipe is not None else getattr(model, "recipe", None)
-    return write_pretrained(
-        directory, weights, config_of(model_record(model.plan), chosen, dtype), overwrite=overwrite
-    )
+    tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
+    if tokenizer_file is not None and not tokenizer_file.is_file():
+        raise ArgumentError(f"save_pretrained(tokenizer=...): {tokenizer_file} is no file")
+    config = config_of(model_record(model.plan), chosen, dtype, model.plan.tied_params)
+    return write_pretrained(directory, weights, config, overwrite=overwrite, tokenizer=tokenizer_file)
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -289,6 +311,67 @@ def from_pretrained(
     return model.eval()
 
 
+def newest_checkpoint(path: Path, verb: str) -> Path:
+    """``path`` itself (a checkpoint file), or a run directory's newest good checkpoint (every tensor
+    verified); a corrupt newest one is refused, naming the newest good one. ``verb``: what is being done,
+    for messages (``export``)."""
+    from te_assembly.jobs.training.checkpoint import scan
+    from te_assembly.jobs.training.run_dir import newest_good
+
+    if path.is_dir():
+        good, problems, _ = newest_good(scan(path))
+        if problems:
+            listed = "\n".join(f"  {p}" for p in problems)
+            advice = (
+                f"the newest good checkpoint is {good.path} (step {good.step}, every tensor verified): "
+                f"{verb} it with python -m te_assembly {verb} {good.path} [DEST]"
+                if good is not None
+                else "it holds no good checkpoint"
+            )
+            raise CheckpointError(f"cannot {verb} the newest checkpoint of {path}:\n{listed}\n{advice}")
+        if good is None:
+            raise CheckpointError(f"{path} holds no checkpoint to {verb}")
+        return good.path
+    if not path.exists():
+        raise CheckpointError(f"cannot {verb} {path}: no such checkpoint file or run directory")
+    return path
+
+
+def _checkpoint_model(source: Path) -> tuple[Mapping[str, Any], Plan, dict[str, torch.Tensor]]:
+    """A checkpoint's run record, its model's plan and its (global) model weights, checked to fit."""
+    from te_assembly.analysis.pipeline import load
+
+    header, weights = model_state(source)
+    run = header.meta.get("run")
+    if not isinstance(run, Mapping) or not isinstance(run.get("model"), Mapping):
+        raise CheckpointError(f"{source} does not record its model, so it cannot be exported")
+    plan = load(dict(run["model"])).checked_plan()
+    _check_fits(plan, weights, str(source))
+    return run, plan, weights
+
+
+def from_checkpoint(
+    checkpoint: str | os.PathLike[str],
+    engine: str = "auto",
+    *,
+    kernels: str = "te",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> AssembledModel:
+    """The model of a training checkpoint (or a run directory's newest good one) with its weights, in
+    eval mode: what ``export`` writes, without writing it."""
+    from te_assembly.engines import build
+
+    source = newest_checkpoint(Path(checkpoint).expanduser(), "load")
+    run, plan, weights = _checkpoint_model(source)
+    if dtype is None:
+        dtype = getattr(torch, str(run.get("dtype") or "float32"))
+    model = build(plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=run.get("recipe"))
+    own_extra = {k: v for k, v in model.state_dict().items() if k.endswith(_EXTRA_STATE)}
+    model.load_state_dict({**weights, **own_extra}, strict=True)
+    return model.eval()
+
+
 def export_checkpoint(
     checkpoint: str | os.PathLike[str],
     directory: str | os.PathLike[str] | None = None,
@@ -297,49 +380,30 @@ def export_checkpoint(
 ) -> Path:
     """A training checkpoint (or a run directory: its newest checkpoint, every tensor verified) as a
     pretrained directory (default: ``pretrained/`` in the checkpoint's run directory). The model tensors
-    are global (a parallel run gathers them before saving), so the result loads in one process."""
-    from te_assembly.analysis.pipeline import load
-    from te_assembly.jobs.training.checkpoint import scan
-    from te_assembly.jobs.training.run_dir import newest_good
-
-    source = Path(checkpoint).expanduser()
-    if source.is_dir():
-        good, problems, _ = newest_good(scan(source))
-        if problems:
-            listed = "\n".join(f"  {p}" for p in problems)
-            advice = (
-                f"the newest good checkpoint is {good.path} (step {good.step}, every tensor verified): "
-                f"export it with python -m te_assembly export {good.path} [DEST]"
-                if good is not None
-                else "it holds no good checkpoint"
-            )
-            raise CheckpointError(f"cannot export the newest checkpoint of {source}:\n{listed}\n{advice}")
-        if good is None:
-            raise CheckpointError(f"{source} holds no checkpoint to export")
-        source = good.path
-    elif not source.exists():
-        raise CheckpointError(f"cannot export {source}: no such checkpoint file or run directory")
-    header, weights = model_state(source)
-    run = header.meta.get("run")
-    if not isinstance(run, Mapping) or not isinstance(run.get("model"), Mapping):
-        raise CheckpointError(f"{source} does not record its model, so it cannot be exported")
-    plan = load(dict(run["model"])).checked_plan()
-    _check_fits(plan, weights, str(source))
-    config = config_of(run["model"], run.get("recipe"), str(run.get("dtype") or "float32"))
+    are global (a parallel run gathers them before saving), so the result loads in one process; a
+    language model's ``tokenizer.json`` beside the run is copied with it."""
+    source = newest_checkpoint(Path(checkpoint).expanduser(), "export")
+    run, plan, weights = _checkpoint_model(source)
+    config = config_of(run["model"], run.get("recipe"), str(run.get("dtype") or "float32"), plan.tied_params)
     target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
     if target.resolve() == source.parent.resolve() or any(target.glob("ckpt-*.safetensors")):
         raise OutputPathError(
             f"{target} holds a training run: export writes a pretrained directory of its own, never into a "
             "run (choose another DEST; the default is <run dir>/pretrained)"
         )
-    return write_pretrained(target, weights, config, overwrite=overwrite)
+    tokenizer = source.parent / TOKENIZER_FILE
+    return write_pretrained(
+        target, weights, config, overwrite=overwrite, tokenizer=tokenizer if tokenizer.is_file() else None
+    )
 
 
 __all__ = [
     "CONFIG_FILE",
     "FORMAT",
+    "TOKENIZER_FILE",
     "WEIGHTS_FILE",
     "export_checkpoint",
+    "from_checkpoint",
     "from_pretrained",
     "save_pretrained",
     "write_pretrained",

@@ -121,7 +121,7 @@ def run_steps(
     forward = parallel.wrap(model) if parallel is not None else model
     for step in range(steps):
         x, inputs = target.sample(plan, tokens, generator, seq_len)
-        x.requires_grad_(True)
+        x.requires_grad_(x.is_floating_point())  # token ids have no gradient
         for tensor in inputs.values():
             if tensor.is_floating_point():
                 tensor.requires_grad_(True)

@@ -112,7 +112,7 @@ class Target:
         takes ``[batch, seq, features]``. One process: a single-process context, nothing started."""
         from te_assembly.engines.parallel.runtime import parallel_run
 
-        sequences = seq_len if plan.input_layout == "sequence" else None
+        sequences = seq_len if plan.takes_sequences else None
         with parallel_run(
             plan, settings, self.device, command=command, tokens=tokens, layout=layout, seq_len=sequences
         ) as par:

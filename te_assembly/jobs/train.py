@@ -20,7 +20,10 @@ from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError
 from te_assembly.jobs import objective
+from te_assembly.jobs.events import Advanced, OnEvent, ignore
+from te_assembly.jobs.pretrained import TOKENIZER_FILE
 from te_assembly.jobs.target import NO_RECIPE, Target
+from te_assembly.jobs.text.settings import DataSettings
 from te_assembly.jobs.training import parallel_checkpoint
 from te_assembly.jobs.training.checkpoint import (
     CheckpointError,
@@ -28,7 +31,8 @@ from te_assembly.jobs.training.checkpoint import (
     read_meta,
     remove_stale_temp,
 )
-from te_assembly.jobs.training.metrics import MetricsLog, check_tensorboard
+from te_assembly.jobs.training.lm_task import LanguageTask
+from te_assembly.jobs.training.metrics import METRICS_FILE, MetricsLog, check_tensorboard, read_records
 from te_assembly.jobs.training.optim import lr_at, make_optimizer, set_lr
 from te_assembly.jobs.training.run_dir import (
     RunLock,
@@ -62,10 +66,14 @@ class StepRecord:
     """Seconds since the epoch when the step ended."""
     elapsed_s: float = 0.0
     """Seconds since this invocation started training."""
+    evaluation: dict[str, Any] | None = None
+    """A language model's validation after this step (``val_loss``, ``val_perplexity``,
+    ``val_bits_per_byte``), on the steps it is evaluated."""
 
     def metrics(self) -> dict[str, Any]:
         """The record ``metrics.jsonl`` keeps (``training/metrics.py``)."""
         return {
+            **(self.evaluation or {}),
             "step": self.step,
             "loss": self.loss,
             "terms": dict(self.terms),
@@ -93,6 +101,11 @@ class TrainResult:
     plot: Path | None = None
     notes: list[str] = field(default_factory=list)
     model: AssembledModel | None = None
+    evaluations: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    """A language model's validation results by step, this invocation's and (resumed) the earlier ones
+    ``metrics.jsonl`` holds."""
+    tokenizer_file: Path | None = None
+    """``tokenizer.json`` beside the run (a tokenizer file or a trained BPE; byte-level needs none)."""
 
 
 def _check_loss(step: int, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
@@ -114,8 +127,26 @@ def _check_grads(step: int, model: torch.nn.Module) -> None:
 
 
 def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None:
-    """``ConfigError`` for a model without parameters; ``ResourceError`` when teacher, student, gradients,
-    optimizer state and one batch's activations cannot fit in memory (estimated, nothing allocated)."""
+    """``ConfigError`` for a model without parameters, or a batch that does not split into
+    ``grad_accum`` micro-batches of whole sequences; ``ResourceError`` when the model (and a teacher's),
+    gradients, optimizer state and one micro-batch's activations cannot fit in memory (estimated, nothing
+    allocated). ``settings``: decided for the task (``TrainSettings.for_task``)."""
+    settings = settings.for_task(plan.takes_token_ids)
+    micro = settings.tokens // settings.grad_accum
+    unit = settings.positions if plan.takes_sequences else 1
+    if settings.tokens % settings.grad_accum or micro % unit:
+        what = f"whole sequences of train.seq_len={unit}" if unit > 1 else "equal micro-batches"
+        raise ConfigError(
+            [
+                error(
+                    "train.grad_accum",
+                    "partial-micro-batch",
+                    f"train.batch_tokens={settings.tokens} does not split into train.grad_accum="
+                    f"{settings.grad_accum} micro-batches of {what}",
+                    f"use a train.batch_tokens that is a multiple of {settings.grad_accum * unit}",
+                )
+            ]
+        )
     if plan.num_params == 0:
         raise ConfigError(
             [
@@ -129,12 +160,12 @@ def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None
     target.check_fits(
         plan,
         f"training {plan.name}",
-        "lower train.batch_tokens or make the model smaller",
-        tokens=settings.batch_tokens,
-        models=2,
+        "lower train.batch_tokens (or raise train.grad_accum) or make the model smaller",
+        tokens=micro,
+        models=1 if plan.takes_token_ids else 2,  # the teacher task holds a second model
         trained=1,
         optimizer=settings.optimizer,
-        seq_len=settings.seq_len,
+        seq_len=settings.positions,
     )
 
 
@@ -147,6 +178,20 @@ def _resumed_losses(path: Path, meta: Mapping[str, Any], start: int) -> list[flo
     ):
         raise CheckpointError(f"{path} is corrupt: its loss history does not cover its {start} steps")
     return [float(v) for v in losses[:start]]
+
+
+def _earlier_evaluations(out_dir: Path, start: int) -> list[tuple[int, dict[str, Any]]]:
+    """A resumed run's validation results up to its checkpoint, from ``metrics.jsonl``."""
+    path = out_dir / METRICS_FILE
+    if not start or not path.is_file():
+        return []
+    return [
+        (int(r["step"]), {k: r.get(k) for k in ("val_loss", "val_perplexity", "val_bits_per_byte")})
+        for r in read_records(path)
+        if isinstance(r.get("step"), int)
+        and r["step"] <= start
+        and isinstance(r.get("val_loss"), (int, float))
+    ]
 
 
 def _resume_point(
@@ -181,8 +226,12 @@ def train(
     seed: int = 0,
     recipe: Mapping[str, Any] | None = None,
     parallel: ParallelContext | None = None,
+    data: DataSettings | None = None,
+    on_event: OnEvent = ignore,
 ) -> TrainResult:
-    """Train ``plan`` to regress a teacher built from the same plan with seed ``seed + offset``.
+    """Train ``plan``: a language model (token ids in, logits out) by next-token cross-entropy on the
+    text ``data`` names (default: ``DataSettings()``, the default corpus), any other model to regress a
+    teacher built from the same plan with seed ``seed + offset``.
 
     ``target``: engine, kernels, device, dtype, recipe (the TE engine's, teacher and student alike; the
     reference engine ignores it), seed and parallel layout; without one, the keywords ``engine``,
@@ -218,9 +267,22 @@ def train(
         raise ArgumentError(
             "train() writes into settings.out_dir: set it (the train command uses its run directory)"
         )
+    settings = settings.for_task(plan.takes_token_ids)
     check_can_train(plan, settings, target)
     tensorboard = check_tensorboard(settings.tensorboard) if par.is_main else False
     out_dir = out_dir_of(settings)
+    language: LanguageTask | None = None
+    if plan.takes_token_ids:  # the data is read (and any problem with it found) before the run starts
+        data = data if data is not None else DataSettings()
+        language = LanguageTask.prepare(
+            plan,
+            data,
+            target,
+            tokens=settings.tokens,
+            seq_len=settings.positions,
+            z_loss=settings.z_loss,
+            progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
+        )
     lock = RunLock(out_dir) if par.is_main else contextlib.nullcontext()
     with lock:
         return _train_locked(
@@ -233,6 +295,7 @@ def train(
             par=par,
             config=config,
             tensorboard=tensorboard,
+            language=(language, data) if language is not None and data is not None else None,
         )
 
 
@@ -247,6 +310,7 @@ def _train_locked(
     par: ParallelContext,
     config: Mapping[str, Any] | None,
     tensorboard: bool,
+    language: tuple[LanguageTask, DataSettings] | None,
 ) -> TrainResult:
     seed = target.seed
     check_fresh_start(out_dir, settings)
@@ -260,13 +324,17 @@ def _train_locked(
     # train.overwrite: the earlier run stays whole until this one has a verified checkpoint.
     earlier_run = previous_run(out_dir) if settings.overwrite and par.is_main else []
 
-    teacher = target.build(plan, seed=seed + settings.teacher_seed_offset, split=False)
-    perturb_constant_parameters(teacher)
+    task: TeacherTask | LanguageTask
+    if language is not None:
+        task = language[0]
+    else:
+        teacher = target.build(plan, seed=seed + settings.teacher_seed_offset, split=False)
+        perturb_constant_parameters(teacher)
+        task = TeacherTask(plan, teacher, target, tokens=settings.tokens, seq_len=settings.positions)
     student = target.build(plan, seed=seed)
     student.train()
     model = par.wrap(student)
     optimizer = make_optimizer(student.parameters(), settings)
-    task = TeacherTask(plan, teacher, target, tokens=settings.batch_tokens, seq_len=settings.seq_len)
     loss_names = loss_output_names(plan)
 
     run = run_record(
@@ -277,6 +345,7 @@ def _train_locked(
         kernels=target.kernels,
         dtype=target.dtype,
         recipe=recorded_recipe,
+        data=language[0].record(language[1]) if language is not None else None,
     )
     run_sha256 = record_sha256(run)
     losses: list[float] = []
@@ -303,7 +372,12 @@ def _train_locked(
     if start >= end:
         notes.append(f"nothing to do: already at step {start} (train.steps={settings.steps})")
     # train.overwrite: this run's files wait for its first checkpoint (the earlier run's stay whole).
-    files = _RunFiles(out_dir, config, start, tensorboard, hold=bool(earlier_run)) if par.is_main else None
+    tokenizer = language[0].corpus.tokenizer if language is not None else None
+    files = (
+        _RunFiles(out_dir, config, start, tensorboard, hold=bool(earlier_run), tokenizer=tokenizer)
+        if par.is_main
+        else None
+    )
     try:
         return _steps(
             plan,
@@ -335,10 +409,17 @@ class _RunFiles:
     """What the run writes besides checkpoints while it goes: ``config.yaml`` and the metrics."""
 
     def __init__(
-        self, out_dir: Path, config: Mapping[str, Any] | None, start: int, tensorboard: bool, hold: bool
+        self,
+        out_dir: Path,
+        config: Mapping[str, Any] | None,
+        start: int,
+        tensorboard: bool,
+        hold: bool,
+        tokenizer: Any = None,
     ) -> None:
-        self.out_dir, self.config = out_dir, config
+        self.out_dir, self.config, self.tokenizer = out_dir, config, tokenizer
         self.config_file: Path | None = None
+        self.tokenizer_file: Path | None = None
         self.metrics = MetricsLog(out_dir, start_step=start, tensorboard=tensorboard, hold=hold)
         if not hold:
             self._write_config()
@@ -346,6 +427,8 @@ class _RunFiles:
     def _write_config(self) -> None:
         if self.config is not None:
             self.config_file = write_text_atomic(self.out_dir / "config.yaml", config_text(self.config))
+        if self.tokenizer is not None:  # generate and export read it back (byte-level writes none)
+            self.tokenizer_file = self.tokenizer.save(self.out_dir / TOKENIZER_FILE)
 
     def commit(self) -> None:
         """The earlier run is gone (``train.overwrite``): this run's files now take its place."""
@@ -364,7 +447,7 @@ class _Training:
     student: AssembledModel
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    task: TeacherTask
+    task: TeacherTask | LanguageTask
     loss_names: tuple[str, ...]
     par: ParallelContext
     target: Target
@@ -395,46 +478,66 @@ def _steps(
     )
     loss_names, notes, earlier_run, files = run.loss_names, run.notes, run.earlier_run, run.files
     checkpoints: list[Path] = []
+    evaluations = _earlier_evaluations(out_dir, start) if par.is_main and task.is_language_model else []
+    micros = settings.grad_accum
     began_training = time.perf_counter()
     for step in range(start + 1, end + 1):
-        batch = task.batch(step)
+        batches = [task.batch(step, micro, micros) for micro in range(micros)]
         lr = lr_at(step, settings)
         set_lr(optimizer, lr)
         optimizer.zero_grad(set_to_none=True)
         target.sync()
         began = time.perf_counter()
-        y, extras = model(batch.x, **batch.inputs)
-        terms = objective.loss_terms(y, extras, loss_names, target=batch.target)
-        loss = objective.total(terms)
         inject = settings.inject_nan_at_step == step
-        if inject and settings.inject_nan_into == "loss":
-            loss = loss * float("nan")
-        value = par.mean(loss.item())  # every rank agrees on the loss, and on whether it is finite
-        _check_loss(step, loss, terms)
-        if not math.isfinite(value):
-            raise NonFiniteError(step, "loss", f"non-finite loss on another rank at step {step}: {value}")
-        loss.backward()
+        value, summed = 0.0, dict[str, float]()
+        for batch in batches:
+            y, extras = model(batch.x, **batch.inputs)
+            terms = task.terms(y, extras, batch, loss_names)
+            loss = objective.total(terms)
+            if inject and settings.inject_nan_into == "loss":
+                loss = loss * float("nan")
+            part = par.mean(loss.item())  # every rank agrees on the loss, and on whether it is finite
+            _check_loss(step, loss, terms)
+            if not math.isfinite(part):
+                raise NonFiniteError(step, "loss", f"non-finite loss on another rank at step {step}: {part}")
+            (loss / micros if micros > 1 else loss).backward()
+            value += part / micros
+            for k, t in terms.items():
+                summed[k] = summed.get(k, 0.0) + par.mean(t.item()) / micros
         par.finish_grads(student)
         if inject and settings.inject_nan_into == "grad":
             first = next(p for p in student.parameters() if p.grad is not None)
             first.grad.view(-1)[0] = float("nan")  # type: ignore[union-attr]
         _check_grads(step, student)
         grad_norm = par.norm_of_grads(student)
+        if settings.clip_grad_norm is not None and grad_norm > settings.clip_grad_norm:
+            scale = settings.clip_grad_norm / (grad_norm + 1e-6)
+            for p in student.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
         optimizer.step()
         target.sync()
         seconds = time.perf_counter() - began
         losses.append(value)
+        evaluation = None
+        every = settings.eval_every
+        if task.is_language_model and (step == end or (every and step % every == 0)):
+            found = task.evaluate(model, settings.eval_batches)
+            if found is not None:
+                evaluation = found.metrics()
+                evaluations.append((step, evaluation))
         record = StepRecord(
             step,
             end,
             value,
-            {k: par.mean(t.item()) for k, t in terms.items()},
+            summed,
             lr,
             seconds,
-            settings.batch_tokens / seconds if seconds > 0 else float("inf"),
+            settings.tokens / seconds if seconds > 0 else float("inf"),
             grad_norm,
             time.time(),
             time.perf_counter() - began_training,
+            evaluation,
         )
         if files is not None:
             files.metrics.record(record.metrics())
@@ -459,14 +562,21 @@ def _steps(
                     files.commit()
             prune(out_dir, settings.keep_checkpoints, latest=written, run_sha256=meta_base["run_sha256"])
 
-    result = TrainResult(losses, start, max(start, end), checkpoints, notes=notes, model=student)
+    result = TrainResult(
+        losses, start, max(start, end), checkpoints, notes=notes, model=student, evaluations=evaluations
+    )
     if files is not None and not earlier_run:
         result.metrics_file = files.metrics.path
         result.config_file = files.config_file
+        result.tokenizer_file = files.tokenizer_file
         if files.metrics.use_tensorboard:
             result.tensorboard_dir = files.metrics.tensorboard_dir
     if losses and par.is_main:
         if settings.plot:
-            title = f"{plan.name}: teacher regression ({student.engine} engine)"
-            result.plot = save_loss_curve(losses, out_dir / "loss_curve.png", title, start or None)
+            what = "next-token cross-entropy" if task.is_language_model else "teacher regression"
+            title = f"{plan.name}: {what} ({student.engine} engine)"
+            validation = [(s, e["val_loss"]) for s, e in evaluations]
+            result.plot = save_loss_curve(
+                losses, out_dir / "loss_curve.png", title, start or None, validation
+            )
     return result

@@ -168,7 +168,7 @@ def _forward_backward(
     cotangents: _Cotangents | None,
     seed: int,
 ) -> tuple[_Run, _Cotangents]:
-    xx = x.detach().clone().requires_grad_(True)
+    xx = x.detach().clone().requires_grad_(x.is_floating_point())  # token ids have no gradient
     ins = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
     model.zero_grad(set_to_none=True)
     y, extras = model(xx, **ins)
@@ -186,7 +186,10 @@ def _forward_backward(
     run = _Run(
         y=y.detach(),
         outputs={k: v.detach() for k, v in extras.items()},
-        input_grads={"x": xx.grad, **{k: v.grad for k, v in ins.items() if v.is_floating_point()}},
+        input_grads={
+            **({"x": xx.grad} if xx.is_floating_point() else {}),
+            **{k: v.grad for k, v in ins.items() if v.is_floating_point()},
+        },
         param_grads={name: p.grad for name, p in state_dict_parameters(model).items()},
     )
     return run, cotangents

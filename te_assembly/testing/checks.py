@@ -179,6 +179,8 @@ def assert_fits(analysis: Analysis, target: str, tokens: int | None = None) -> s
     device = ACCELERATORS[target]
     plan, layout = analysis.checked_plan(), analysis.layout
     train = analysis.section("train") if "train" in analysis.sections else None
+    if train is not None:
+        train = train.for_task(analysis.checked_plan().takes_token_ids)
     rows = tokens if tokens is not None else (train.batch_tokens if train is not None else 0)
     seq_len = train.seq_len if train is not None else None
     optimizer = train.optimizer if train is not None else "adamw"

@@ -33,8 +33,8 @@ def signature(plan: Plan, expand: Expand | None = None) -> str:
 
 def _layout_note(plan: Plan, layout: str | None) -> str:
     """Where the main path's layout differs from x's: token rows inside a FlattenTokens span."""
-    if layout is None or layout == plan.input_layout:
-        return ""
+    if layout is None or layout == plan.input_layout or (plan.takes_token_ids and layout == "sequence"):
+        return ""  # a language model's main path is [batch, seq, features] from its embedding on
     return f" ({'token rows' if layout == 'tokens' else LAYOUTS.get(layout, layout)})"
 
 
@@ -90,7 +90,8 @@ def _step_rows(plan: Plan, view: _View) -> Table:
             idx = f"{s.first_basic_op}" if n == 1 else f"{s.first_basic_op}-{s.first_basic_op + n - 1}"
             basic, fuser = f"{idx}: {' + '.join(b for b, _ in s.basic_ops)}", str(s.fuser)
         width = f"{s.in_width} -> {s.out_width}" + _layout_note(plan, s.layout)
-        steps.add_row(str(s.index), _t(s.name), s.type, fuser, basic, width, f"{s.num_params:,}")
+        owned = f"{s.num_params:,}" + (f" (+ tied to {s.tie_weight})" if s.tie_weight else "")
+        steps.add_row(str(s.index), _t(s.name), s.type, fuser, basic, _t(width), _t(owned))
     steps.add_row("", "total", "", "", "", "", f"{plan.num_params:,}")
     return steps
 
@@ -159,7 +160,8 @@ def _signature_rows(plan: Plan, view: _View, expand: Expand) -> Table:
     for col in ("direction", "name", "slot", "dtype"):
         sig.add_column(col)
     shape = LAYOUTS[plan.input_layout].replace("features", str(plan.in_features))
-    sig.add_row("input", "x", _t(f"{shape} ({plan.input_layout_source})"), "float")
+    x_dtype = "int64" if plan.takes_token_ids else "float"
+    sig.add_row("input", "x", _t(f"{shape} ({plan.input_layout_source})"), x_dtype)
     seen: set[tuple[str, str]] = set()
     for direction, tensors in (("input", plan.public_inputs), ("output", plan.public_outputs)):
         for t in tensors:

@@ -8,8 +8,15 @@ from pathlib import Path
 from te_assembly.outputs import write_atomic
 
 
-def save_loss_curve(losses: Sequence[float], path: Path, title: str, resumed_at: int | None = None) -> Path:
-    """Plot loss against 1-based step (log scale when every loss is positive)."""
+def save_loss_curve(
+    losses: Sequence[float],
+    path: Path,
+    title: str,
+    resumed_at: int | None = None,
+    validation: Sequence[tuple[int, float]] = (),
+) -> Path:
+    """Plot loss against 1-based step (log scale when every loss is positive), and ``validation``
+    (step, loss) points on the same axes when given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,10 +26,12 @@ def save_loss_curve(losses: Sequence[float], path: Path, title: str, resumed_at:
     fig = Figure(figsize=(7, 4), dpi=110)
     ax = fig.add_subplot()
     steps = range(1, len(losses) + 1)
-    ax.plot(steps, losses, linewidth=1.2, label="loss")
+    ax.plot(steps, losses, linewidth=1.2, label="training loss" if validation else "loss")
+    if validation:
+        ax.plot(*zip(*validation, strict=True), marker="o", linewidth=1.2, label="validation loss")
     if resumed_at is not None:
         ax.axvline(resumed_at + 0.5, color="tab:red", linestyle=":", label=f"resumed after step {resumed_at}")
-    if losses and all(v > 0 for v in losses):
+    if losses and all(v > 0 for v in [*losses, *(v for _, v in validation)]):
         ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")

@@ -104,6 +104,7 @@ def test_state_dict_names_and_shapes_follow_the_catalog(name: str) -> None:
         f"steps.{step.name}.{param}": shape
         for step in model.plan.steps
         for param, shape in step.param_shapes.items()
+        if f"steps.{step.name}.{param}" not in model.plan.tied_params  # stored once, as what it is tied to
     }
     state = model.state_dict()
     assert {k: tuple(v.shape) for k, v in state.items()} == expected

@@ -32,21 +32,23 @@ from te_assembly.cli.commands.session import Session, start
 from te_assembly.diagnostics import printable
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.errors import Terminated
+from te_assembly.jobs.events import Advanced
 from te_assembly.jobs.target import Target
+from te_assembly.jobs.text.settings import DataSettings
 from te_assembly.jobs.train import StepRecord, check_can_train, train
 from te_assembly.jobs.training.checkpoint import CheckpointError, scan
 from te_assembly.jobs.training.run_dir import check_unlocked, latest_run, newest_good, out_dir_of
 from te_assembly.jobs.training.run_record import check_fresh_start
 from te_assembly.jobs.training.settings import TrainSettings
 
-SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings}
+SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings, "data": DataSettings}
 RUN_DIR = True
 
 
 def main(analysis: Analysis, console: Console) -> int:
     session = start(analysis, console)
-    settings: TrainSettings = session.section("train")
-    tokens = ("train.batch_tokens", settings.batch_tokens)
+    settings: TrainSettings = session.section("train").for_task(session.plan.takes_token_ids)
+    tokens = ("train.batch_tokens", settings.tokens)
     with session.distributed("train", tokens, settings.seq_len) as target:
         return _train(session, settings, console, target)
 
@@ -146,6 +148,28 @@ def _say_what_is_kept(out_dir: Path, console: Console) -> None:
     console.print(f"  {printable(command)}", markup=False, soft_wrap=True)
 
 
+def _data_words(data: DataSettings) -> str:
+    from te_assembly.jobs.text.sources import DEFAULT_CORPUS
+
+    where = f"data.path={data.path}" if data.path is not None else DEFAULT_CORPUS
+    tok = data.tokenizer
+    how = {
+        "byte": "byte-level",
+        "file": f"tokenizer {tok.path}",
+        "bpe": f"a BPE of {tok.train_vocab} trained on it",
+    }
+    return f"{where} ({how[tok.kind]})"
+
+
+def _evaluation_line(step: int, evaluation: dict[str, Any]) -> str:
+    bpb = evaluation.get("val_bits_per_byte")
+    line = (
+        f"step {step}: validation loss {evaluation['val_loss']:.4f}, perplexity "
+        f"{evaluation['val_perplexity']:.2f}"
+    )
+    return line + (f", {bpb:.3f} bits per byte" if isinstance(bpb, float) else "")
+
+
 def _train(session: Session, settings: TrainSettings, console: Console, target: Target) -> int:
     plan, device, seed, par = session.plan, target.device, target.seed, target.context(session.plan)
     # Before the progress bar: a model without parameters, sizes that cannot fit, a bad path, a directory
@@ -164,12 +188,18 @@ def _train(session: Session, settings: TrainSettings, console: Console, target: 
         console.print(
             f"parallel: {par.settings.describe()}; each rank trains on its rows of every batch", markup=False
         )
+    data: DataSettings = session.section("data")
+    task = (
+        f"next-token cross-entropy on {_data_words(data)}"
+        if plan.takes_token_ids
+        else f"regress a teacher (seed {seed + settings.teacher_seed_offset})"
+    )
     console.print(
-        f"{printable(plan.name)}: regress a teacher (seed {seed + settings.teacher_seed_offset}) "
-        f"for {settings.steps} steps "
+        f"{printable(plan.name)}: {task} for {settings.steps} steps "
         f"of {settings.batch_tokens} tokens; {settings.optimizer} lr {settings.lr:g} ({settings.schedule}, "
         f"warm-up {settings.warmup_steps}), device {device}, dtype {target.dtype_name}",
         markup=False,
+        soft_wrap=True,
     )
     columns = (
         TextColumn("{task.description}"),
@@ -180,17 +210,32 @@ def _train(session: Session, settings: TrainSettings, console: Console, target: 
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("train", total=settings.steps, loss="-", tps="-")
+        bar = progress.add_task("train", total=settings.steps, loss="-", tps="-")
+        tokenizing: list[Any] = []
+
+        def on_event(event: object) -> None:
+            if isinstance(event, Advanced) and event.task == "tokenize" and event.total > 1 << 20:
+                if not tokenizing:  # a bar only for a corpus big enough to take a while
+                    tokenizing.append(progress.add_task("tokenize", total=event.total, loss="-", tps="-"))
+                progress.update(tokenizing[0], completed=event.done)
 
         def on_step(record: StepRecord) -> None:
             progress.update(
-                task, completed=record.step, loss=f"{record.loss:.4g}", tps=f"{record.tokens_per_s:,.0f}"
+                bar, completed=record.step, loss=f"{record.loss:.4g}", tps=f"{record.tokens_per_s:,.0f}"
             )
+            if record.evaluation is not None:
+                progress.console.print(_evaluation_line(record.step, record.evaluation), markup=False)
 
         try:
             with _sigterm_stops():
                 result = train(
-                    plan, settings, target, on_step=on_step, config=session.analysis.resolved.as_config()
+                    plan,
+                    settings,
+                    target,
+                    on_step=on_step,
+                    config=session.analysis.resolved.as_config(),
+                    data=data,
+                    on_event=on_event,
                 )
         except KeyboardInterrupt:
             progress.stop()
@@ -208,7 +253,13 @@ def _train(session: Session, settings: TrainSettings, console: Console, target: 
             f"(mean of {len(tail)}) after step {result.last_step}",
             markup=False,
         )
-    written = (*result.checkpoints[-1:], result.config_file, result.metrics_file, result.plot)
+    written = (
+        *result.checkpoints[-1:],
+        result.config_file,
+        result.metrics_file,
+        result.tokenizer_file,
+        result.plot,
+    )
     for path in written:
         if path is not None:
             console.print(f"wrote {printable(str(path))}", markup=False, soft_wrap=True)

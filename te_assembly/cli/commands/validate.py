@@ -12,6 +12,7 @@ from te_assembly.cli.commands.common import checked_plan
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
 from te_assembly.jobs.benchmark.settings import BenchSettings
+from te_assembly.jobs.text.settings import DataSettings, GenerateSettings
 from te_assembly.jobs.training.settings import TrainSettings
 from te_assembly.views.graph import GraphSettings
 from te_assembly.views.outline import ExplainSettings, parse_expand
@@ -22,6 +23,8 @@ SECTIONS = {
     "bench": BenchSettings,
     "graph": GraphSettings,
     "explain": ExplainSettings,
+    "data": DataSettings,
+    "generate": GenerateSettings,
 }
 """Every section a later command reads: a mistake in ``train:`` fails here, not after a build."""
 

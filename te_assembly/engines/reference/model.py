@@ -13,7 +13,7 @@ import torch
 
 from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import ModuleSpec, OpSpec, load_object
-from te_assembly.engines.base import AssembledModel, add_step, step_module
+from te_assembly.engines.base import AssembledModel, add_step, step_module, tie_weights
 
 if TYPE_CHECKING:
     from te_assembly.engines.parallel.context import ParallelContext
@@ -45,6 +45,7 @@ class ReferenceModel(AssembledModel):
         for step in plan.steps:
             split = parallel.reference_module(step, device, dtype) if parallel is not None else None
             add_step(self.steps, step.name, split if split is not None else _instantiate(step, device, dtype))
+        tie_weights(self.steps, plan)
         self._program, self._num_registers, self._input_registers, self._output_registers = _compile(
             plan, self.steps
         )

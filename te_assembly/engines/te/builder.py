@@ -18,7 +18,7 @@ from transformer_engine.pytorch.ops.fuser import OperationFuser
 
 from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
-from te_assembly.engines.base import add_step
+from te_assembly.engines.base import add_step, tie_weights
 from te_assembly.engines.te.adapter import reference_op
 from te_assembly.engines.te.bindings import binding_calls, gpu_only_steps
 from te_assembly.engines.te.model import TEModel
@@ -53,6 +53,7 @@ def build_te(
         add_step(
             model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype)
         )
+    tie_weights(model.steps, plan)  # before any fuser lists the parameters
     for call in binding_calls(plan):
         call.apply(model.step_module(call.step))
     model.attach(_fuse(plan, model))

@@ -4,7 +4,9 @@ package is installed, TensorBoard event files under ``tensorboard/``.
 Each record: ``step``, ``loss``, ``terms`` (every loss term by name: the regression error and each
 aux loss), ``lr``, ``grad_norm`` (the whole model's gradient, before the optimizer step), ``tokens_per_s``,
 ``step_time_s`` (forward + backward + optimizer step), ``wall_time`` (seconds since the epoch, when the
-step ended) and ``elapsed_s`` (since this invocation started training).
+step ended) and ``elapsed_s`` (since this invocation started training); a language model's records on the
+steps it is evaluated (``train.eval_every``, and the last) also hold ``val_loss`` (nats per token),
+``val_perplexity`` and ``val_bits_per_byte`` (None for pre-tokenized data, whose bytes are unknown).
 
 Written as the run goes, one line per step, flushed: a crash keeps every step before it. A resumed run
 first drops the lines after the checkpoint it resumes from (the steps it is about to redo), so each step
@@ -165,6 +167,10 @@ def _scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
         value = record.get(key)
         if isinstance(value, (int, float)):
             yield key, float(value)
+    for key in ("val_loss", "val_perplexity", "val_bits_per_byte"):
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            yield key.replace("val_", "validation/"), float(value)
     for name, value in (record.get("terms") or {}).items():
         if isinstance(value, (int, float)):
             yield f"loss/{name}", float(value)

@@ -23,7 +23,7 @@ import torch
 from te_assembly.analysis.plan import Plan
 from te_assembly.errors import ExistingRunError
 from te_assembly.jobs.training.checkpoint import CheckpointError, scan
-from te_assembly.jobs.training.settings import NOT_RECORDED, RESUMABLE, TrainSettings
+from te_assembly.jobs.training.settings import ADDED_LATER, NOT_RECORDED, RESUMABLE, TrainSettings
 
 
 def model_record(plan: Plan) -> dict[str, Any]:
@@ -40,6 +40,8 @@ def model_record(plan: Plan) -> dict[str, Any]:
                 s.name: {"channel": c, "public": pub}
                 for s, c, pub in zip(step.output_slots, step.output_channels, step.output_public, strict=True)
             }
+        if step.tie_weight is not None:
+            entry["tie_weight"] = step.tie_weight
         ops.append(entry)
     return {"name": plan.name, "in_features": plan.in_features, "dims": dict(plan.dims), "ops": ops}
 
@@ -53,13 +55,15 @@ def run_record(
     kernels: str,
     dtype: torch.dtype,
     recipe: Mapping[str, Any] | None,
+    data: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The settings that define the run, JSON-normalised (as they come back from a checkpoint).
 
     ``engine`` is the resolved engine (never ``auto``); ``kernels`` only shapes a TE engine's run and is
     recorded as None for the reference engine. ``recipe`` is the recipe config of the invocation,
     recorded whole (its prose ``description`` aside) whatever the engine: a resume that asks for another
-    recipe is another run."""
+    recipe is another run. ``data``: a language model's data (its settings, the hash of its sources and
+    the tokenizer's fingerprint): a resume on other text or another tokenizer is another run."""
     skip = set(RESUMABLE) | set(NOT_RECORDED)
     te = engine == "te"
     record: dict[str, Any] = {
@@ -73,8 +77,12 @@ def run_record(
     if isinstance(plan, Plan):
         record["model"] = model_record(plan)
     for key, value in dataclasses.asdict(settings).items():
+        if key in ADDED_LATER and value == ADDED_LATER[key]:
+            continue  # as every run before the setting existed ran
         if key not in skip:
             record[key] = value
+    if data is not None:
+        record["data"] = dict(data)
     normalised: dict[str, Any] = json.loads(json.dumps(record, default=str))
     return normalised
 

@@ -6,6 +6,7 @@ checker (``sections``), ``train --help`` and the run record all read it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,11 @@ OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 NAN_TARGETS = ("loss", "grad")
 
+TEACHER_BATCH, TEACHER_SEQ_LEN = 256, 32
+"""The teacher task's batch (rows) and sequence length when ``batch_tokens``/``seq_len`` are null."""
+LM_SEQUENCES, LM_SEQ_LEN = 32, 128
+"""A language model's: 32 sequences of 128 tokens."""
+
 # The teacher is seeded with seed + offset; seeds are < 2**63 and torch takes seeds below 2**64.
 _MAX_TEACHER_OFFSET = 2**63
 
@@ -25,10 +31,30 @@ _MAX_TEACHER_OFFSET = 2**63
 @dataclass(frozen=True)
 class TrainSettings:
     steps: int = setting(200, minimum=1, doc="optimizer steps (the schedule spans them)")
-    batch_tokens: int = setting(256, minimum=1, doc="rows of x per step")
-    seq_len: int = setting(
-        32, minimum=1, doc="positions per sequence when the model takes x as [batch, seq, features]"
+    batch_tokens: int | None = setting(
+        None,
+        minimum=1,
+        doc=f"rows of x per step, for all micro-batches together (null: {TEACHER_BATCH}; a language model: "
+        f"{LM_SEQUENCES} sequences of seq_len tokens)",
     )
+    seq_len: int | None = setting(
+        None,
+        minimum=1,
+        doc=f"positions per sequence when the model takes sequences (null: {TEACHER_SEQ_LEN}; a language "
+        f"model: {LM_SEQ_LEN})",
+    )
+    grad_accum: int = setting(1, minimum=1, doc="micro-batches per optimizer step (batch_tokens is split)")
+    clip_grad_norm: float | None = setting(
+        None,
+        minimum=0,
+        exclusive_minimum=True,
+        doc="clip the gradients' total norm to this before each step (null: off)",
+    )
+    z_loss: float = setting(0.0, minimum=0, doc="language models: weight of the z-loss (logsumexp^2) term")
+    eval_every: int = setting(
+        50, minimum=0, doc="language models: validation loss every this many steps, and at the end (0: end)"
+    )
+    eval_batches: int = setting(8, minimum=1, doc="language models: validation batches per evaluation")
     optimizer: str = setting("adamw", choices=OPTIMIZERS, doc="the optimizer")
     lr: float = setting(3e-3, minimum=0, doc="peak learning rate")
     weight_decay: float = setting(0.0, minimum=0, doc="decoupled weight decay (adamw) or L2 (sgd)")
@@ -106,13 +132,40 @@ class TrainSettings:
                 ]
             )
 
+    def for_task(self, language_model: bool) -> TrainSettings:
+        """These settings with ``batch_tokens`` and ``seq_len`` decided (their null means the task's
+        default): what the run uses and records."""
+        seq_len = self.seq_len or (LM_SEQ_LEN if language_model else TEACHER_SEQ_LEN)
+        batch = self.batch_tokens or (LM_SEQUENCES * seq_len if language_model else TEACHER_BATCH)
+        return dataclasses.replace(self, seq_len=seq_len, batch_tokens=batch)
+
+    @property
+    def tokens(self) -> int:
+        """``batch_tokens`` once decided (``for_task``)."""
+        assert self.batch_tokens is not None, "TrainSettings.for_task decides batch_tokens first"
+        return self.batch_tokens
+
+    @property
+    def positions(self) -> int:
+        """``seq_len`` once decided (``for_task``)."""
+        assert self.seq_len is not None, "TrainSettings.for_task decides seq_len first"
+        return self.seq_len
+
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], prefix: str = "train") -> TrainSettings:
         """Check every key at once; raise ``ConfigError`` listing all problems."""
         return read_section(cls, raw, prefix)
 
 
-RESUMABLE = ("steps", "stop_after", "checkpoint_every", "keep_checkpoints", "plot")
+RESUMABLE = (
+    "steps",
+    "stop_after",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "plot",
+    "eval_every",
+    "eval_batches",
+)
 """Settings a resumed run may change (a changed ``steps`` reshapes the cosine schedule: noted)."""
 NOT_RECORDED = (
     "out_dir",
@@ -125,3 +178,6 @@ NOT_RECORDED = (
 )
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""
+ADDED_LATER = {"grad_accum": 1, "clip_grad_norm": None, "z_loss": 0.0}
+"""Run-defining settings newer than the checkpoint format, with their default: recorded only when set
+otherwise, so a run recorded before they existed (which ran with the default) still resumes."""

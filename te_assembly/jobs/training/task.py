@@ -51,12 +51,30 @@ class TeacherTask:
         self.seq_len = seq_len
         """Positions per sequence, for a model that takes ``[batch, seq, features]``."""
 
-    def batch(self, step: int) -> Batch:
-        generator = torch.Generator().manual_seed(step_seed(self.target.seed, step))
-        x, inputs = self.target.sample(self.plan, self.tokens, generator, self.seq_len)
+    is_language_model = False
+
+    def batch(self, step: int, micro: int = 0, micros: int = 1) -> Batch:
+        """Step ``step``'s batch, or its micro-batch ``micro`` of ``micros`` (gradient accumulation; the
+        first is the one a run without accumulation draws)."""
+        seed = (
+            step_seed(self.target.seed, step)
+            if micro == 0
+            else step_seed(self.target.seed, -(step * 1_000_003 + micro))
+        )
+        generator = torch.Generator().manual_seed(seed)
+        x, inputs = self.target.sample(self.plan, self.tokens // micros, generator, self.seq_len)
         with torch.no_grad():
             target = self.teacher(x, **inputs).y.detach()
         return Batch(x, inputs, target)
+
+    def terms(
+        self, y: torch.Tensor, extras: Mapping[str, torch.Tensor], batch: Batch, loss_names: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        return loss_terms(y, batch.target, extras, loss_names)
+
+    def evaluate(self, model: torch.nn.Module, batches: int) -> None:
+        """The teacher task has no held-out data: its training loss is its measure."""
+        return None
 
 
 def perturb_constant_parameters(model: torch.nn.Module, scale: float = 0.1) -> list[str]:

@@ -1,0 +1,151 @@
+"""The three tokenizers a language model may use, behind one small interface.
+
+- byte-level (the default): each UTF-8 byte is its own id (0-255) and ``<|endoftext|>`` is 256; needs no
+  file and round-trips any text exactly;
+- a Hugging Face ``tokenizer.json`` read with the ``tokenizers`` library;
+- a byte-level BPE trained with ``tokenizers`` on the training documents (``data.tokenizer.train_vocab``).
+
+``fingerprint`` names a tokenizer's exact behaviour (the tokenized cache and the run record key on it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from te_assembly.errors import DataError
+from te_assembly.outputs import write_text_atomic
+
+BYTE_VOCAB = 257
+"""256 bytes and ``<|endoftext|>``."""
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eot_id: int
+    fingerprint: str
+    kind: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def save(self, path: Path) -> Path | None:
+        """Write ``tokenizer.json`` (nothing for byte-level, which needs no file)."""
+        ...
+
+
+class ByteTokenizer:
+    kind = "byte"
+    vocab_size = BYTE_VOCAB
+    eot_id = 256
+    fingerprint = "byte-level/1"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # A generated id may end mid-character: show what is there (U+FFFD for a cut sequence).
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def save(self, path: Path) -> Path | None:
+        return None
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer``: read from a ``tokenizer.json`` or trained here."""
+
+    def __init__(self, tokenizer: object, eot: str, kind: str, source: str) -> None:
+        self._tok = tokenizer
+        self.kind = kind
+        self.source = source
+        eot_id = tokenizer.token_to_id(eot)  # type: ignore[attr-defined]
+        if eot_id is None:
+            raise DataError(
+                f"{source} has no {eot!r} token to join documents with: name its end-of-text token with "
+                "data.tokenizer.eot (GPT-2's is <|endoftext|>, Llama 3's <|end_of_text|>)"
+            )
+        self.eot_id = int(eot_id)
+        self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
+        self._json = tokenizer.to_str()  # type: ignore[attr-defined]
+        self.fingerprint = "tokenizers/" + hashlib.sha256(self._json.encode()).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)  # type: ignore[attr-defined]
+        return [list(e.ids) for e in encoded]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))  # type: ignore[attr-defined]
+
+    def save(self, path: Path) -> Path | None:
+        return write_text_atomic(path, self._json)
+
+
+def _tokenizers():  # type: ignore[no-untyped-def]
+    try:
+        import tokenizers
+    except ImportError as exc:  # a dependency of te_assembly; an environment without it is broken
+        from te_assembly.errors import MissingToolError
+
+        raise MissingToolError(
+            "a tokenizer.json or a trained BPE needs the tokenizers library: pip install tokenizers"
+        ) from exc
+    return tokenizers
+
+
+def load_tokenizer_file(path: Path, eot: str) -> HFTokenizer:
+    """A ``tokenizer.json`` (``DataError`` when it is missing or not one)."""
+    if not path.is_file():
+        raise DataError(f"data.tokenizer.path={path}: no such file (a Hugging Face tokenizer.json)")
+    tokenizers = _tokenizers()
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exceptions for a malformed file
+        raise DataError(
+            f"data.tokenizer.path={path} is not a tokenizer.json the tokenizers library reads: {exc}"
+        ) from None
+    return HFTokenizer(tok, eot, "file", str(path))
+
+
+def train_bpe(texts: Iterable[str], vocab: int, eot: str) -> HFTokenizer:
+    """A byte-level BPE of ``vocab`` ids (the 256 bytes, ``eot`` and merges) trained on ``texts``."""
+    tokenizers = _tokenizers()
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=[eot],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return HFTokenizer(tok, eot, "bpe", f"a BPE of {vocab} ids trained on the corpus")
+
+
+def from_json(text: str, eot: str, kind: str, source: str) -> HFTokenizer:
+    """A tokenizer from its ``tokenizer.json`` text (a trained BPE kept in the cache, or beside a run)."""
+    return HFTokenizer(_tokenizers().Tokenizer.from_str(text), eot, kind, source)
+
+
+__all__ = [
+    "BYTE_VOCAB",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "Tokenizer",
+    "from_json",
+    "load_tokenizer_file",
+    "train_bpe",
+]

@@ -1,0 +1,116 @@
+"""Training a language model on text, exact resume, the data in the run record, and generate."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import te_assembly
+from te_assembly.errors import CheckpointError
+from te_assembly.jobs.generate import generate, next_token
+from te_assembly.jobs.text.settings import DataSettings, GenerateSettings
+from te_assembly.jobs.text.tokenizer import ByteTokenizer
+from te_assembly.jobs.train import train
+from te_assembly.jobs.training.settings import TrainSettings
+from tests.language.lm import tiny_lm
+
+CORPUS = "abcabcabd abcabcabd " * 60
+
+
+def _data(tmp_path: Path, text: str = CORPUS) -> DataSettings:
+    src = tmp_path / "corpus"
+    src.mkdir(exist_ok=True)
+    for i in range(8):
+        (src / f"d{i}.txt").write_text(text)
+    return DataSettings(path=str(src), cache_dir=str(tmp_path / "cache"))
+
+
+def _settings(out: Path, **kw: object) -> TrainSettings:
+    base = dict(steps=60, batch_tokens=256, seq_len=16, lr=1e-2, warmup_steps=2, plot=False, out_dir=str(out))
+    base.update(kw)
+    return TrainSettings(**base)  # type: ignore[arg-type]
+
+
+def _unigram_entropy(text: str) -> float:
+    counts = Counter(text.encode())
+    total = sum(counts.values())
+    return -sum(c / total * math.log(c / total) for c in counts.values())
+
+
+def test_a_tiny_model_learns_below_the_unigram_entropy_and_logs_validation(tmp_path: Path) -> None:
+    plan = te_assembly.load(tiny_lm(vocab=272)).checked_plan()
+    result = train(plan, _settings(tmp_path / "run", eval_every=20), data=_data(tmp_path))
+    entropy = _unigram_entropy(CORPUS)
+    assert result.losses[0] > entropy  # starts at about ln(272)
+    assert result.losses[-1] < entropy
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evaluated] == [20, 40, 60]
+    assert evaluated[-1]["val_loss"] < evaluated[0]["val_loss"]
+    assert evaluated[-1]["val_perplexity"] == pytest.approx(math.exp(evaluated[-1]["val_loss"]))
+    assert evaluated[-1]["val_bits_per_byte"] is not None
+
+
+def test_resume_is_exact_and_other_data_is_another_run(tmp_path: Path) -> None:
+    plan = te_assembly.load(tiny_lm(vocab=272)).checked_plan()
+    data = _data(tmp_path)
+    straight = train(plan, _settings(tmp_path / "a", steps=8, grad_accum=2, clip_grad_norm=0.5), data=data)
+    train(plan, _settings(tmp_path / "b", steps=8, stop_after=4, grad_accum=2, clip_grad_norm=0.5), data=data)
+    resumed = train(
+        plan, _settings(tmp_path / "b", steps=8, resume=True, grad_accum=2, clip_grad_norm=0.5), data=data
+    )
+    assert resumed.start_step == 4
+    assert resumed.losses == straight.losses
+    other = (
+        _data(tmp_path / "other_text", "xyz xyz " * 200)
+        if (tmp_path / "other_text").mkdir() is None
+        else None
+    )
+    assert other is not None
+    with pytest.raises(CheckpointError, match="data"):
+        train(
+            plan,
+            _settings(tmp_path / "b", steps=10, resume=True, grad_accum=2, clip_grad_norm=0.5),
+            data=other,
+        )
+
+
+def test_generate_is_deterministic_and_greedy_is_the_models_own_argmax() -> None:
+    torch.manual_seed(0)
+    model = te_assembly.build(tiny_lm(vocab=272, attention=True), engine="reference")
+    tok = ByteTokenizer()
+    sampled = GenerateSettings(max_new_tokens=12, temperature=1.0, seed=5, stop_at_eot=False)
+    first = generate(model, tok, "ab", sampled)
+    assert generate(model, tok, "ab", sampled).ids == first.ids
+    assert (
+        generate(model, tok, "ab", GenerateSettings(max_new_tokens=12, temperature=1.0, seed=6)).ids
+        != first.ids
+    )
+    greedy = generate(model, tok, "ab", GenerateSettings(max_new_tokens=6, temperature=0, stop_at_eot=False))
+    ids = tok.encode("ab")
+    for _ in range(6):
+        ids.append(int(model(torch.tensor([ids])).y[0, -1].argmax()))
+    assert greedy.ids == ids[2:]
+
+
+def test_top_k_and_top_p_keep_only_the_likely_ids() -> None:
+    logits = torch.tensor([5.0, 4.0, 0.0, -1.0, -2.0])
+    drawn = {
+        next_token(
+            logits, GenerateSettings(temperature=1.0, top_k=2, top_p=None), torch.Generator().manual_seed(s)
+        )
+        for s in range(200)
+    }
+    assert drawn == {0, 1}
+    nucleus = {
+        next_token(
+            logits, GenerateSettings(temperature=1.0, top_k=None, top_p=0.5), torch.Generator().manual_seed(s)
+        )
+        for s in range(50)
+    }
+    assert nucleus == {0}  # id 0 alone holds more than half the probability
