@@ -55,6 +55,15 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
     arg_diags = _check_args(spec, args, f"{path}.args")
     out.extend(arg_diags)
     full_args = spec.with_defaults(args)
+    common: dict[str, Any] = {
+        "index": index,
+        "name": name,
+        "kind": kind,
+        "type": spec.name,
+        "args": full_args,
+        "args_valid": not arg_diags,
+        "tie_weight": _tie(raw),
+    }
     if isinstance(spec, ModuleSpec):
         for key in ("extra_inputs", "extra_outputs"):
             if raw.get(key):
@@ -65,29 +74,10 @@ def check_step(index: int, raw: Any, seen: dict[str, int]) -> tuple[PlannedStep 
                         f"module {spec.name!r} is not a fusible op and has no extra tensor slots",
                     )
                 )
-        step = PlannedStep(
-            index=index,
-            name=name,
-            kind=kind,
-            type=spec.name,
-            args=full_args,
-            args_valid=not arg_diags,
-            tie_weight=_tie(raw),
-        )
-        return step, out
+        return PlannedStep(**common), out
     slots, slot_diags = _bind_slots(spec, full_args, raw, path, args_ok=not arg_diags)
     out.extend(slot_diags)
-    step = PlannedStep(
-        index=index,
-        name=name,
-        kind=kind,
-        type=spec.name,
-        args=full_args,
-        args_valid=not arg_diags,
-        tie_weight=_tie(raw),
-        **slots,
-    )
-    return step, out
+    return PlannedStep(**common, **slots), out
 
 
 def _tie(raw: Mapping[str, Any]) -> str | None:

@@ -36,7 +36,8 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def parameter_count(plan: Plan) -> int:
-    return sum(math.prod(shape) for step in plan.steps for shape in step.param_shapes.values())
+    """Parameter elements; a tied weight is one tensor (counted at the step it is tied to)."""
+    return plan.num_params
 
 
 def _rows_per_step(plan: Plan, tokens: int) -> list[int]:
@@ -90,7 +91,8 @@ def activation_bytes(
     an attention step's heads and probabilities (sequences of ``seq_len`` rows; default: one sequence
     of all ``tokens``; ``fused``: see ``attention_elements``)."""
     size = dtype_bytes(dtype)
-    total = tokens * plan.in_features * size
+    # A language model's x is int64 token ids, one per position (in_features is its vocabulary).
+    total = tokens * INT_BYTES if plan.takes_token_ids else tokens * plan.in_features * size
     for step, rows in zip(plan.steps, _rows_per_step(plan, tokens), strict=True):
         out_width = step.out_width or step.in_width or 0
         total += rows * out_width * size
@@ -113,9 +115,14 @@ class MemoryEstimate:
     optimizer: int
     activations: int
 
+    loss: int = 0
+    """A language model's cross-entropy buffers: float32 log-probabilities of every position over the
+    vocabulary kept for backward, their gradient, and the float32 copy of narrower logits. At large
+    vocabularies they outweigh the rest of the activations."""
+
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.activations
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.loss
 
     def describe(self) -> str:
         parts = [
@@ -125,6 +132,7 @@ class MemoryEstimate:
                 ("gradients", self.gradients),
                 ("optimizer state", self.optimizer),
                 ("activations", self.activations),
+                ("cross-entropy buffers", self.loss),
             )
             if value
         ]
@@ -171,7 +179,17 @@ def _footprint(
         optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
         # Backward holds the gradient of the activation it is working on next to the saved ones.
         activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused) if tokens else 0,
+        loss=loss_bytes(plan, tokens, dtype),
     )
+
+
+def loss_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:
+    """A language model's cross-entropy over ``tokens`` positions (``MemoryEstimate.loss``); 0 for other
+    models, whose objectives keep nothing of their own."""
+    if not plan.takes_token_ids or not tokens:
+        return 0
+    copies = 2 + (1 if dtype_bytes(dtype) < 4 else 0)
+    return tokens * plan.out_features * 4 * copies
 
 
 def rank_estimate(
@@ -301,6 +319,7 @@ __all__ = [
     "estimate",
     "format_bytes",
     "fused_attention",
+    "loss_bytes",
     "parameter_count",
     "rank_estimate",
 ]

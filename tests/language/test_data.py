@@ -178,3 +178,20 @@ def test_te_fused_cross_entropy_agrees_with_torch() -> None:
     (grad_plain,) = torch.autograd.grad(plain, logits)
     assert torch.allclose(fused, plain, rtol=1e-5)
     assert torch.allclose(grad_fused, grad_plain, rtol=1e-4, atol=1e-7)
+
+
+def test_a_datasets_dataset_saved_to_disk(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="the optional extra te_assembly[datasets]")
+    rows = [f"row {i}: " + "lorem ipsum dolor sit amet " * 4 for i in range(10)]
+    splits = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"body": rows[:8]}),
+            "test": datasets.Dataset.from_dict({"body": rows[8:]}),
+        }
+    )
+    splits.save_to_disk(str(tmp_path / "ds"))
+    data = prepare(_settings(tmp_path, tmp_path / "ds", text_field="body"))
+    assert data.meta["documents"]["train"] + data.meta["documents"]["val"] == 10
+    assert sum(len(r.encode()) for r in rows) == data.meta["bytes"]["train"] + data.meta["bytes"]["val"]
+    with pytest.raises(DataError, match="has no column 'text'"):
+        prepare(_settings(tmp_path, tmp_path / "ds"))

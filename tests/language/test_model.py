@@ -136,3 +136,27 @@ def test_the_te_engine_ties_the_head_inside_its_fuser_and_matches_the_reference(
         model(x).y.square().mean().backward()
     assert torch.allclose(ref(x).y, te(x).y, rtol=1e-10, atol=1e-12)
     assert torch.allclose(ref.steps.embed.weight.grad, te.steps.embed.weight.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_the_memory_estimate_counts_the_cross_entropy_buffers() -> None:
+    """What autograd keeps for the loss of ``tokens`` positions (measured with saved-tensor hooks) is
+    within the estimate's cross-entropy share, which grows with the vocabulary."""
+    from te_assembly.engines.memory import estimate
+    from te_assembly.jobs import objective
+
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    vocab, tokens = 4096, 64
+    logits = torch.randn(1, tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        objective.next_token_terms(logits, labels, {}, ())
+    plan = te_assembly.load(tiny_lm(vocab=vocab)).checked_plan()
+    small = te_assembly.load(tiny_lm(vocab=256)).checked_plan()
+    big = estimate(plan, torch.bfloat16, tokens=tokens, models=1, trained=1)
+    assert big.loss >= sum(saved) > 0
+    assert estimate(small, torch.bfloat16, tokens=tokens).loss < big.loss

@@ -18,6 +18,11 @@ from te_assembly.jobs.text.settings import GenerateSettings
 SECTIONS = {**COMMON_SECTIONS, "generate": GenerateSettings}
 
 
+def _tokenizer_words(tokenizer: object) -> str:
+    source = getattr(tokenizer, "source", None)
+    return f"tokenizer {source}" if source else "byte-level tokenizer"
+
+
 def main(analysis: Analysis, console: Console) -> int:
     from te_assembly.jobs.generate import generate, load_source, read_prompt, tokenizer_for
 
@@ -47,8 +52,8 @@ def main(analysis: Analysis, console: Console) -> int:
         else (f"temperature {settings.temperature:g}, top_k {settings.top_k}, top_p {settings.top_p}")
     )
     console.print(
-        f"{printable(model.plan.name)} {printable(where)}; {tokenizer.kind} tokenizer; {how}; up to "
-        f"{settings.max_new_tokens} tokens",
+        f"{printable(model.plan.name)} {printable(where)}; {printable(_tokenizer_words(tokenizer))}; {how}; "
+        f"up to {settings.max_new_tokens} tokens",
         markup=False,
         soft_wrap=True,
     )

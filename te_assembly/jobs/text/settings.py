@@ -70,13 +70,15 @@ class DataSettings:
     path: str | None = setting(
         None,
         nonempty=True,
-        doc="a text file, a folder, a glob, a .jsonl or a pre-tokenized .bin (null: the default corpus, "
-        "the Python standard library's own source)",
+        doc="a text file, a folder, a glob, a .jsonl, a pre-tokenized .bin, or a datasets save_to_disk "
+        "folder (null: the default corpus, the Python standard library's own source)",
     )
     format: str = setting(
         "auto", choices=FORMATS, doc="auto: by suffix (.jsonl: JSON Lines, .bin: tokens, else text)"
     )
-    text_field: str = setting("text", nonempty=True, doc="JSON Lines: the field holding each document")
+    text_field: str = setting(
+        "text", nonempty=True, doc="JSON Lines and datasets: the field (column) holding each document"
+    )
     token_dtype: str = setting("uint16", choices=TOKEN_DTYPES, doc="pre-tokenized .bin files: the id type")
     suffixes: list[str] = setting(
         TEXT_SUFFIXES, items=FieldSpec(str, nonempty=True), doc="in a folder, the text files read (by suffix)"

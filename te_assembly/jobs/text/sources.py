@@ -18,6 +18,8 @@ from te_assembly.errors import DataError
 from te_assembly.jobs.text.settings import DataSettings
 
 DEFAULT_CORPUS = "the Python standard library's source"
+_DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json")
+"""What ``datasets``' ``save_to_disk`` writes into a dataset's folder (a Dataset; a DatasetDict)."""
 _SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 
 
@@ -31,10 +33,13 @@ class Document:
 @dataclass(frozen=True)
 class Sources:
     kind: str
-    """``text`` (text files and JSON Lines: documents to tokenize) or ``tokens`` (pre-tokenized files)."""
+    """``text`` (text files and JSON Lines: documents to tokenize), ``datasets`` (a Hugging Face dataset
+    saved with ``save_to_disk``: documents too) or ``tokens`` (pre-tokenized files)."""
     files: tuple[Path, ...]
     description: str
     """For messages and the run: ``data.path=notes/ (12 files)``."""
+    root: Path | None = None
+    """A ``datasets`` dataset's folder."""
 
     def fingerprint(self) -> str:
         """SHA-256 of every file's name and content, in order: a changed file changes it."""
@@ -80,6 +85,9 @@ def find_sources(settings: DataSettings) -> Sources:
         if not files:
             raise DataError(f"data.path={given}: the pattern matches no file")
         where = f"data.path={given} ({len(files)} files)"
+    elif path.is_dir() and any((path / marker).is_file() for marker in _DATASET_MARKERS):
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return Sources("datasets", tuple(files), f"data.path={given} (a datasets dataset)", path)
     elif path.is_dir():
         suffixes = {s.lower() for s in settings.suffixes}
         files = sorted(
@@ -114,7 +122,12 @@ def _kind(path: Path, fmt: str) -> str:
 
 
 def documents(sources: Sources, settings: DataSettings) -> Iterator[Document]:
-    """Every non-empty document, in file order (a JSON Lines file gives one per record)."""
+    """Every non-empty document, in file order (a JSON Lines file gives one per record, a ``datasets``
+    dataset one per row of each split)."""
+    if sources.kind == "datasets":
+        assert sources.root is not None
+        yield from _dataset_rows(sources.root, settings.text_field)
+        return
     for path in sources.files:
         jsonl = settings.format == "jsonl" or (settings.format == "auto" and path.suffix.lower() == ".jsonl")
         if jsonl:
@@ -142,6 +155,35 @@ def read_text(path: Path) -> str:
             f"{path} is not UTF-8 text: byte {exc.start} (line {line}) is 0x{raw[exc.start]:02x}; convert it "
             "(iconv -t utf-8) or leave it out of data.path"
         ) from None
+
+
+def _dataset_rows(root: Path, field: str) -> Iterator[Document]:
+    try:
+        import datasets
+    except ImportError:
+        from te_assembly.errors import MissingToolError
+
+        raise MissingToolError(
+            f"data.path={root} is a Hugging Face datasets dataset: reading it needs the datasets library "
+            "(pip install 'te_assembly[datasets]')"
+        ) from None
+    try:
+        loaded = datasets.load_from_disk(str(root))
+    except Exception as exc:  # datasets raises many kinds for a damaged folder
+        raise DataError(f"data.path={root}: datasets cannot load it: {exc}") from None
+    splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
+    for split, table in splits:
+        if field not in table.column_names:
+            raise DataError(
+                f"data.path={root}{f' (split {split})' if split else ''} has no column {field!r} (it has: "
+                f"{', '.join(table.column_names)}); data.text_field names the text's column"
+            )
+        for number, value in enumerate(table[field]):
+            where = f"{root}:{split + ':' if split else ''}{number}"
+            if not isinstance(value, str):
+                raise DataError(f"{where}: {field!r} is a {type(value).__name__}, not text")
+            if value:
+                yield Document(where, value)
 
 
 def _records(path: Path, field: str) -> Iterator[Document]:
