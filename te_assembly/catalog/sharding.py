@@ -105,6 +105,8 @@ MODULE_SHARDING: dict[str, Sharding] = {
     "Tanh": _ELEMENTWISE,
     "Linear": _REPLICATED,
     "LayerNorm": _REPLICATED,
+    # One row per token id: the ids are not features, so every tensor-parallel rank embeds them whole.
+    "Embedding": _REPLICATED,
     # Attention needs whole heads in te_assembly's packed q | k | v layout, which a column-parallel QKV
     # Linear would cut across heads: it runs whole on every tensor-parallel rank, outside any region
     # (its QKV and output Linears stay unsplit), on whole sequences.

@@ -74,8 +74,9 @@ def print_help(command: str | None, hydra_args: Sequence[str], io: Consoles, gen
     if doc:
         out.print(Text(doc))
     table = Table(title="settings (KEY=VALUE on the command line)", title_justify="left", box=None)
-    for column in ("key", "value", "what it does"):
-        table.add_column(column)
+    table.add_column("key", no_wrap=True)
+    table.add_column("value", max_width=16)  # a long list wraps in its own cell, not the docs beside it
+    table.add_column("what it does")
     for name, cls in module.SECTIONS.items():
         current = values if name == "" else values.get(name)
         for key, value, line in section_help(cls, current if isinstance(current, dict) else None, name):

@@ -134,6 +134,15 @@ def _fill_tied(
         state[prefix + alias] = value
 
 
+def store_ties_once(module: torch.nn.Module, plan: Plan) -> None:
+    """Hooks that make ``module``'s state dict hold each tied weight once, under the name of the one it
+    is tied to, and fill it back in on load (``_drop_tied``, ``_fill_tied``)."""
+    tied = dict(plan.tied_params)
+    if tied:
+        module.register_state_dict_post_hook(functools.partial(_drop_tied, tied))
+        module.register_load_state_dict_pre_hook(functools.partial(_fill_tied, tied))
+
+
 def step_module(steps: torch.nn.Module, name: str) -> torch.nn.Module:
     """The module ``add_step`` registered under ``name``."""
     node = steps
@@ -171,10 +180,7 @@ class AssembledModel(torch.nn.Module):
         self._loss_output_names = loss_output_names(plan)
         self._checks = CallChecks(plan, self.row_changing_steps)
         self._check = self._checks.check
-        tied = dict(plan.tied_params)
-        if tied:
-            self.register_state_dict_post_hook(functools.partial(_drop_tied, tied))
-            self.register_load_state_dict_pre_hook(functools.partial(_fill_tied, tied))
+        store_ties_once(self, plan)
 
     def step_module(self, name: str) -> torch.nn.Module:
         """The module of step ``name`` (``layers.3.norm`` for a step of a block use)."""
@@ -332,5 +338,6 @@ __all__ = [
     "loss_output_names",
     "loss_precision",
     "step_module",
+    "store_ties_once",
     "tie_weights",
 ]

@@ -115,6 +115,7 @@ def test_shell_completion_installs_and_completes_models(tmp_path: Path) -> None:
     assert set(done.stdout.split()) == {
         "model=moe_block",
         "model=moe_block_wide",
+        "model=moe_lm",
         "model=moe_transformer",
         "model=my_block",
     }
@@ -156,7 +157,7 @@ def test_command_help_lists_its_settings(command: str, rows: list[tuple[str, str
         assert re.search(
             rf"^\s*{re.escape(key)}\s+{re.escape(value)}\s+.*{re.escape(doc)}", done.stdout, re.M
         ), key
-    assert "model: channel_demo, dense_transformer, fanout_mlp, moe_block" in done.stdout
+    assert "model: channel_demo, dense_lm, dense_transformer, fanout_mlp, moe_block" in done.stdout
     assert "--multirun" in done.stdout
     if command not in ("train", "validate"):  # validate checks every section a command reads
         assert "train.lr" not in done.stdout

@@ -1,4 +1,6 @@
-"""``train``: a short run regressing a fixed random teacher of the same plan (the job: ``jobs/train.py``).
+"""``train``: a language model (token ids in, logits out) by next-token cross-entropy on the text of the
+``data:`` section (README "Language models"); any other model by regressing a fixed random teacher of
+the same plan (the job: ``jobs/train.py``).
 
 Prints a progress bar with loss and tokens/s. Each run has its own directory, by default
 ``outputs/<model>/<date>_<time>/`` (``train.out_dir`` names another), holding its checkpoints, the

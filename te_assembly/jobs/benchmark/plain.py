@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from te_assembly.analysis.plan import Plan
-from te_assembly.engines.base import ModelOutput, step_module
+from te_assembly.engines.base import ModelOutput, step_module, store_ties_once
 from te_assembly.engines.reference.model import build_reference
 
 
@@ -59,7 +59,8 @@ class PlainModel(torch.nn.Module):
         super().__init__()
         self.plan = plan
         # The reference engine's op modules, registered under the same ``steps.<name>`` names.
-        self.steps = build_reference(plan, device=device, dtype=dtype).steps
+        self.steps = build_reference(plan, device=device, dtype=dtype).steps  # tied weights stay tied
+        store_ties_once(self, plan)
         self.ops = [step_module(self.steps, s.name) for s in plan.steps]
         self.source = plain_source(plan)
         namespace: dict[str, Any] = {}

@@ -58,6 +58,8 @@ def plan_to_model(plan: Plan) -> dict[str, Any]:
     ops: list[dict[str, Any]] = []
     for s in plan.steps:
         entry: dict[str, Any] = {"name": s.name, s.kind: s.type, "args": dict(s.args)}
+        if s.tie_weight is not None:
+            entry["tie_weight"] = s.tie_weight  # kept where both steps land in one part (``split``)
         if s.kind == "op":
             pairs = zip(s.input_slots, s.input_channels, strict=True)
             bound_in = {slot.name: ch for slot, ch in pairs if ch is not None}
@@ -162,6 +164,9 @@ def split_plan(plan: Plan, cut: int | Sequence[int] | None = None) -> SplitPlan:
             del ops[ref.step]["extra_inputs"][ref.slot_name]  # unbound: a public input <step>_<slot>
             inputs.append(plan.steps[ref.step].public_input_name(ref.slot))
         bridges.append(Bridge(name, name, tuple(inputs)))
+    for step in plan.steps:  # a tie across the cut: SplitModel shares the Parameter between the parts
+        if step.tie_weight is not None and part_of[plan.step(step.tie_weight).index] != part_of[step.index]:
+            del ops[step.index]["tie_weight"]
     parts = []
     for p in range(len(bounds) - 1):
         first, end = bounds[p], bounds[p + 1]
@@ -196,13 +201,36 @@ class SplitModel(torch.nn.Module):
             raise ValueError(f"{len(split.parts)} parts planned, {len(parts)} given")
         self.split = split
         self.parts = torch.nn.ModuleList(parts)
+        self._share_ties_across_parts()
         self._inputs = [[t.name for t in p.public_inputs] for p in split.parts]
         self._feeds = {name: b.output for b in split.bridges for name in b.inputs}
         self._outputs = [t.name for t in split.original.public_outputs]
 
+    def _share_ties_across_parts(self) -> None:
+        """A weight tied across the cut is one Parameter in both parts, as in the unsplit model. TE's
+        fusers list a part's parameters when they are built, so TE parts cannot share one afterwards."""
+        where = {s.name: part for part in self.parts for s in part.plan.steps}
+        for alias, owner in self.split.original.tied_params.items():
+            alias_step, owner_step = alias.split(".")[1], owner.split(".")[1]
+            alias_part, owner_part = where[alias_step], where[owner_step]
+            if alias_part is owner_part:
+                continue
+            if alias_part.engine != "reference":
+                raise SplitError(
+                    f"{alias} is tied to {owner} across the cut: the split variant of a tied model runs "
+                    "with engine=reference only (TE's fusers hold each part's own parameters)"
+                )
+            *path, leaf = alias.removeprefix("steps.").split(".")
+            *owner_path, owner_leaf = owner.removeprefix("steps.").split(".")
+            shared = getattr(owner_part.steps.get_submodule(".".join(owner_path)), owner_leaf)
+            setattr(alias_part.steps.get_submodule(".".join(path)), leaf, shared)
+
     def load_from(self, model: torch.nn.Module) -> SplitModel:
         """Copy the weights of the unsplit model (parameters are named ``steps.<step>.*`` in all)."""
         full = model.state_dict()
+        plan = getattr(model, "plan", None)
+        for alias, owner in (plan.tied_params if plan is not None else {}).items():
+            full[alias] = full[owner]  # a tie across the cut: each part holds its own copy
         for part in self.parts:
             part.load_state_dict({k: full[k] for k in part.state_dict()})
         return self
