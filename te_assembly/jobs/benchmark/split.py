@@ -201,29 +201,31 @@ class SplitModel(torch.nn.Module):
             raise ValueError(f"{len(split.parts)} parts planned, {len(parts)} given")
         self.split = split
         self.parts = torch.nn.ModuleList(parts)
-        self._share_ties_across_parts()
+        self._share_ties_across_parts(parts)
         self._inputs = [[t.name for t in p.public_inputs] for p in split.parts]
         self._feeds = {name: b.output for b in split.bridges for name in b.inputs}
         self._outputs = [t.name for t in split.original.public_outputs]
 
-    def _share_ties_across_parts(self) -> None:
+    def _share_ties_across_parts(self, parts: tuple[AssembledModel, ...]) -> None:
         """A weight tied across the cut is one Parameter in both parts, as in the unsplit model. TE's
         fusers list a part's parameters when they are built, so TE parts cannot share one afterwards."""
-        where = {s.name: part for part in self.parts for s in part.plan.steps}
-        for alias, owner in self.split.original.tied_params.items():
-            alias_step, owner_step = alias.split(".")[1], owner.split(".")[1]
-            alias_part, owner_part = where[alias_step], where[owner_step]
-            if alias_part is owner_part:
+        where = {s.name: part for part in parts for s in part.plan.steps}
+        for step in self.split.original.steps:
+            if step.tie_weight is None:
                 continue
-            if alias_part.engine != "reference":
+            mine, theirs = where[step.name], where[step.tie_weight]
+            if mine is theirs:
+                continue
+            if mine.engine != "reference":
                 raise SplitError(
-                    f"{alias} is tied to {owner} across the cut: the split variant of a tied model runs "
-                    "with engine=reference only (TE's fusers hold each part's own parameters)"
+                    f"step {step.name!r} is tied to {step.tie_weight!r} across the cut: the split variant "
+                    "of a tied model runs with engine=reference only (TE's fusers hold each part's own "
+                    "parameters)"
                 )
-            *path, leaf = alias.removeprefix("steps.").split(".")
-            *owner_path, owner_leaf = owner.removeprefix("steps.").split(".")
-            shared = getattr(owner_part.steps.get_submodule(".".join(owner_path)), owner_leaf)
-            setattr(alias_part.steps.get_submodule(".".join(path)), leaf, shared)
+            owner = self.split.original.step(step.tie_weight)
+            shared = theirs.steps.get_parameter(f"{owner.name}.{owner.spec.tie_param}")
+            *path, leaf = f"{step.name}.{step.spec.tie_param}".split(".")
+            setattr(mine.steps.get_submodule(".".join(path)), leaf, shared)
 
     def load_from(self, model: torch.nn.Module) -> SplitModel:
         """Copy the weights of the unsplit model (parameters are named ``steps.<step>.*`` in all)."""
