@@ -233,7 +233,7 @@ def _count_flops(
     """One counted forward and backward of (a), before any timing; its gradients are cleared."""
 
     def forward() -> torch.Tensor:
-        return bench_loss(variant.model(x, **inputs), variant.loss_outputs)
+        return bench_loss(variant.model(x, **inputs), variant.loss_outputs, x)
 
     count = count_flops(forward, plan, tokens, te_kernels=te_kernels, seq_len=seq_len)
     variant.optimizer.zero_grad(set_to_none=True)

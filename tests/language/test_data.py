@@ -195,3 +195,12 @@ def test_a_datasets_dataset_saved_to_disk(tmp_path: Path) -> None:
     assert sum(len(r.encode()) for r in rows) == data.meta["bytes"]["train"] + data.meta["bytes"]["val"]
     with pytest.raises(DataError, match="has no column 'text'"):
         prepare(_settings(tmp_path, tmp_path / "ds"))
+
+
+def test_pretokenized_ids_beyond_the_vocabulary_are_refused(tmp_path: Path) -> None:
+    ids = np.arange(2000, dtype=np.uint16) % 300  # ids up to 299
+    ids.tofile(tmp_path / "tokens.bin")
+    corpus = Corpus(prepare(_settings(tmp_path, tmp_path / "tokens.bin")), seq_len=16)
+    with pytest.raises(DataError, match="token ids up to 299 would be out of range"):
+        corpus.check_fits(272, "dense_lm")
+    corpus.check_fits(304, "dense_lm")  # a vocabulary that holds them

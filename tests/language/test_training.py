@@ -114,3 +114,19 @@ def test_top_k_and_top_p_keep_only_the_likely_ids() -> None:
         for s in range(50)
     }
     assert nucleus == {0}  # id 0 alone holds more than half the probability
+
+
+@pytest.mark.te
+def test_generate_through_tes_fusers_equals_the_reference_engine() -> None:
+    pytest.importorskip("transformer_engine.pytorch", reason="needs Transformer Engine")
+    from te_assembly.jobs.target import copy_weights
+
+    torch.manual_seed(0)
+    ref = te_assembly.build(tiny_lm(vocab=272, attention=True), engine="reference")
+    te = te_assembly.build(tiny_lm(vocab=272, attention=True), engine="te", kernels="reference")
+    copy_weights(ref, te)
+    settings = GenerateSettings(max_new_tokens=10, temperature=0.9, seed=3, stop_at_eot=False)
+    assert (
+        generate(te, ByteTokenizer(), "ab", settings).ids
+        == generate(ref, ByteTokenizer(), "ab", settings).ids
+    )

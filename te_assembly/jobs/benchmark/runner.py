@@ -47,9 +47,13 @@ class VariantResult:
     """Phase -> how it was timed (``timing.PhaseTimer.method``)."""
 
 
-def bench_loss(out: ModelOutput, loss_names: Sequence[str]) -> torch.Tensor:
+def bench_loss(out: ModelOutput, loss_names: Sequence[str], x: torch.Tensor | None = None) -> torch.Tensor:
     """Mean square of ``y`` plus every public loss output (``jobs/objective.py``): something every
-    output's gradient flows from."""
+    output's gradient flows from. For a language model (``x`` token ids), the next-token cross-entropy
+    a training step computes (labels: ``x`` shifted by one), so its buffers are timed too."""
+    if x is not None and not x.is_floating_point():
+        labels = x.roll(-1, dims=-1)
+        return objective.total(objective.next_token_terms(out.y, labels, out.extras, loss_names))
     return objective.objective(out.y, out.extras, loss_names)
 
 
@@ -67,7 +71,7 @@ def phase_timer(
 
         def prepare() -> torch.Tensor:  # untimed: a fresh graph for each backward
             v.optimizer.zero_grad(set_to_none=True)
-            return bench_loss(_forward(v, x, inputs), v.loss_outputs)
+            return bench_loss(_forward(v, x, inputs), v.loss_outputs, x)
 
         def backward(loss: torch.Tensor) -> None:
             loss.backward()
@@ -78,7 +82,7 @@ def phase_timer(
 
     def step() -> None:
         v.optimizer.zero_grad(set_to_none=True)
-        bench_loss(_forward(v, x, inputs), v.loss_outputs).backward()
+        bench_loss(_forward(v, x, inputs), v.loss_outputs, x).backward()
         if v.after_backward is not None:
             v.after_backward()
         v.optimizer.step()
