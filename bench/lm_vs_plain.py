@@ -11,7 +11,8 @@ batches a pure function of (seed, step)), and step with AdamW and the same warm-
 
 1. Quality: te_assembly's ``train`` job (the code ``python -m te_assembly train model=dense_lm`` runs)
    for ``--steps`` steps against a plain training loop of the same steps; the validation loss of each at
-   the end on the same held-out windows. Goal: te_assembly's within 2% of the plain model's.
+   the end on the same held-out windows. Goal: te_assembly's within 2% of the plain model's. Each run's
+   median step time is shown too (the runs one after the other, so the machine may differ between them).
 2. Speed: tokens/s of a training step (forward, cross-entropy, backward, AdamW), te_assembly's built
    model and objective against the plain ones, interleaved step by step in one loop (both on the same
    batch each step, the order alternating), median of ``--timing-steps``. Goal: at least 0.9x.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import platform
@@ -168,10 +170,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
     initial = te_assembly.build(plan, engine="reference").state_dict()  # what the job builds with this seed
     with tempfile.TemporaryDirectory() as tmp:
-        began = time.perf_counter()
         run_settings = dataclasses.replace(settings, out_dir=str(Path(tmp) / "run"))
         job = train(plan, run_settings, seed=args.seed)
-        job_seconds = time.perf_counter() - began
+        records = (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()
+        job_step = statistics.median(json.loads(line)["step_time_s"] for line in records)
     assert job.model is not None
     job.model.eval()
     te_loss = validation_loss(lambda x: job.model(x).y, corpus, sequences, settings.eval_batches)
@@ -187,22 +189,25 @@ def main() -> None:
     )
     copy_into_plain(initial, plain, dims["layers"])
     opt = torch.optim.AdamW(plain.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    began = time.perf_counter()
+    plain_times = []
     for step in range(1, args.steps + 1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, settings.lr, settings.warmup_steps, args.steps, settings.min_lr_ratio)
         x, labels = corpus.batch(args.seed, step, sequences)
+        began = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         logits = plain(x)
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)).backward()
         opt.step()
-    plain_seconds = time.perf_counter() - began
+        plain_times.append(time.perf_counter() - began)
+    plain_step = statistics.median(plain_times)
     plain.eval()
     plain_loss = validation_loss(plain, corpus, sequences, settings.eval_batches)
-    print("\n| model | validation loss | train wall time |")
+    tokens = sequences * seq_len
+    print("\n| model | validation loss | tokens/s (median step; the runs one after the other) |")
     print("| --- | ---: | ---: |")
-    print(f"| te_assembly `train` | {te_loss:.4f} | {job_seconds:.1f} s |")
-    print(f"| plain PyTorch | {plain_loss:.4f} | {plain_seconds:.1f} s |")
+    print(f"| te_assembly `train` | {te_loss:.4f} | {tokens / job_step:,.0f} |")
+    print(f"| plain PyTorch | {plain_loss:.4f} | {tokens / plain_step:,.0f} |")
     gap = te_loss / plain_loss - 1
     met = "met" if abs(gap) <= 0.02 else "NOT met"
     print(f"te_assembly / plain validation loss: {1 + gap:.4f} ({gap:+.2%}; goal within 2%: {met})")
@@ -245,7 +250,6 @@ def main() -> None:
             opts[name].step()
             if i >= 2:  # two warm-up rounds
                 times[name].append(time.perf_counter() - began)
-    tokens = sequences * seq_len
     rate = {name: tokens / statistics.median(t) for name, t in times.items()}
     ratio = rate["te_assembly"] / rate["plain"]
     print("\n| step (forward, cross-entropy, backward, AdamW) | tokens/s (median) |")
