@@ -4,7 +4,9 @@ Importing this package is cheap and never imports torch or TE; ``build`` and the
 called. ``load`` runs the config pipeline (``analysis/pipeline.py``) without either.
 
 The jobs (``jobs/``) are functions of a plan, a ``Target`` and their settings: ``run``, ``verify``,
-``train`` and ``bench``, with ``RunSettings``, ``TrainSettings`` and ``BenchSettings``.
+``train`` and ``bench``, with ``RunSettings``, ``TrainSettings`` and ``BenchSettings`` (a language
+model's ``train`` also takes ``DataSettings``); ``generate`` continues a prompt with a language model
+(``GenerateSettings``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,16 @@ if TYPE_CHECKING:
     from te_assembly.engines import build
     from te_assembly.jobs.bench import bench
     from te_assembly.jobs.benchmark.settings import BenchSettings
-    from te_assembly.jobs.pretrained import export_checkpoint, from_pretrained, save_pretrained
+    from te_assembly.jobs.generate import generate
+    from te_assembly.jobs.pretrained import (
+        export_checkpoint,
+        from_checkpoint,
+        from_pretrained,
+        save_pretrained,
+    )
     from te_assembly.jobs.run import run
     from te_assembly.jobs.target import Target
+    from te_assembly.jobs.text.settings import DataSettings, GenerateSettings
     from te_assembly.jobs.train import train
     from te_assembly.jobs.training.settings import TrainSettings
     from te_assembly.jobs.verify import verify
@@ -37,6 +46,10 @@ _LAZY = {
     "save_pretrained": "te_assembly.jobs.pretrained",
     "from_pretrained": "te_assembly.jobs.pretrained",
     "export_checkpoint": "te_assembly.jobs.pretrained",
+    "from_checkpoint": "te_assembly.jobs.pretrained",
+    "generate": "te_assembly.jobs.generate",
+    "DataSettings": "te_assembly.jobs.text.settings",
+    "GenerateSettings": "te_assembly.jobs.text.settings",
     "Target": "te_assembly.jobs.target",
     "run": "te_assembly.jobs.run",
     "verify": "te_assembly.jobs.verify",
@@ -53,6 +66,8 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "BenchSettings",
+    "DataSettings",
+    "GenerateSettings",
     "RunSettings",
     "Target",
     "TrainSettings",
@@ -61,7 +76,9 @@ __all__ = [
     "build",
     "configs_dir",
     "export_checkpoint",
+    "from_checkpoint",
     "from_pretrained",
+    "generate",
     "load",
     "run",
     "save_pretrained",

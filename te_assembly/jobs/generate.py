@@ -10,6 +10,7 @@ the same seed gives the same text. Generation stops at ``max_new_tokens`` or the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,14 +52,24 @@ def next_token(logits: torch.Tensor, settings: GenerateSettings, generator: torc
 
 def generate(
     model: AssembledModel,
-    tokenizer: Tokenizer,
     prompt: str,
-    settings: GenerateSettings,
+    settings: GenerateSettings | None = None,
     *,
+    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
     seed: int = 0,
     on_text: Callable[[str], None] | None = None,
 ) -> Generated:
-    """Continue ``prompt``; ``on_text`` gets each new piece of text as it is decided (the stream)."""
+    """Continue ``prompt`` (module docstring; ``settings``: ``GenerateSettings()`` when None).
+    ``tokenizer``: a tokenizer, a ``tokenizer.json``, or a run or pretrained directory (its
+    ``tokenizer.json``, else byte-level); None: byte-level. ``on_text`` gets each new piece of text as it
+    is decided (the stream)."""
+    settings = settings if settings is not None else GenerateSettings()
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        path = Path(tokenizer).expanduser() if tokenizer is not None else None
+        if path is not None and path.is_file():
+            tokenizer = load_tokenizer_file(path, "<|endoftext|>")
+        else:
+            tokenizer = tokenizer_for(path, settings)
     plan = model.plan
     if not plan.takes_token_ids or plan.out_features != plan.in_features:
         raise ArgumentError(

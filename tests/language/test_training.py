@@ -85,13 +85,20 @@ def test_generate_is_deterministic_and_greedy_is_the_models_own_argmax() -> None
     model = te_assembly.build(tiny_lm(vocab=272, attention=True), engine="reference")
     tok = ByteTokenizer()
     sampled = GenerateSettings(max_new_tokens=12, temperature=1.0, seed=5, stop_at_eot=False)
-    first = generate(model, tok, "ab", sampled)
-    assert generate(model, tok, "ab", sampled).ids == first.ids
+    first = generate(model, "ab", tokenizer=tok, settings=sampled)
+    assert generate(model, "ab", tokenizer=tok, settings=sampled).ids == first.ids
     assert (
-        generate(model, tok, "ab", GenerateSettings(max_new_tokens=12, temperature=1.0, seed=6)).ids
+        generate(
+            model, "ab", tokenizer=tok, settings=GenerateSettings(max_new_tokens=12, temperature=1.0, seed=6)
+        ).ids
         != first.ids
     )
-    greedy = generate(model, tok, "ab", GenerateSettings(max_new_tokens=6, temperature=0, stop_at_eot=False))
+    greedy = generate(
+        model,
+        "ab",
+        tokenizer=tok,
+        settings=GenerateSettings(max_new_tokens=6, temperature=0, stop_at_eot=False),
+    )
     ids = tok.encode("ab")
     for _ in range(6):
         ids.append(int(model(torch.tensor([ids])).y[0, -1].argmax()))
@@ -127,6 +134,6 @@ def test_generate_through_tes_fusers_equals_the_reference_engine() -> None:
     copy_weights(ref, te)
     settings = GenerateSettings(max_new_tokens=10, temperature=0.9, seed=3, stop_at_eot=False)
     assert (
-        generate(te, ByteTokenizer(), "ab", settings).ids
-        == generate(ref, ByteTokenizer(), "ab", settings).ids
+        generate(te, "ab", tokenizer=ByteTokenizer(), settings=settings).ids
+        == generate(ref, "ab", tokenizer=ByteTokenizer(), settings=settings).ids
     )

@@ -65,7 +65,7 @@ def main(analysis: Analysis, console: Console) -> int:
         out.write(text)
         out.flush()
 
-    result = generate(model, tokenizer, prompt, settings, seed=target.seed, on_text=stream)
+    result = generate(model, prompt, settings, tokenizer=tokenizer, seed=target.seed, on_text=stream)
     out.write("\n")
     console.rule(style="dim")
     ending = (
