@@ -19,6 +19,7 @@ from typing import Any
 
 from te_assembly.analysis.channels import ChannelGraph, RawChannels, check_channels
 from te_assembly.analysis.fusers import assign_fusers
+from te_assembly.analysis.fusions import FusionTarget, near_miss_warnings, predict
 from te_assembly.analysis.layouts import check_layouts
 from te_assembly.analysis.origins import present
 from te_assembly.analysis.parallel.layout import ShardPlan, shard_plan
@@ -41,6 +42,7 @@ from te_assembly.sections import read_section, section_diagnostics
 COMMON = ""
 """Section name of the top-level settings (engine, kernels, device, dtype, seed)."""
 
+FUSIONS = "fusions"
 PARALLEL = "parallel"
 """Section name of the parallel layout (``torchrun``'s processes)."""
 
@@ -231,6 +233,7 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     candidate = _plan(model, result, [], blocks) if sound and model is not None else None
     cross, layout = _cross_checks(candidate, recipe, parsed.get(PARALLEL))
     step_diags.extend(cross)
+    step_diags.extend(_fusion_warnings(candidate, recipe, parsed))
     # Each finding of the expanded model at its source: the model file, or a block's file and use.
     diags.extend(present(step_diags, expansion))
     diags.extend(_sequence_checks(candidate, parsed))
@@ -259,6 +262,22 @@ def _cross_checks(
         layout, found = shard_plan(plan, parallel)
         out.extend(found)
     return out, layout
+
+
+def _fusion_warnings(plan: Plan | None, recipe: Recipe | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
+    """``fusions.warn=true``: each near miss of TE's fused ops, for ``fusions.target``."""
+    settings = parsed.get(FUSIONS)
+    if plan is None or settings is None or not settings.warn:
+        return []
+    common, parallel = parsed.get(COMMON), parsed.get(PARALLEL)
+    target = FusionTarget.of(
+        settings.target,
+        recipe=recipe,
+        dtype=str(getattr(common, "dtype", "float32")),
+        kernels=str(getattr(common, "kernels", "te")),
+        tensor_parallel=int(getattr(parallel, "tensor", 1)),
+    )
+    return near_miss_warnings(plan, predict(plan, target))
 
 
 TOKEN_KEYS = {"run": "tokens", "train": "batch_tokens", "bench": "tokens"}

@@ -16,18 +16,21 @@ math as plain PyTorch, for ratios to (a). The full step uses ``train``'s optimiz
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from te_assembly.analysis.fusions import FusionTarget
 from te_assembly.analysis.plan import Plan
 from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.engines.parallel.collectives import TIMER
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.errors import ConfigError
 from te_assembly.jobs.benchmark.flops import FlopCount, count_flops
+from te_assembly.jobs.benchmark.fused import fired_fusions
 from te_assembly.jobs.benchmark.peaks import Peak, gemm_precision, peak_for
 from te_assembly.jobs.benchmark.runner import PHASES, Variant, VariantResult, bench_loss, run_benchmark
 from te_assembly.jobs.benchmark.settings import BenchSettings
@@ -67,6 +70,9 @@ class BenchResult:
     ranks: list[dict[str, Any]] | None
     """Every rank's step (``benchmark/throughput.py``), under a parallel target."""
     report: dict[str, Any] = field(default_factory=dict)
+    fusions: list[dict[str, Any]] = field(default_factory=list)
+    """What TE's fusers of (a) fused, per fuser, beside the prediction (``benchmark/fused.py``); empty
+    for the reference engine."""
 
     @property
     def summary(self) -> dict[str, float | str]:
@@ -217,8 +223,16 @@ def bench(plan: Plan, target: Target, settings: BenchSettings, on_event: OnEvent
     if settings.repeats < 2:
         warnings.append("1 sample per phase: no spread to judge the times by (bench.repeats >= 5 is better)")
     result = BenchResult(plan.name, device_name, tokens, results, flops, peak, split, warnings, rows)
+    result.fusions = fired_fusions(plan, variants[0].model, _fusion_target(target))
     result.report = report_data(result, target, par)
     return result
+
+
+def _fusion_target(target: Target) -> FusionTarget:
+    capability = torch.cuda.get_device_capability(target.device) if target.device.type == "cuda" else None
+    recipe = target.recipe if target.engine == "te" else None
+    fusion = FusionTarget.of(None, recipe=recipe, dtype=target.dtype_name, kernels=target.kernels)
+    return dataclasses.replace(fusion, name=str(target.device), capability=capability)
 
 
 def _count_flops(
@@ -310,6 +324,7 @@ def report_data(result: BenchResult, target: Target, par: ParallelContext) -> di
     else:
         step = first.stats["step"].median
         report["job"] = {"step_s": step, "tokens_per_s": tokens / step, "comm_share": 0.0}
+    report["fusions"] = result.fusions
     return report
 
 

@@ -96,6 +96,23 @@ def split_summary(split: SplitPlan, shown: int = 4) -> str:
     return printable(f"{parts}; channels passed by the caller: {bridged}")
 
 
+def _fusion_line(fusions: list[dict[str, Any]]) -> str:
+    """What TE fused (bench.json's ``fusions``), and whether it is what ``explain`` predicted."""
+    fired = [
+        f"{f['op']} ({', '.join(f['steps'])})"
+        for entry in fusions
+        for d in ("forward", "backward")
+        for f in entry[d]
+    ]
+    same = all(
+        [f["op"] for f in entry[d]] == entry["predicted"][d]
+        for entry in fusions
+        for d in ("forward", "backward")
+    )
+    what = "; ".join(fired) if fired else "none"
+    return printable(f"TE fusions that fired: {what} ({'as' if same else 'NOT as'} explain predicts)")
+
+
 def main(analysis: Analysis, console: Console) -> Outcome:
     session = start(analysis, console)
     settings: BenchSettings = session.section("bench")
@@ -146,6 +163,8 @@ def _bench(session: Session, target: Target, settings: BenchSettings, console: C
     for phase in PHASES:
         if phase in first.methods:
             console.print(f"{phase} timed with {first.methods[phase]}", markup=False, soft_wrap=True)
+    if result.fusions:
+        console.print(_fusion_line(result.fusions), markup=False, soft_wrap=True)
     for line in result.warnings:
         console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
     if par.is_main:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis
+from te_assembly.analysis.analyze import COMMON, COMMON_SECTIONS, PARALLEL, Analysis
+from te_assembly.analysis.fusions import FusionSettings, FusionTarget
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.errors import ConfigError
 from te_assembly.views.explain import tables
+from te_assembly.views.fusions import fusion_table
 from te_assembly.views.outline import ExplainSettings, parse_expand
 
-SECTIONS = {**COMMON_SECTIONS, "explain": ExplainSettings}
+SECTIONS = {**COMMON_SECTIONS, "explain": ExplainSettings, "fusions": FusionSettings}
 
 
 def main(analysis: Analysis, console: Console) -> int:
@@ -23,4 +25,14 @@ def main(analysis: Analysis, console: Console) -> int:
         raise ConfigError(problems)
     for table in tables(plan, analysis.layout, expand):
         console.print(table)
+    fusions: FusionSettings = analysis.section("fusions")
+    common = analysis.section(COMMON)
+    target = FusionTarget.of(
+        fusions.target,
+        recipe=analysis.recipe,
+        dtype=common.dtype,
+        kernels=common.kernels,
+        tensor_parallel=analysis.section(PARALLEL).tensor,
+    )
+    console.print(fusion_table(plan, target, expand))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from te_assembly.analysis.analyze import DEFAULT_SECTIONS, PARALLEL, Analysis
+from te_assembly.analysis.fusions import FusionSettings
 from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.analysis.plan import Plan
 from te_assembly.cli.commands import Outcome
@@ -25,6 +26,7 @@ SECTIONS = {
     "explain": ExplainSettings,
     "data": DataSettings,
     "generate": GenerateSettings,
+    "fusions": FusionSettings,
 }
 """Every section a later command reads: a mistake in ``train:`` fails here, not after a build."""
 
