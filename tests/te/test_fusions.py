@@ -10,6 +10,7 @@ GPU only (``test_fusions_fired_on_the_gpu_are_the_predicted_ones``; ``scripts/gp
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from te_assembly.analysis.fusions import FusionTarget, predict
 from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.plan import Plan
+from te_assembly.catalog.devices import ACCELERATORS
 from te_assembly.config import available_models
 
 pytestmark = pytest.mark.te
@@ -51,7 +53,7 @@ def te_fusions(plan: Plan, dtype: torch.dtype) -> list[tuple[Fused, Fused]]:
 def predicted(plan: Plan, dtype: str) -> list[tuple[Fused, Fused]]:
     out = []
     for fuser in predict(plan, FusionTarget.of("cpu", recipe=None, dtype=dtype, env={})):
-        joint = {f for f in fuser.forward if f.fusion.passes == "joint"}
+        joint = [f for f in fuser.forward if f.fusion.passes == "joint"]
         forward = {(f.fusion.name, tuple(op.index for op in f.ops)) for f in fuser.forward}
         backward = {(f.fusion.name, tuple(op.index for op in f.ops)) for f in (*joint, *fuser.backward)}
         out.append((forward, backward))
@@ -155,13 +157,13 @@ def test_fusions_fired_on_the_gpu_are_the_predicted_ones(model: str, recipe: str
     pytest.importorskip("transformer_engine.pytorch", reason="needs Transformer Engine")
     import te_assembly
     from te_assembly.engines.te.recipe import check_recipe_on_current_device
-    from te_assembly.errors import UnsupportedRecipeError
+    from te_assembly.errors import EngineUnavailableError, UnsupportedRecipeError
 
     analysis = te_assembly.load(model, [f"recipe={recipe}", "dtype=bfloat16"])
     plan = analysis.checked_plan()
     try:
         check_recipe_on_current_device(analysis.recipe)
-    except UnsupportedRecipeError as exc:
+    except (UnsupportedRecipeError, EngineUnavailableError) as exc:
         pytest.skip(f"{recipe} does not run on this GPU: {exc}")
     te_model = te_assembly.build(analysis, engine="te", device="cuda", dtype=torch.bfloat16)
     x, inputs = te_assembly.Target.of("te", device="cuda", dtype=torch.bfloat16).sample(
@@ -169,19 +171,12 @@ def test_fusions_fired_on_the_gpu_are_the_predicted_ones(model: str, recipe: str
     )
     te_model(x, **inputs).y.float().sum().backward()
     capability = torch.cuda.get_device_capability()
-    name = next(
-        (
-            k
-            for k, v in __import__("te_assembly.catalog.devices", fromlist=["x"]).ACCELERATORS.items()
-            if v.capability == capability
-        ),
-        None,
-    )
-    target = FusionTarget(name or "gpu", capability, analysis.recipe["kind"], None, "bfloat16")
+    name = next((k for k, v in ACCELERATORS.items() if v.capability == capability), "gpu")
+    target = FusionTarget(name, capability, analysis.recipe["kind"], None, "bfloat16", env=dict(os.environ))
     for fuser, expected in zip(te_model.fusers, predict(plan, target), strict=True):
         forward = {(type(op).__name__, tuple(i)) for op, i in fuser._forward_ops if op.is_fused_op}
         backward = {(type(op).__name__, tuple(i)) for op, i in fuser._backward_ops if op.is_fused_op}
-        joint = {f for f in expected.forward if f.fusion.passes == "joint"}
+        joint = [f for f in expected.forward if f.fusion.passes == "joint"]
         assert forward == {(f.fusion.name, tuple(o.index for o in f.ops)) for f in expected.forward}
         assert backward == {
             (f.fusion.name, tuple(o.index for o in f.ops)) for f in (*joint, *expected.backward)
