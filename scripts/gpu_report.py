@@ -261,6 +261,17 @@ def bench_cell(bc: BenchCell) -> dict[str, Any]:
     x = sample_x(plan, bc.tokens, generator=gen, device=device, dtype=dtype)
     inputs = sample_public_inputs(plan, bc.tokens, generator=gen, device=device, dtype=dtype)
     results = run_benchmark(variants, x, inputs, device=device, warmup=3, repeats=10)
+    # What TE's fusers fused, next to the prediction for this GPU (analysis/fusions.py).
+    from te_assembly.analysis.fusions import FusionTarget
+    from te_assembly.jobs.benchmark.fused import fired_fusions
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    kind = recipe.get("kind") if recipe.get("kind") != "none" else None
+    dtype_name = str(dtype).removeprefix("torch.")
+    target = FusionTarget(
+        "gpu", capability, kind, recipe.get("backward_override"), dtype_name, env=dict(os.environ)
+    )
+    fusions = fired_fusions(plan, variants[0].model, target)
     flops = forward_flops(plan, bc.tokens)
     peak = peak_tflops(device, dtype, tf32=True)
     factor = {"forward": 1, "backward": 2, "step": 3}
@@ -291,6 +302,7 @@ def bench_cell(bc: BenchCell) -> dict[str, Any]:
         "peak_tflops": peak,
         "peak_note": "dense bf16 peak (TF32 for float32); FP8 recipes are measured against it too",
         "variants": out_variants,
+        "fusions": fusions,
     }
 
 
