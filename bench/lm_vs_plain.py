@@ -103,6 +103,11 @@ class PlainLM(nn.Module):
         return rms_norm(x, self.norm) @ self.embed.weight.T  # the head, tied to the embedding
 
 
+def plain_of(dims: dict[str, int]) -> PlainLM:
+    keys = ("vocab", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn")
+    return PlainLM(*(dims[k] for k in keys))
+
+
 def lr_at(step: int, lr: float, warmup: int, steps: int, floor_ratio: float) -> float:
     if warmup and step <= warmup:
         return lr * step / warmup
@@ -178,15 +183,7 @@ def main() -> None:
     job.model.eval()
     te_loss = validation_loss(lambda x: job.model(x).y, corpus, sequences, settings.eval_batches)
 
-    plain = PlainLM(
-        dims["vocab"],
-        dims["layers"],
-        dims["hidden"],
-        dims["heads"],
-        dims["kv_heads"],
-        dims["head_dim"],
-        dims["ffn"],
-    )
+    plain = plain_of(dims)
     copy_into_plain(initial, plain, dims["layers"])
     opt = torch.optim.AdamW(plain.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     plain_times = []
@@ -215,15 +212,7 @@ def main() -> None:
     # 2. speed: the two step functions interleaved on the same batches
     torch.manual_seed(args.seed)
     model = te_assembly.build(plan, engine="reference").train()
-    plain = PlainLM(
-        dims["vocab"],
-        dims["layers"],
-        dims["hidden"],
-        dims["heads"],
-        dims["kv_heads"],
-        dims["head_dim"],
-        dims["ffn"],
-    )
+    plain = plain_of(dims)
     copy_into_plain(model.state_dict(), plain, dims["layers"])
     opts = {
         "te_assembly": torch.optim.AdamW(model.parameters(), lr=1e-4),
