@@ -11,7 +11,9 @@ input (``engines/data.py``), all seeded by the target's seed. The loss (``jobs/o
       ``aux_loss_coeff``)
     + the mean square of every other public float output,
 
-so that gradients also come back from the caller for public outputs, as they would in training.
+so that gradients also come back from the caller for public outputs, as they would in training. For a
+language model (``x`` random token ids) the first term is the next-token cross-entropy against ``x``
+shifted by one, as training computes it.
 The result holds output statistics of the last step, the gradient that reached each channel (the sum
 over its consumers, plus the caller for a public channel: reference engine only), the parameter-gradient
 norm and the median step time (first step excluded when there are several).
@@ -92,9 +94,20 @@ class RunResult:
         return self.steps[-1].loss
 
 
-def loss_of(y: torch.Tensor, extras: Mapping[str, torch.Tensor], loss_names: Sequence[str]) -> torch.Tensor:
+def loss_of(
+    y: torch.Tensor,
+    extras: Mapping[str, torch.Tensor],
+    loss_names: Sequence[str],
+    x: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The run's loss (see the module docstring), in float32 at least. ``loss_names``: the public
-    outputs that are loss terms (``engines.base.loss_output_names``)."""
+    outputs that are loss terms (``engines.base.loss_output_names``); ``x``: the model's input (token ids
+    make the main term the next-token cross-entropy)."""
+    if x is not None and not x.is_floating_point():
+        terms = objective.next_token_terms(y, x.roll(-1, dims=-1), extras, loss_names)
+        others = objective.loss_terms(y, extras, (), other_outputs=True)
+        terms.update({k: v for k, v in others.items() if k != objective.MEAN_SQUARE and k not in terms})
+        return objective.total(terms)
     return objective.objective(y, extras, loss_names, other_outputs=True)
 
 
@@ -129,7 +142,7 @@ def run_steps(
         synchronize(device)
         start = time.perf_counter()
         y, extras = forward(x, **inputs)
-        loss = loss_of(y, extras, loss_names)
+        loss = loss_of(y, extras, loss_names, x)
         loss.backward()
         if parallel is not None:
             parallel.finish_grads(model)

@@ -137,3 +137,11 @@ def test_generate_through_tes_fusers_equals_the_reference_engine() -> None:
         generate(te, "ab", tokenizer=ByteTokenizer(), settings=settings).ids
         == generate(ref, "ab", tokenizer=ByteTokenizer(), settings=settings).ids
     )
+
+
+def test_run_on_a_language_model_computes_the_next_token_cross_entropy() -> None:
+    plan = te_assembly.load(tiny_lm(vocab=272)).checked_plan()
+    target = te_assembly.Target.of("reference", seed=0)
+    result = te_assembly.run(plan, target, te_assembly.RunSettings(steps=1, tokens=64, seq_len=8))
+    # A fresh tied model's logits are near zero, so the cross-entropy is near ln(vocab) (mean(y^2) is ~0).
+    assert result.loss == pytest.approx(math.log(272), abs=0.05)
