@@ -299,7 +299,16 @@ class AssembledModel(torch.nn.Module):
         console = Console(
             file=buffer, width=columns, color_system=None, highlight=False, force_terminal=False
         )
-        for table in tables(self.plan, expand=self._expand(expand)):
+        from te_assembly.analysis.fusions import FusionTarget
+
+        dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
+        target = FusionTarget.of(
+            None,
+            recipe=getattr(self, "recipe", None),
+            dtype=str(dtype).removeprefix("torch."),
+            kernels=getattr(self, "kernels", "te"),
+        )
+        for table in tables(self.plan, expand=self._expand(expand), fusions=target):
             console.print(table)
         return Summary(buffer.getvalue())
 

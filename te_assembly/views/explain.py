@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
+from te_assembly.analysis.fusions import FusionTarget
 from te_assembly.analysis.parallel.layout import ShardPlan
 from te_assembly.analysis.plan import FuserGroup, Plan, PlannedStep, PublicTensor
 from te_assembly.catalog import LAYOUTS
 from te_assembly.diagnostics import printable
+from te_assembly.views.fusions import fusion_table
 from te_assembly.views.outline import Expand, Outline, Uses
 
 
@@ -217,13 +219,21 @@ def plan_tables(plan: Plan, expand: Expand | None = None) -> list[Table]:
     return tables
 
 
-def tables(plan: Plan, layout: ShardPlan | None = None, expand: Expand | None = None) -> list[Table]:
+def tables(
+    plan: Plan,
+    layout: ShardPlan | None = None,
+    expand: Expand | None = None,
+    fusions: FusionTarget | None = None,
+) -> list[Table]:
     """What ``explain`` prints, and ``model.summary()`` returns as text: the plan's tables (block steps
-    collapsed unless ``expand`` names them) and, when the ``parallel`` sizes split the model, each rank's
-    local shapes and parameter counts."""
+    collapsed unless ``expand`` names them), when the ``parallel`` sizes split the model each rank's
+    local shapes and parameter counts, and the TE fusions for ``fusions`` (default: a CPU, float32, no
+    recipe)."""
     out = plan_tables(plan, expand)
     if layout is not None and layout.settings.is_parallel:
         from te_assembly.views.parallel_report import layout_tables
 
         out.extend(layout_tables(plan, layout))
+    target = fusions or FusionTarget.of(None, recipe=None, dtype="float32")
+    out.append(fusion_table(plan, target, expand))
     return out

@@ -18,8 +18,11 @@ def fusion_table(plan: Plan, target: FusionTarget, expand: Expand | None = None)
     recipe = target.recipe_kind or "no quantization recipe"
     title = f"TE fusions (for {target.name}, {target.dtype}, {recipe}, kernels={target.kernels})"
     table = Table(title=Text(title), title_justify="left")
-    for column in ("fuser", "pass", "fused op", "steps", "status"):
+    for column in ("fuser", "pass", "fused op"):
         table.add_column(column)
+    # Bounded, so the table is as wide in a 120-column terminal as in model.summary(width=400).
+    table.add_column("steps", max_width=36)
+    table.add_column("status", max_width=60)
     if target.kernels != "te":
         table.add_row(
             "-", "-", "-", "-", "none fire: kernels=reference runs our reference ops in TE's fusers"

@@ -11,7 +11,6 @@ from te_assembly.analysis.fusions import FusionSettings, FusionTarget
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.errors import ConfigError
 from te_assembly.views.explain import tables
-from te_assembly.views.fusions import fusion_table
 from te_assembly.views.outline import ExplainSettings, parse_expand
 
 SECTIONS = {**COMMON_SECTIONS, "explain": ExplainSettings, "fusions": FusionSettings}
@@ -23,8 +22,6 @@ def main(analysis: Analysis, console: Console) -> int:
     expand, problems = parse_expand(settings.expand, plan.blocks, "explain.expand")
     if problems:
         raise ConfigError(problems)
-    for table in tables(plan, analysis.layout, expand):
-        console.print(table)
     fusions: FusionSettings = analysis.section("fusions")
     common = analysis.section(COMMON)
     target = FusionTarget.of(
@@ -34,5 +31,6 @@ def main(analysis: Analysis, console: Console) -> int:
         kernels=common.kernels,
         tensor_parallel=analysis.section(PARALLEL).tensor,
     )
-    console.print(fusion_table(plan, target, expand))
+    for table in tables(plan, analysis.layout, expand, target):
+        console.print(table)
     return 0
