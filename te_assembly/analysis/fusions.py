@@ -380,7 +380,12 @@ def _in_place_safe(op: BasicOp, wanted: bool, plan: Plan) -> tuple[bool, str]:
         return False, f"channel {channel!r} comes from another fuser (rerouted across a module)"
     if producer.type != "MakeExtraOutput":
         return True, f"channel {channel!r} is {producer.name}'s own output, read only here"
-    after = _next_basic_op(plan, producer)
+    before, after = _neighbours(plan, producer)
+    if before is None:
+        return False, (
+            f"channel {channel!r} is the tensor the fuser was called with ({producer.name} taps it first: "
+            "the caller's x, or what the module before returned): an in-place add would overwrite it"
+        )
     if after is None:
         return False, f"{producer.name} taps the fuser's output, which the caller gets"
     if after.type in KEEPS_INPUT:
@@ -391,12 +396,13 @@ def _in_place_safe(op: BasicOp, wanted: bool, plan: Plan) -> tuple[bool, str]:
     return True, f"nothing keeps channel {channel!r}'s tensor for backward"
 
 
-def _next_basic_op(plan: Plan, step: PlannedStep) -> BasicOp | None:
+def _neighbours(plan: Plan, step: PlannedStep) -> tuple[BasicOp | None, BasicOp | None]:
+    """The basic ops just before and after ``step``'s (a one-op step) in its fuser."""
     ops = basic_ops(plan, step.fuser) if step.fuser is not None else []
     for i, op in enumerate(ops):
         if op.step.index == step.index:
-            return ops[i + 1] if i + 1 < len(ops) else None
-    return None
+            return (ops[i - 1] if i > 0 else None), (ops[i + 1] if i + 1 < len(ops) else None)
+    return None, None
 
 
 __all__ = [

@@ -39,13 +39,20 @@ def _near(model: dict[str, Any], fusion: str, **target: Any) -> list[Any]:
     return [n for f in found for n in f.near_misses if n.fusion.name == fusion]
 
 
+def _behind_a_linear(model: dict[str, Any]) -> dict[str, Any]:
+    """The same model with a Linear first, so the tap is not the fuser's input."""
+    pre = {"name": "pre", "op": "Linear", "args": {"in_features": 16, "out_features": 16}}
+    return {**model, "ops": [pre, *model["ops"]]}
+
+
 def test_an_in_place_add_is_safe_only_when_nothing_keeps_the_residual() -> None:
-    (safe,) = _near(
-        _tap_then({"name": "scale", "op": "ConstantScale", "args": {"scale": 2.0}}), "ForwardLinearBiasAdd"
-    )
+    scale = {"name": "scale", "op": "ConstantScale", "args": {"scale": 2.0}}
+    (caller,) = _near(_tap_then(scale), "ForwardLinearBiasAdd")  # the tap's tensor is the caller's x
+    assert caller.misses[0].safe is False and "the caller's x" in caller.misses[0].why
+    (safe,) = _near(_behind_a_linear(_tap_then(scale)), "ForwardLinearBiasAdd")
     assert [(m.change, m.safe) for m in safe.misses] == [("add.args.in_place: true", True)]
     norm = {"name": "norm", "op": "RMSNorm", "args": {"normalized_shape": 16}}
-    (unsafe,) = _near(_tap_then(norm), "ForwardLinearBiasAdd")
+    (unsafe,) = _near(_behind_a_linear(_tap_then(norm)), "ForwardLinearBiasAdd")
     (miss,) = unsafe.misses
     assert miss.safe is False and "norm (RMSNorm), which keeps it for backward" in miss.why
 
@@ -113,7 +120,7 @@ def test_validate_warns_of_near_misses_only_when_asked() -> None:
     out = loud.stdout + loud.stderr
     assert loud.returncode == 0
     assert "residual_mlp.yaml:" in out and "ForwardLinearBiasAdd would fuse fc2, add_residual" in out
-    assert "unsafe: channel 'residual' is the tensor residual passes on to norm (LayerNorm)" in out
+    assert "unsafe: channel 'residual' is the tensor the fuser was called with" in out
     bad = _cli("validate", "model=residual_mlp", "fusions.target=h1000")
     assert bad.returncode == 2 and "fusions.target" in bad.stdout + bad.stderr
 
