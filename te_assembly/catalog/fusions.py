@@ -12,7 +12,7 @@ Pure data, like the rest of the catalog: no torch, no TE.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 SOURCE = "transformer_engine/pytorch/ops/fused/"
@@ -59,7 +59,6 @@ class Fusion:
     userbuffers: bool = False
     """Needs TE's Userbuffers communication overlap, which te_assembly never sets up."""
     doc: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 _LINEAR = ("BasicLinear",)
@@ -166,6 +165,4 @@ FUSIONS: tuple[Fusion, ...] = (
 )
 """In TE's order: joint, then forward, then backward, each pass in registration order."""
 
-FUSION_BY_NAME = {f.name: f for f in FUSIONS}
-
-__all__ = ["FUSIONS", "FUSION_BY_NAME", "SOURCE", "Fusion", "Member"]
+__all__ = ["FUSIONS", "SOURCE", "Fusion", "Member"]

@@ -15,12 +15,8 @@ import numpy as np
 import torch
 
 from te_assembly.errors import DataError
+from te_assembly.jobs.batch_seeds import step_seed
 from te_assembly.jobs.text.cache import Tokenized
-
-
-def step_seed(seed: int, step: int) -> int:
-    """A distinct, platform-independent generator seed per (seed, step) (as the teacher task's)."""
-    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) % (2**63)
 
 
 @dataclass
@@ -58,10 +54,12 @@ class Corpus:
     def has_validation(self) -> bool:
         return len(self.data.val) > self.seq_len
 
-    def batch(self, seed: int, step: int, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, labels)``, each ``[sequences, seq_len]`` int64."""
+    def batch(
+        self, seed: int, step: int, sequences: int, micro: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, labels)``, each ``[sequences, seq_len]`` int64 (``micro``: a micro-batch of ``step``)."""
         ids = self.data.train
-        generator = torch.Generator().manual_seed(step_seed(seed, step))
+        generator = torch.Generator().manual_seed(step_seed(seed, step, micro))
         starts = torch.randint(0, len(ids) - self.seq_len, (sequences,), generator=generator).tolist()
         return self._windows(ids, starts)
 
@@ -98,4 +96,4 @@ def _round_up(n: int, multiple: int = 16) -> int:
     return -(-n // multiple) * multiple
 
 
-__all__ = ["Corpus", "bits_per_byte", "step_seed"]
+__all__ = ["Corpus", "bits_per_byte"]

@@ -52,10 +52,6 @@ class Sources:
             digest.update(b"\0")
         return digest.hexdigest()
 
-    @property
-    def size(self) -> int:
-        return sum(p.stat().st_size for p in self.files)
-
 
 def stdlib_files() -> list[Path]:
     """The default corpus: the standard library's ``.py`` files, without its tests and site-packages."""

@@ -6,6 +6,7 @@ the data an uninterrupted one would; validation reads the same held-out windows 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ class LanguageTask:
 
     def record(self, data: DataSettings) -> dict[str, Any]:
         """What the run record keeps of the data: a resume on other text or tokenizer is another run."""
-        settings = {k: v for k, v in _asdict(data).items() if k != "cache_dir"}
+        settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "cache_dir"}
         meta = self.corpus.data.meta
         return {
             "settings": settings,
@@ -106,9 +107,7 @@ class LanguageTask:
 
     def batch(self, step: int, micro: int = 0, micros: int = 1) -> Batch:
         sequences = self.sequences // micros
-        x, labels = self.corpus.batch(
-            self.target.seed, step if micro == 0 else _micro_step(step, micro), sequences
-        )
+        x, labels = self.corpus.batch(self.target.seed, step, sequences, micro)
         x, labels = x.to(self.target.device), labels.to(self.target.device)
         if self.target.is_parallel:
             assert self.target.parallel is not None
@@ -143,17 +142,6 @@ class LanguageTask:
             model.train(was_training)
         loss = total / max(count, 1)
         return Evaluation(loss, count, bits_per_byte(loss, self.corpus.val_bytes_per_token))
-
-
-def _micro_step(step: int, micro: int) -> int:
-    """A distinct batch index for micro-batch ``micro`` > 0 of ``step`` (micro-batch 0 is the step's own)."""
-    return -(step * 1_000_003 + micro)
-
-
-def _asdict(settings: DataSettings) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(settings)
 
 
 __all__ = ["Evaluation", "LanguageTask", "check_language_model", "uses_fused_cross_entropy"]

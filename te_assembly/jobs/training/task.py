@@ -15,6 +15,7 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import DEFAULT_SEQ_LEN
 from te_assembly.jobs import objective
+from te_assembly.jobs.batch_seeds import step_seed
 from te_assembly.jobs.target import Target
 
 
@@ -23,11 +24,6 @@ class Batch:
     x: torch.Tensor
     inputs: dict[str, torch.Tensor]
     target: torch.Tensor
-
-
-def step_seed(seed: int, step: int) -> int:
-    """A distinct, platform-independent generator seed per (seed, step)."""
-    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) % (2**63)
 
 
 class TeacherTask:
@@ -56,12 +52,7 @@ class TeacherTask:
     def batch(self, step: int, micro: int = 0, micros: int = 1) -> Batch:
         """Step ``step``'s batch, or its micro-batch ``micro`` of ``micros`` (gradient accumulation; the
         first is the one a run without accumulation draws)."""
-        seed = (
-            step_seed(self.target.seed, step)
-            if micro == 0
-            else step_seed(self.target.seed, -(step * 1_000_003 + micro))
-        )
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(step_seed(self.target.seed, step, micro))
         x, inputs = self.target.sample(self.plan, self.tokens // micros, generator, self.seq_len)
         with torch.no_grad():
             target = self.teacher(x, **inputs).y.detach()
