@@ -34,11 +34,15 @@ def loss_terms(
     *,
     target: torch.Tensor | None = None,
     other_outputs: bool = False,
+    x: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Named terms of the objective: the main term (``mse(y, target)`` when a target is given, else the
+    """Named terms of the objective: the main term (``mse(y, target)`` when a target is given; for a
+    language model's token ids ``x``, the next-token cross-entropy against ``x`` shifted by one; else the
     mean square of ``y``), then each loss output; ``other_outputs``: also the mean square of every other
     public float output, so gradients come back from the caller for them as they would in training."""
-    if target is not None:
+    if x is not None and not x.is_floating_point():
+        terms = next_token_terms(y, x.roll(-1, dims=-1), {}, ())
+    elif target is not None:
         main = torch.nn.functional.mse_loss(loss_precision(y), loss_precision(target))
         terms = {TEACHER_MSE: main}
     else:
@@ -109,9 +113,10 @@ def objective(
     *,
     target: torch.Tensor | None = None,
     other_outputs: bool = False,
+    x: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``total(loss_terms(...))``."""
-    return total(loss_terms(y, extras, loss_names, target=target, other_outputs=other_outputs))
+    return total(loss_terms(y, extras, loss_names, target=target, other_outputs=other_outputs, x=x))
 
 
 __all__ = [

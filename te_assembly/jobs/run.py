@@ -103,12 +103,7 @@ def loss_of(
     """The run's loss (see the module docstring), in float32 at least. ``loss_names``: the public
     outputs that are loss terms (``engines.base.loss_output_names``); ``x``: the model's input (token ids
     make the main term the next-token cross-entropy)."""
-    if x is not None and not x.is_floating_point():
-        terms = objective.next_token_terms(y, x.roll(-1, dims=-1), extras, loss_names)
-        others = objective.loss_terms(y, extras, (), other_outputs=True)
-        terms.update({k: v for k, v in others.items() if k != objective.MEAN_SQUARE and k not in terms})
-        return objective.total(terms)
-    return objective.objective(y, extras, loss_names, other_outputs=True)
+    return objective.objective(y, extras, loss_names, other_outputs=True, x=x)
 
 
 def run_steps(

@@ -51,10 +51,7 @@ def bench_loss(out: ModelOutput, loss_names: Sequence[str], x: torch.Tensor | No
     """Mean square of ``y`` plus every public loss output (``jobs/objective.py``): something every
     output's gradient flows from. For a language model (``x`` token ids), the next-token cross-entropy
     a training step computes (labels: ``x`` shifted by one), so its buffers are timed too."""
-    if x is not None and not x.is_floating_point():
-        labels = x.roll(-1, dims=-1)
-        return objective.total(objective.next_token_terms(out.y, labels, out.extras, loss_names))
-    return objective.objective(out.y, out.extras, loss_names)
+    return objective.objective(out.y, out.extras, loss_names, x=x)
 
 
 def _forward(v: Variant, x: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> ModelOutput:
