@@ -104,10 +104,15 @@ def tie_weights(steps: torch.nn.Module, plan: Plan) -> None:
     steps' gradients. Engines call it after constructing the steps and before anything captures their
     parameters (TE's ``OperationFuser`` lists them when it is built)."""
     for alias, owner in plan.tied_params.items():
-        *owner_path, owner_leaf = owner.removeprefix("steps.").split(".")
-        *alias_path, alias_leaf = alias.removeprefix("steps.").split(".")
-        shared = getattr(steps.get_submodule(".".join(owner_path)), owner_leaf)
-        setattr(steps.get_submodule(".".join(alias_path)), alias_leaf, shared)
+        share_parameter(
+            steps, alias.removeprefix("steps."), steps.get_parameter(owner.removeprefix("steps."))
+        )
+
+
+def share_parameter(steps: torch.nn.Module, name: str, parameter: torch.nn.Parameter) -> None:
+    """Make ``name`` (dotted, under ``steps``) the very ``parameter``."""
+    *path, leaf = name.split(".")
+    setattr(steps.get_submodule(".".join(path)), leaf, parameter)
 
 
 def _drop_tied(
@@ -346,6 +351,7 @@ __all__ = [
     "add_step",
     "loss_output_names",
     "loss_precision",
+    "share_parameter",
     "step_module",
     "store_ties_once",
     "tie_weights",

@@ -247,7 +247,7 @@ class CallChecks:
             )
         if x.numel() == 0:
             return
-        low, high = int(x.min()), int(x.max())
+        low, high = torch.stack(torch.aminmax(x)).tolist()  # one device sync per call, not two
         if low < 0 or high >= self.in_features:
             bad = low if low < 0 else high
             where = (x == bad).nonzero()[0].tolist()

@@ -256,6 +256,12 @@ def read_config(directory: Path) -> dict[str, Any]:
     return dict(source.data)
 
 
+def _load_weights(model: AssembledModel, weights: Mapping[str, torch.Tensor]) -> None:
+    """Load checked weights; TE's ``_extra_state`` entries (never saved) stay the model's own."""
+    own_extra = {k: v for k, v in model.state_dict().items() if k.endswith(_EXTRA_STATE)}
+    model.load_state_dict({**weights, **own_extra}, strict=True)
+
+
 def from_pretrained(
     directory: str | os.PathLike[str],
     engine: str = "auto",
@@ -306,8 +312,7 @@ def from_pretrained(
         if dtype is None:
             raise CheckpointError(f"{folder / CONFIG_FILE}: unknown dtype {saved!r}")
     model = build(analysis, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=recipe)
-    own_extra = {k: v for k, v in model.state_dict().items() if k.endswith(_EXTRA_STATE)}
-    model.load_state_dict({**weights, **own_extra}, strict=True)
+    _load_weights(model, weights)
     return model.eval()
 
 
@@ -367,8 +372,7 @@ def from_checkpoint(
     if dtype is None:
         dtype = getattr(torch, str(run.get("dtype") or "float32"))
     model = build(plan, engine=engine, kernels=kernels, device=device, dtype=dtype, recipe=run.get("recipe"))
-    own_extra = {k: v for k, v in model.state_dict().items() if k.endswith(_EXTRA_STATE)}
-    model.load_state_dict({**weights, **own_extra}, strict=True)
+    _load_weights(model, weights)
     return model.eval()
 
 

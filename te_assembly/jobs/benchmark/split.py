@@ -17,7 +17,7 @@ import torch
 
 from te_assembly.analysis.plan import Plan
 from te_assembly.diagnostics import did_you_mean
-from te_assembly.engines.base import AssembledModel, ModelOutput
+from te_assembly.engines.base import AssembledModel, ModelOutput, share_parameter
 from te_assembly.errors import ConfigError, SplitError
 
 
@@ -224,8 +224,7 @@ class SplitModel(torch.nn.Module):
                 )
             owner = self.split.original.step(step.tie_weight)
             shared = theirs.steps.get_parameter(f"{owner.name}.{owner.spec.tie_param}")
-            *path, leaf = f"{step.name}.{step.spec.tie_param}".split(".")
-            setattr(mine.steps.get_submodule(".".join(path)), leaf, shared)
+            share_parameter(mine.steps, f"{step.name}.{step.spec.tie_param}", shared)
 
     def load_from(self, model: torch.nn.Module) -> SplitModel:
         """Copy the weights of the unsplit model (parameters are named ``steps.<step>.*`` in all)."""
