@@ -62,8 +62,9 @@ MODULES: tuple[ModuleSpec, ...] = (
         "Causal multi-head self-attention on a packed QKV input [batch, seq, (num_heads + 2*num_kv_heads) "
         "* head_dim] laid out [all q heads | all k heads | all v heads]; returns [batch, seq, num_heads * "
         "head_dim]. Grouped-query attention when num_kv_heads < num_heads; rotary position embeddings "
-        "(rotate-half, TE's RotaryPositionEmbedding with interleaved=False) on q and k when rotary. No "
-        "parameters: the QKV and output projections are the fusible Linear ops around it. Reference: "
+        "(rotate-half, TE's RotaryPositionEmbedding with interleaved=False) on q and k when rotary, with "
+        "Hugging Face's default, linear and llama3 frequency scalings; optional per-head RMSNorm of q and k "
+        "(qk_norm). No other parameters: the QKV and output projections are the fusible Linear ops around it. Reference: "
         "torch's scaled_dot_product_attention; TE engine with kernels=te: TE's DotProductAttention "
         "(bshd) and fused RoPE. Runs in the model's dtype, never FP8 (a recipe quantizes the Linears).",
         "te_assembly.engines.reference.attention:Attention",
@@ -86,6 +87,43 @@ MODULES: tuple[ModuleSpec, ...] = (
                 bounds=(1.0, None),
                 doc="Base of the rotary frequencies (theta).",
             ),
+            Param(
+                "rope_type",
+                str,
+                "default",
+                choices=("default", "linear", "llama3"),
+                doc="Frequency scaling, as Hugging Face's rope_scaling types: linear divides every "
+                "frequency by rope_factor; llama3 divides the low ones and blends the middle band.",
+            ),
+            Param("rope_factor", float, 1.0, bounds=(1e-6, None), doc="linear and llama3: the factor."),
+            Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, None), doc="llama3: low_freq_factor."),
+            Param(
+                "rope_high_freq_factor", float, 4.0, bounds=(1e-6, None), doc="llama3: high_freq_factor."
+            ),
+            Param(
+                "rope_original_max_positions",
+                int,
+                8192,
+                doc="llama3: original_max_position_embeddings (the context length it was trained at).",
+            ),
+            Param(
+                "qk_norm",
+                bool,
+                False,
+                doc="RMS-normalise each query and key head over head_dim, with learned scales "
+                "q_norm_weight and k_norm_weight, before the rotation (Qwen3).",
+            ),
+            Param("qk_norm_eps", float, 1e-6, bounds=(0.0, None), doc="qk_norm's epsilon."),
+            Param(
+                "sliding_window",
+                (int, type(None)),
+                None,
+                doc="Causal attention to the last sliding_window positions only (Mistral's window; TE's "
+                "window_size=(w - 1, 0)); null: every earlier position.",
+            ),
+        ),
+        param_shapes=lambda a: (
+            {"q_norm_weight": (a["head_dim"],), "k_norm_weight": (a["head_dim"],)} if a.get("qk_norm") else {}
         ),
         width=Width(
             in_formula=Formula("(num_heads + 2*num_kv_heads) * head_dim"),
@@ -100,6 +138,13 @@ MODULES: tuple[ModuleSpec, ...] = (
                 "each key/value head serves the same number of query heads (grouped-query attention)",
             ),
             MultipleOf("head_dim", 2, "rotary embeddings rotate pairs of features", when="rotary"),
+        ),
+        arg_rules=(
+            (
+                "rope_low_freq_factor",
+                "rope_high_freq_factor",
+                "llama3 blends frequencies between the low and the high factor",
+            ),
         ),
         needs_layout="sequence",
     ),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
+from te_assembly.catalog.spec import MultipleOf, OpSpec, Param, Slot, Width
 
 _REF = "te_assembly.engines.reference.ops.moe"
 _EXPERTS = ("groups", "num_experts")
@@ -11,14 +11,48 @@ _TOP_K = ("top_k", "top_k")
 MOE_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="TopKRouter",
-        doc="Scores tokens against experts (linear, softmax or sigmoid), keeps the top k, "
-        "normalises their probabilities; x passes through unchanged.",
+        doc="Scores tokens against experts (linear, softmax or sigmoid), keeps the top k, renormalises "
+        "their probabilities (unless pre_softmax); x passes through unchanged. TE's fused router's knobs: "
+        "pre_softmax, scaling_factor, an expert bias, group-limited top-k (num_groups, group_topk).",
         params=(
             Param("in_features", int),
             Param("num_experts", int),
             Param("top_k", int),
             Param("score_function", str, "softmax", choices=("softmax", "sigmoid")),
             Param("aux_loss_coeff", float, 0.01, doc="Weight of the load-balancing loss."),
+            Param(
+                "pre_softmax",
+                bool,
+                False,
+                doc="softmax: keep the softmax over all experts (no renormalisation over the top k: "
+                "Qwen's norm_topk_prob=false); false renormalises over the k kept (Mixtral).",
+            ),
+            Param(
+                "scaling_factor",
+                (float, type(None)),
+                None,
+                bounds=(0.0, None),
+                doc="Multiplies the kept probabilities (DeepSeek's routed_scaling_factor); null: 1.",
+            ),
+            Param(
+                "enable_expert_bias",
+                bool,
+                False,
+                doc="A per-expert bias (buffer expert_bias) added to the scores to choose experts only "
+                "(DeepSeek-V3's e_score_correction_bias, adjusted outside the gradient).",
+            ),
+            Param(
+                "num_groups",
+                (int, type(None)),
+                None,
+                doc="Group-limited routing: experts in this many equal groups; null: no groups.",
+            ),
+            Param(
+                "group_topk",
+                (int, type(None)),
+                None,
+                doc="Group-limited routing: only this many best groups compete (with num_groups).",
+            ),
         ),
         outputs=(
             Slot(
@@ -44,9 +78,19 @@ MOE_OPS: tuple[OpSpec, ...] = (
             ),
         ),
         width=Width(in_arg="in_features"),
-        arg_rules=(("top_k", "num_experts", "a token cannot pick more experts than exist"),),
+        arg_rules=(
+            ("top_k", "num_experts", "a token cannot pick more experts than exist"),
+            ("group_topk", "num_groups", "group-limited routing keeps some of the groups"),
+        ),
+        multiples=(
+            MultipleOf("num_experts", "num_groups", "the experts are cut into equal groups"),
+            MultipleOf("top_k", "group_topk", "each kept group contributes top_k / group_topk experts"),
+        ),
         reference=f"{_REF}:TopKRouter",
-        param_shapes=lambda a: {"weight": (a["num_experts"], a["in_features"])},
+        param_shapes=lambda a: {
+            "weight": (a["num_experts"], a["in_features"]),
+            **({"expert_bias": (a["num_experts"],)} if a.get("enable_expert_bias") else {}),
+        },
         te_runs_on_cpu=True,
     ),
     OpSpec(

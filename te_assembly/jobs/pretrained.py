@@ -23,7 +23,7 @@ import hashlib
 import os
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,16 +125,35 @@ def write_pretrained(
     *,
     overwrite: bool = False,
     tokenizer: Path | None = None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring), and a copy
-    of the ``tokenizer`` file (a language model's ``tokenizer.json``) when given."""
+    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring), a copy
+    of the ``tokenizer`` file (a language model's ``tokenizer.json``) when given, and ``extra_files``
+    (relative path -> text: an imported model's YAML and source ``config.json``)."""
     check_finite(weights, "the weights")
-    out = _target(directory, overwrite)
-    staging = _staging(out)
-    try:
+
+    def fill(staging: Path) -> None:
         _write_files(staging, weights, config)
         if tokenizer is not None:
             shutil.copyfile(tokenizer, staging / TOKENIZER_FILE)
+        for relative, text in (extra_files or {}).items():
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+
+    return write_directory(directory, fill, overwrite=overwrite)
+
+
+def write_directory(
+    directory: str | os.PathLike[str], fill: Callable[[Path], None], *, overwrite: bool = False
+) -> Path:
+    """Make ``directory`` whole or not at all: ``fill`` writes it into a staging directory beside it,
+    which then takes its place (an old directory stays readable until the swap); a failure or a kill
+    leaves no half-written ``directory``."""
+    out = _target(directory, overwrite)
+    staging = _staging(out)
+    try:
+        fill(staging)
         _swap_into(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -14,15 +14,26 @@ import math
 import torch
 
 
-def rotate_pairs(t: torch.Tensor, position: int, base: float) -> torch.Tensor:
+def _in_float32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def rotate_pairs(t: torch.Tensor, position: int, base: float, float32_tables: bool = False) -> torch.Tensor:
     """``t`` (one head at one position, ``[d]``) turned by RoPE: features ``j`` and ``j + d/2`` form a
-    pair turned by the angle ``position * base ** (-2j / d)``."""
+    pair turned by the angle ``position * base ** (-2j / d)``. ``float32_tables``: each frequency, angle,
+    cosine and sine rounded to float32 one scalar at a time, as TE and transformers make their tables."""
     d = t.shape[0]
     half = d // 2
     firsts, seconds = [], []
     for j in range(half):
-        angle = position * base ** (-2.0 * j / d)
-        c, s = math.cos(angle), math.sin(angle)
+        if float32_tables:
+            one = torch.tensor(1.0, dtype=torch.float32)
+            freq = one / (torch.tensor(base, dtype=torch.float32) ** torch.tensor(2.0 * j / d, dtype=torch.float32))
+            angle32 = torch.tensor(float(position), dtype=torch.float32) * freq
+            c, s = float(angle32.cos()), float(angle32.sin())
+        else:
+            angle = position * base ** (-2.0 * j / d)
+            c, s = math.cos(angle), math.sin(angle)
         a, b = t[j], t[j + half]
         firsts.append(a * c - b * s)
         seconds.append(b * c + a * s)
@@ -38,6 +49,7 @@ def naive_attention(
     causal: bool = True,
     rotary: bool = False,
     base: float = 10000.0,
+    float32_tables: bool = True,
 ) -> torch.Tensor:
     """``qkv`` ``[batch, seq, (num_heads + 2 num_kv_heads) * head_dim]`` (all q heads, all k heads, all v
     heads) -> ``[batch, seq, num_heads * head_dim]``, in float64."""
@@ -50,11 +62,11 @@ def naive_attention(
 
     def q_of(b: int, h: int, p: int) -> torch.Tensor:
         t = qkv[b, p, h * d : (h + 1) * d]
-        return rotate_pairs(t, p, base) if rotary else t
+        return rotate_pairs(t, p, base, float32_tables) if rotary else t
 
     def k_of(b: int, g: int, p: int) -> torch.Tensor:
         t = qkv[b, p, k_start + g * d : k_start + (g + 1) * d]
-        return rotate_pairs(t, p, base) if rotary else t
+        return rotate_pairs(t, p, base, float32_tables) if rotary else t
 
     def v_of(b: int, g: int, p: int) -> torch.Tensor:
         return qkv[b, p, v_start + g * d : v_start + (g + 1) * d]

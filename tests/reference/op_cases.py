@@ -166,6 +166,20 @@ CASES: list[OpCase] = [
         for fn in ("softmax", "sigmoid")
         for k in (1, 2, 5)
     ],
+    *[
+        OpCase(
+            f"TopKRouter-{name}",
+            "TopKRouter",
+            {"in_features": 4, "num_experts": 5, "top_k": 2, "aux_loss_coeff": 0.3, **knobs},
+            (6, 4),
+            x_scale=2.0,
+        )
+        for name, knobs in (
+            ("pre-softmax", {"pre_softmax": True}),
+            ("scaled", {"scaling_factor": 2.5}),
+            ("sigmoid-scaled", {"score_function": "sigmoid", "scaling_factor": 0.5}),
+        )
+    ],
     OpCase("Dispatch", "Dispatch", {"num_experts": 4, "top_k": 2}, (5, 3), _routing(4, 2)),
     OpCase("Dispatch-3d", "Dispatch", {"num_experts": 4, "top_k": 2}, (2, 3, 5), _routing(4, 2), te=False),
     OpCase("Combine", "Combine", {"top_k": 2}, (10, 3), _row_map),

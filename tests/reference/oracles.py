@@ -276,10 +276,23 @@ def make_extra_output(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cot
 # --- mixture of experts -----------------------------------------------------------------------------
 
 
-def top_k_router(num_experts: int, top_k: int, score_function: str, aux_loss_coeff: float) -> Oracle:
+def top_k_router(
+    num_experts: int,
+    top_k: int,
+    score_function: str,
+    aux_loss_coeff: float,
+    pre_softmax: bool = False,
+    scaling_factor: float | None = None,
+) -> Oracle:
     """Scores s = softmax(z) or sigmoid(z) of z = x W^T; each token keeps its top_k experts (highest
-    score first) and probs = their scores / their sum; aux = coeff * E * sum_e f_e * mean_t q_te with
-    f_e = (slots routed to e) / (tokens * top_k) and q = s (softmax) or s / sum_e s (sigmoid)."""
+    score first) and probs = c * their scores / D, with D their sum (softmax without pre_softmax;
+    sigmoid when top_k > 1) or 1, and c the scaling factor (1 when None); aux = coeff * E * sum_e f_e *
+    mean_t q_te with f_e = (slots routed to e) / (tokens * top_k) and q = s (softmax) or s / sum_e s
+    (sigmoid). Gradients by the chain rule through dprobs/ds and ds/dz, written out."""
+    renormalise = (score_function == "softmax" and not pre_softmax) or (
+        score_function == "sigmoid" and top_k > 1
+    )
+    c = 1.0 if scaling_factor is None else scaling_factor
 
     def oracle(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
         w = params["weight"]
@@ -289,16 +302,15 @@ def top_k_router(num_experts: int, top_k: int, score_function: str, aux_loss_coe
         if score_function == "softmax":
             e = torch.exp(z - z.max(-1, keepdim=True).values)
             s = e / e.sum(-1, keepdim=True)
-            ds = None  # softmax's Jacobian is written out below
         else:
             s = _sigmoid(z)
-            ds = s * (1 - s)
         chosen = [
             sorted(range(num_experts), key=lambda j, t=t: -float(s[t, j]))[:top_k] for t in range(tokens)
         ]
         routing_map = torch.tensor(chosen, dtype=torch.int64)
         picked = torch.stack([s[t, chosen[t]] for t in range(tokens)])
-        probs = picked / picked.sum(-1, keepdim=True)
+        denominator = picked.sum(-1, keepdim=True) if renormalise else torch.ones_like(picked[:, :1])
+        probs = c * picked / denominator
         q = s if score_function == "softmax" else s / s.sum(-1, keepdim=True)
         counts = torch.tensor(
             [sum(row.count(j) for row in chosen) for j in range(num_experts)], dtype=x.dtype
@@ -306,20 +318,31 @@ def top_k_router(num_experts: int, top_k: int, score_function: str, aux_loss_coe
         fraction = counts / (tokens * top_k)
         aux = aux_loss_coeff * num_experts * (fraction * q.mean(0)).sum()
 
+        def ds_dz(t: int, a: int) -> Tensor:
+            """The row d s[t, a] / d z[t, :]."""
+            if score_function == "softmax":
+                row = -s[t, a] * s[t]
+                row[a] += s[t, a]
+                return row
+            row = torch.zeros_like(s[t])
+            row[a] = s[t, a] * (1 - s[t, a])
+            return row
+
         g_probs, _, g_aux = _cots(g, 3)
         gz = torch.zeros_like(z)
         if g_probs is not None:
             for t in range(tokens):
-                inner = (g_probs[t] * probs[t]).sum()
-                for i, j in enumerate(chosen[t]):
-                    if ds is None:
-                        gz[t, j] += probs[t, i] * (g_probs[t, i] - inner)
-                    else:
-                        gz[t, j] += ds[t, j] / picked[t].sum() * (g_probs[t, i] - inner)
+                d = denominator[t, 0]
+                for k, a in enumerate(chosen[t]):
+                    # d probs_i / d picked_k = c (delta_ik / D - picked_i / D^2 when renormalised)
+                    g_picked = c * g_probs[t, k] / d
+                    if renormalise:
+                        g_picked = g_picked - c * (g_probs[t] * picked[t]).sum() / d**2
+                    gz[t] += g_picked * ds_dz(t, a)
         if g_aux is not None:
             h = aux_loss_coeff * num_experts * fraction / tokens * g_aux  # d aux / d q_te, for every t
             centred = h - (q * h).sum(-1, keepdim=True)
-            gz += q * centred if ds is None else ds / s.sum(-1, keepdim=True) * centred
+            gz += q * centred if score_function == "softmax" else s * (1 - s) / s.sum(-1, keepdim=True) * centred
         gx = _cot(gy, x) + (gz @ w).reshape(x.shape)  # x passes through, and feeds the logits
         return Result(x, [probs, routing_map, aux], gx, [], {"weight": gz.T @ xs})
 
@@ -393,7 +416,12 @@ def for_op(op: str, args: dict[str, Any]) -> Oracle:
         return constant_scale(1.0)
     if op == "TopKRouter":
         return top_k_router(
-            args["num_experts"], args["top_k"], args["score_function"], args["aux_loss_coeff"]
+            args["num_experts"],
+            args["top_k"],
+            args["score_function"],
+            args["aux_loss_coeff"],
+            args.get("pre_softmax", False),
+            args.get("scaling_factor"),
         )
     if op == "Dispatch":
         return dispatch(args["num_experts"], args["top_k"])

@@ -56,7 +56,7 @@ def _by_hand(
     score_function: str, top_k: int, coeff: float
 ) -> tuple[list[list[int]], list[list[float]], float]:
     """routing_map, probs and aux_loss in plain Python floats: score, keep the top_k highest (best first),
-    renormalise; aux = coeff * E * sum_e f_e * P_e (f_e: share of the T*k slots routed to e; P_e: mean
+    renormalise (a sigmoid score only when top_k > 1, as TE's fused router does); aux = coeff * E * sum_e f_e * P_e (f_e: share of the T*k slots routed to e; P_e: mean
     over tokens of the scores, sigmoid scores first divided by their row sum)."""
     experts, tokens = len(LOGITS[0]), len(LOGITS)
     if score_function == "softmax":
@@ -68,7 +68,10 @@ def _by_hand(
     chosen = [sorted(range(experts), key=lambda e, row=row: -row[e])[:top_k] for row in scores]
     probs = []
     for row, picks in zip(scores, chosen, strict=True):
-        probs.append([row[e] / sum(row[c] for c in picks) for e in picks])
+        if score_function == "sigmoid" and top_k == 1:
+            probs.append([row[e] for e in picks])
+        else:
+            probs.append([row[e] / sum(row[c] for c in picks) for e in picks])
     share = [sum(picks.count(e) for picks in chosen) / (tokens * top_k) for e in range(experts)]
     mean_score = [sum(row[e] for row in dist) / tokens for e in range(experts)]
     aux = coeff * experts * sum(f * p for f, p in zip(share, mean_score, strict=True))

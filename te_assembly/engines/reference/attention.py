@@ -10,8 +10,16 @@ Semantics shared with the TE engine's ``TEAttention`` (``engines/te/attention.py
   grouping);
 - rotary embeddings as TE's ``RotaryPositionEmbedding(head_dim, rotary_base=...)`` with
   ``interleaved=False`` (rotate-half): position ``p`` turns features ``j`` and ``j + head_dim / 2`` of q
-  and k by ``p * rotary_base ** (-2j / head_dim)``;
-- softmax scale ``1 / sqrt(head_dim)``; causal: position ``p`` attends to positions ``<= p``.
+  and k by ``p * f_j``, ``f_j = rotary_base ** (-2j / head_dim)``, computed in float32 as TE and
+  ``transformers`` compute them (so a float64 model's tables equal theirs bit for bit); ``rope_type``
+  rescales the frequencies as Hugging Face's ``rope_scaling`` types do: ``linear`` divides every
+  ``f_j`` by ``rope_factor``, ``llama3`` divides the low frequencies by it and blends the middle band
+  (Llama 3.1's published formula);
+- ``qk_norm``: each query and key head RMS-normalised over its ``head_dim`` features with its own
+  learned scale (``q_norm_weight``, ``k_norm_weight``) before the rotation (Qwen3's ``q_norm``/``k_norm``);
+- softmax scale ``1 / sqrt(head_dim)``; causal: position ``p`` attends to positions ``<= p``, and with a
+  ``sliding_window`` ``w`` only to the last ``w`` of them (``p - w < q <= p``: Mistral's window, TE's
+  ``window_size=(w - 1, 0)``).
 
 ``scaled_dot_product_attention`` runs with its math backend: the textbook computation, twice
 differentiable like every other reference op (the flash kernels' backward is not), and what the memory
@@ -21,22 +29,68 @@ flash kernel's time for the attention itself.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from te_assembly.engines.reference.ops.base import compute_dtype
 
 
+ROPE_TYPES = ("default", "linear", "llama3")
+"""The frequency scalings ``rope_type`` takes (Hugging Face's ``rope_scaling.rope_type`` names)."""
+
+
+@dataclass(frozen=True)
+class Rope:
+    """How the rotary frequencies are made: the base and a ``ROPE_TYPES`` scaling with its knobs."""
+
+    base: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def inv_freq(self, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
+        """``[head_dim / 2]`` float32 frequencies, each operation in the order the published formulas
+        give it, so every float32 rounding is the one TE and ``transformers`` make."""
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).to(torch.float32)
+        inv_freq = 1.0 / (self.base ** (exponents / head_dim))
+        if self.type == "linear":
+            return inv_freq / self.factor
+        if self.type != "llama3":
+            return inv_freq
+        low_wavelen = self.original_max_positions / self.low_freq_factor
+        high_wavelen = self.original_max_positions / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (self.original_max_positions / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+
+    def angles(self, seq_len: int, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
+        """``[seq_len, head_dim]`` float32 rotation angles, rotate-half layout (each frequency twice)."""
+        positions = torch.arange(seq_len, device=device, dtype=torch.int64).to(torch.float32)
+        angles = positions[:, None] * self.inv_freq(head_dim, device)[None, :]
+        return torch.cat((angles, angles), dim=-1)
+
+
 def rotary_tables(
-    seq_len: int, head_dim: int, base: float, device: torch.device, dtype: torch.dtype
+    seq_len: int, head_dim: int, rope: Rope, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, ``[seq_len, head_dim]``, for the rotate-half convention (frequencies in float32 as
-    TE computes them, or float64 when ``dtype`` is float64)."""
-    freq_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=freq_dtype) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=freq_dtype), inv_freq)
-    emb = torch.cat((angles, angles), dim=-1)
+    """cos and sin, ``[seq_len, head_dim]``, computed in float32 and rounded once to ``dtype``."""
+    emb = rope.angles(seq_len, head_dim, device)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rms_norm(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``t / sqrt(mean(t^2) + eps) * weight`` over the last dimension (the RMSNorm op's formula)."""
+    return t * torch.rsqrt(t.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(t.dtype)
 
 
 def apply_rotary(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -47,8 +101,8 @@ def apply_rotary(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(torch.nn.Module):
-    """See the module docstring. No parameters; computes in at least float32 and rounds the output once
-    (TE's fused kernels accumulate in float32)."""
+    """See the module docstring. No parameters but the per-head norm scales of ``qk_norm``; computes in
+    at least float32 and rounds the output once (TE's fused kernels accumulate in float32)."""
 
     def __init__(
         self,
@@ -58,6 +112,16 @@ class Attention(torch.nn.Module):
         causal: bool = True,
         rotary: bool = False,
         rotary_base: float = 10000.0,
+        rope_type: str = "default",
+        rope_factor: float = 1.0,
+        rope_low_freq_factor: float = 1.0,
+        rope_high_freq_factor: float = 4.0,
+        rope_original_max_positions: int = 8192,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-6,
+        sliding_window: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -72,8 +136,26 @@ class Attention(torch.nn.Module):
         self.num_kv_heads = kv_heads
         self.head_dim = head_dim
         self.causal = causal
+        if sliding_window is not None and (not causal or sliding_window <= 0):
+            raise ValueError(f"Attention sliding_window needs causal attention and a positive size, got {sliding_window}")
+        self.sliding_window = sliding_window
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"Attention rope_type must be one of {', '.join(ROPE_TYPES)}, got {rope_type!r}")
         self.rotary = rotary
         self.rotary_base = rotary_base
+        self.rope = Rope(
+            rotary_base,
+            rope_type,
+            rope_factor,
+            rope_low_freq_factor,
+            rope_high_freq_factor,
+            rope_original_max_positions,
+        )
+        self.qk_norm = qk_norm
+        self.qk_norm_eps = qk_norm_eps
+        if qk_norm:
+            self.q_norm_weight = torch.nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
+            self.k_norm_weight = torch.nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
 
     @property
     def in_features(self) -> int:
@@ -83,11 +165,14 @@ class Attention(torch.nn.Module):
         return (
             f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
             f"causal={self.causal}, rotary={self.rotary}"
+            + (f", rope_type={self.rope.type}" if self.rotary and self.rope.type != "default" else "")
+            + (", qk_norm=True" if self.qk_norm else "")
+            + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
         )
 
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q ``[b, s, num_heads, d]``, k and v ``[b, s, num_kv_heads, d]``: views of the packed input,
-        rotated when ``rotary``."""
+        q and k normalised when ``qk_norm`` and rotated when ``rotary``."""
         if qkv.dim() != 3 or qkv.shape[-1] != self.in_features:
             raise ValueError(
                 f"Attention takes [batch, seq, {self.in_features}] (packed q, k, v of {self.num_heads} + "
@@ -97,8 +182,11 @@ class Attention(torch.nn.Module):
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = qkv.split((h * d, g * d, g * d), dim=-1)
         q, k, v = q.view(batch, seq, h, d), k.view(batch, seq, g, d), v.view(batch, seq, g, d)
+        if self.qk_norm:
+            q = rms_norm(q, self.q_norm_weight, self.qk_norm_eps)
+            k = rms_norm(k, self.k_norm_weight, self.qk_norm_eps)
         if self.rotary:
-            cos, sin = rotary_tables(seq, d, self.rotary_base, qkv.device, qkv.dtype)
+            cos, sin = rotary_tables(seq, d, self.rope, qkv.device, qkv.dtype)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v
 
@@ -112,8 +200,14 @@ class Attention(torch.nn.Module):
         k = k.transpose(1, 2).repeat_interleave(group, dim=1)
         v = v.transpose(1, 2).repeat_interleave(group, dim=1)
         with sdpa_kernel(SDPBackend.MATH):
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            if self.sliding_window is not None and self.sliding_window < seq:
+                positions = torch.arange(seq, device=q.device)
+                behind = positions[:, None] - positions[None, :]
+                mask = (behind >= 0) & (behind < self.sliding_window)
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim).to(out_dtype)
 
 
-__all__ = ["Attention", "apply_rotary", "rotary_tables"]
+__all__ = ["ROPE_TYPES", "Attention", "Rope", "apply_rotary", "rms_norm", "rotary_tables"]

@@ -1,7 +1,7 @@
 """The TE engine's ``Attention`` module with TE's kernels: ``transformer_engine.pytorch.DotProductAttention``
 (``qkv_format="bshd"``, ``num_gqa_groups``, ``attn_mask_type="causal"``) and TE's fused rotary embedding
-(``RotaryPositionEmbedding`` + ``apply_rotary_pos_emb(..., fused=True)``), with the semantics of the
-reference module (``te_assembly/engines/reference/attention.py``: packed q | k | v heads in, heads out).
+(``apply_rotary_pos_emb(..., fused=True)`` on the reference module's float32 angles, so every ``rope_type``
+scaling is the reference's), with the semantics of the reference module (``te_assembly/engines/reference/attention.py``: packed q | k | v heads in, heads out).
 
 Needs a CUDA GPU (TE's attention backends have no CPU kernels): on CPU, or with ``kernels=reference``,
 the TE engine builds the reference module instead. Attention runs in the model's dtype (bfloat16 on a
@@ -23,9 +23,10 @@ TE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class TEAttention(torch.nn.Module):
-    """Attention through TE's kernels. No parameters and no state-dict entries, like the reference
-    module: TE's ``DotProductAttention`` is kept out of the module tree (its ``_extra_state``, FP8
-    metadata attention never uses here, would otherwise make state dicts differ between engines)."""
+    """Attention through TE's kernels. The reference module's parameters (``qk_norm``'s scales) and no
+    other state-dict entries: TE's ``DotProductAttention`` is kept out of the module tree (its
+    ``_extra_state``, FP8 metadata attention never uses here, would otherwise make state dicts differ
+    between engines)."""
 
     def __init__(
         self,
@@ -35,6 +36,14 @@ class TEAttention(torch.nn.Module):
         causal: bool = True,
         rotary: bool = False,
         rotary_base: float = 10000.0,
+        rope_type: str = "default",
+        rope_factor: float = 1.0,
+        rope_low_freq_factor: float = 1.0,
+        rope_high_freq_factor: float = 4.0,
+        rope_original_max_positions: int = 8192,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-6,
+        sliding_window: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -53,10 +62,30 @@ class TEAttention(torch.nn.Module):
             )
         import transformer_engine.pytorch as te
 
-        # Shapes, checks and the q | k | v split are the reference module's (it has no parameters).
-        self.layout = Attention(num_heads, head_dim, num_kv_heads, causal, rotary=False)
+        # Shapes, checks, the q | k | v split, qk_norm and the rotary angles are the reference module's;
+        # its parameters are registered here under the same names, so state dicts match across engines.
+        layout = Attention(
+            num_heads,
+            head_dim,
+            num_kv_heads,
+            causal,
+            rotary=False,
+            rotary_base=rotary_base,
+            rope_type=rope_type,
+            rope_factor=rope_factor,
+            rope_low_freq_factor=rope_low_freq_factor,
+            rope_high_freq_factor=rope_high_freq_factor,
+            rope_original_max_positions=rope_original_max_positions,
+            qk_norm=qk_norm,
+            qk_norm_eps=qk_norm_eps,
+            sliding_window=sliding_window,
+            device=dev,
+            dtype=dtype,
+        )
+        self.__dict__["layout"] = layout
+        for name, param in layout.named_parameters():
+            self.register_parameter(name, param)
         self.rotary = rotary
-        self.rotary_base = rotary_base
         with torch.cuda.device(dev):
             attention = te.DotProductAttention(
                 num_heads,
@@ -65,15 +94,11 @@ class TEAttention(torch.nn.Module):
                 attention_dropout=0.0,
                 qkv_format="bshd",
                 attn_mask_type="causal" if causal else "no_mask",
+                # TE's window counts the positions before the query: w - 1 of them, and none after.
+                window_size=None if sliding_window is None else (sliding_window - 1, 0),
             )
-            rope: Any = None
-            if rotary:
-                from transformer_engine.pytorch.attention.rope import RotaryPositionEmbedding
-
-                rope = RotaryPositionEmbedding(head_dim, rotary_base=rotary_base, interleaved=False)
-        # Plain attributes, not submodules (class docstring); RoPE's inv_freq is a buffer too.
+        # A plain attribute, not a submodule (class docstring).
         self.__dict__["_te_attention"] = attention
-        self.__dict__["_rope"] = rope
         self._freqs: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     @property
@@ -84,6 +109,13 @@ class TEAttention(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"{self.layout.extra_repr()}, kernels=TE DotProductAttention"
 
+    def _apply(self, fn: Any, recurse: bool = True) -> TEAttention:
+        # .to() may give the parameters new tensors: the layout module reads the ones registered here.
+        super()._apply(fn, recurse)
+        for name, param in self.named_parameters(recurse=False):
+            setattr(self.layout, name, param)
+        return self
+
     def train(self, mode: bool = True) -> TEAttention:
         self.te_attention.train(mode)
         return super().train(mode)
@@ -92,7 +124,8 @@ class TEAttention(torch.nn.Module):
         key = (seq_len, device)
         freqs = self._freqs.get(key)
         if freqs is None:
-            freqs = self.__dict__["_rope"](seq_len).to(device)  # [seq, 1, 1, head_dim], float32
+            # TE's layout for the angles: [seq, 1, 1, head_dim], float32.
+            freqs = self.layout.rope.angles(seq_len, self.layout.head_dim, device)[:, None, None, :]
             self._freqs[key] = freqs
         return freqs
 

@@ -25,7 +25,21 @@ def _score_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class TopKRouter(ReferenceOp):
-    """Scores tokens against experts, keeps the top k (renormalised); x passes through unchanged."""
+    """Scores tokens against experts and keeps the top k; x passes through unchanged.
+
+    The knobs are those of TE's fused router (``transformer_engine.pytorch.router``):
+
+    - ``softmax``: with ``pre_softmax`` the kept probabilities are the softmax over all experts
+      (Qwen's ``norm_topk_prob=false``); without, they are renormalised over the k kept (TE's default,
+      Mixtral's and Qwen's ``norm_topk_prob=true``: the softmax of the k largest logits);
+    - ``sigmoid``: independent scores, renormalised over the k kept when k > 1 (DeepSeek-V3);
+    - ``enable_expert_bias``: a per-expert bias (buffer ``expert_bias``) added to the scores to choose the
+      experts only, never to the probabilities (DeepSeek-V3's ``e_score_correction_bias``);
+    - ``num_groups``/``group_topk``: the experts are cut into ``num_groups`` equal groups, each scored
+      by the sum of its ``top_k // group_topk`` best scores, and only the ``group_topk`` best groups
+      compete (group-limited routing);
+    - ``scaling_factor``: multiplies the kept probabilities (DeepSeek's ``routed_scaling_factor``).
+    """
 
     def __init__(
         self,
@@ -34,6 +48,11 @@ class TopKRouter(ReferenceOp):
         top_k: int,
         score_function: str = "softmax",
         aux_loss_coeff: float = 0.01,
+        pre_softmax: bool = False,
+        scaling_factor: float | None = None,
+        enable_expert_bias: bool = False,
+        num_groups: int | None = None,
+        group_topk: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -44,12 +63,30 @@ class TopKRouter(ReferenceOp):
             )
         if score_function not in ("softmax", "sigmoid"):
             raise ValueError(f"TopKRouter score_function must be softmax or sigmoid, got {score_function!r}")
+        if (num_groups is None) != (group_topk is None):
+            raise ValueError("TopKRouter takes num_groups and group_topk together (group-limited routing)")
+        if num_groups is not None and group_topk is not None:
+            if num_experts % num_groups or not 0 < group_topk <= num_groups or top_k % group_topk:
+                raise ValueError(
+                    f"TopKRouter group-limited routing needs num_experts a multiple of num_groups, "
+                    f"0 < group_topk <= num_groups and top_k a multiple of group_topk; got num_experts="
+                    f"{num_experts}, num_groups={num_groups}, group_topk={group_topk}, top_k={top_k}"
+                )
         self.in_features = in_features
         self.num_experts = num_experts
         self.top_k = top_k
         self.score_function = score_function
         self.aux_loss_coeff = aux_loss_coeff
+        self.pre_softmax = pre_softmax
+        self.scaling_factor = scaling_factor
+        self.num_groups = num_groups
+        self.group_topk = group_topk
         self.weight = init_weight(num_experts, in_features, device, dtype)
+        self.enable_expert_bias = enable_expert_bias
+        if enable_expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts, device=device, dtype=dtype))
+        else:
+            self.expert_bias: torch.Tensor | None = None
 
     def _scores(self, tokens: torch.Tensor) -> torch.Tensor:
         dtype = _score_dtype(tokens.dtype)
@@ -57,6 +94,17 @@ class TopKRouter(ReferenceOp):
         if self.score_function == "softmax":
             return torch.softmax(logits, dim=-1)
         return torch.sigmoid(logits)
+
+    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
+        """The ``top_k`` expert ids of each token: biased scores, group-limited when asked."""
+        choice = scores if self.expert_bias is None else scores + self.expert_bias.to(scores.dtype)
+        if self.num_groups is not None and self.group_topk is not None:
+            grouped = choice.view(choice.shape[0], self.num_groups, -1)
+            group_scores = grouped.topk(self.top_k // self.group_topk, dim=-1).values.sum(dim=-1)
+            best = group_scores.topk(self.group_topk, dim=-1).indices
+            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        return torch.topk(choice, self.top_k, dim=-1).indices
 
     def _aux_loss(self, scores: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
         # Switch-transformer balance loss; sigmoid scores are normalised so P is a distribution too.
@@ -68,8 +116,14 @@ class TopKRouter(ReferenceOp):
 
     def forward(self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
         scores = self._scores(x.reshape(-1, self.in_features))
-        top_scores, routing_map = torch.topk(scores, self.top_k, dim=-1)
-        probs = top_scores / top_scores.sum(dim=-1, keepdim=True)
+        routing_map = self._choose(scores)
+        probs = scores.gather(1, routing_map)
+        if self.score_function == "softmax" and not self.pre_softmax:
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        elif self.score_function == "sigmoid" and self.top_k > 1:
+            probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.scaling_factor is not None:
+            probs = probs * self.scaling_factor
         return x, (probs, routing_map, self._aux_loss(scores, routing_map))
 
 

@@ -1,0 +1,457 @@
+"""A Hugging Face ``config.json`` as a ``HFSpec``: every field is honoured or refused, never skipped.
+
+The families and the fields each honours are data (``FAMILIES``, ``HONOURED``), the README's table is
+this table. A field that changes the math and that te_assembly cannot express (a RoPE type it does not
+implement, sliding windows per layer, an activation other than SiLU...) is an error naming the field,
+its value and what is supported; so is a field te_assembly does not know at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Family:
+    """One ``architectures`` entry te_assembly imports and exports."""
+
+    architecture: str
+    model_type: str
+    mlp: str
+    """``dense``, ``moe`` (routed experts) or ``shared_moe`` (routed experts + a gated shared expert)."""
+    qkv_bias: str = "none"
+    """``none``, ``always`` (Qwen2, Qwen2-MoE), ``attention_bias`` (Llama's flag: q, k, v and o) or
+    ``qkv_bias`` (a config field that may turn Qwen2-MoE's q/k/v biases off)."""
+    qk_norm: bool = False
+    """Qwen3's per-head RMSNorm on queries and keys."""
+    sliding: str = "none"
+    """``window``: ``sliding_window`` applies to every layer (Mistral, Mixtral); ``qwen``: only with
+    ``use_sliding_window`` on some layers (refused); ``none``."""
+    experts_field: str = "num_experts"
+    norm_topk_field: str | None = "norm_topk_prob"
+    """The field that says whether the kept probabilities are renormalised (None: always, Mixtral)."""
+
+
+FAMILIES: dict[str, Family] = {
+    f.architecture: f
+    for f in (
+        Family("LlamaForCausalLM", "llama", "dense", qkv_bias="attention_bias"),
+        Family("MistralForCausalLM", "mistral", "dense", sliding="window"),
+        Family("Qwen2ForCausalLM", "qwen2", "dense", qkv_bias="always", sliding="qwen"),
+        Family("Qwen3ForCausalLM", "qwen3", "dense", qkv_bias="attention_bias", qk_norm=True, sliding="qwen"),
+        Family(
+            "MixtralForCausalLM",
+            "mixtral",
+            "moe",
+            sliding="window",
+            experts_field="num_local_experts",
+            norm_topk_field=None,
+        ),
+        Family("Qwen2MoeForCausalLM", "qwen2_moe", "shared_moe", qkv_bias="qkv_bias", sliding="qwen"),
+        Family("Qwen3MoeForCausalLM", "qwen3_moe", "moe", qkv_bias="attention_bias", qk_norm=True, sliding="qwen"),
+    )
+}
+
+COMMON_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "tie_word_embeddings",
+    "attention_dropout",
+    "max_position_embeddings",
+    "initializer_range",
+)
+"""What every family reads (``HONOURED`` adds each family's own)."""
+
+HONOURED: dict[str, tuple[str, ...]] = {
+    "LlamaForCausalLM": (*COMMON_FIELDS, "attention_bias", "mlp_bias", "pretraining_tp"),
+    "MistralForCausalLM": (*COMMON_FIELDS, "sliding_window"),
+    "Qwen2ForCausalLM": (*COMMON_FIELDS, "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+    "Qwen3ForCausalLM": (
+        *COMMON_FIELDS,
+        "attention_bias",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
+    ),
+    "MixtralForCausalLM": (
+        *COMMON_FIELDS,
+        "sliding_window",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
+        "output_router_logits",
+    ),
+    "Qwen2MoeForCausalLM": (
+        *COMMON_FIELDS,
+        "qkv_bias",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "norm_topk_prob",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "router_aux_loss_coef",
+        "output_router_logits",
+    ),
+    "Qwen3MoeForCausalLM": (
+        *COMMON_FIELDS,
+        "attention_bias",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "router_aux_loss_coef",
+        "output_router_logits",
+    ),
+}
+"""The fields each family reads (each checked: a value it cannot express is refused)."""
+
+METADATA_FIELDS = (
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "use_cache",
+    "_name_or_path",
+    "name_or_path",
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+    "torchscript",
+    "use_return_dict",
+    "is_encoder_decoder",
+    "tokenizer_class",
+    "id2label",
+    "label2id",
+    "auto_map",
+)
+"""Fields that describe the checkpoint, not its math: kept for export, never refused."""
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    """A checkpoint's architecture in te_assembly's terms (``layout.py`` writes it as YAML)."""
+
+    architecture: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    tied: bool
+    rope: dict[str, Any]
+    """``rope_theta``, ``rope_type`` and, for the scaled types, ``factor`` etc. (hf_*_layer's dims)."""
+    sliding_window: int | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    experts: int = 0
+    top_k: int = 0
+    pre_softmax: bool = False
+    aux_loss_coeff: float = 0.0
+    shared_ffn: int = 0
+    init_std: float = 0.02
+    dtype: str = "float32"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The checkpoint's own metadata fields (token ids, max_position_embeddings...), kept for export."""
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.architecture]
+
+
+class HFConfigError(ConfigError):
+    """A ``config.json`` te_assembly cannot express; ``.diagnostics`` names every field at fault."""
+
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``config.json`` as a mapping (``HFConfigError`` for a file that is no JSON object)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except FileNotFoundError:
+        raise HFConfigError([_located(error("config.json", "hf-no-config", f"{path} does not exist"), path)]) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HFConfigError(
+            [_located(error("config.json", "hf-bad-config", f"{path} is not readable JSON: {exc}"), path)]
+        ) from None
+    if not isinstance(data, dict):
+        raise HFConfigError([_located(error("config.json", "hf-bad-config", "config.json holds no JSON object"), path)])
+    return data
+
+
+def _located(diagnostic: Diagnostic, path: Path, key: str | None = None) -> Diagnostic:
+    line = None
+    if key is not None:
+        try:
+            for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                if re.search(rf'"{re.escape(key)}"\s*:', text):
+                    line = number
+                    break
+        except OSError:
+            pass
+    return diagnostic.located(str(path), line)
+
+
+class _Reader:
+    """Reads fields of one config, collecting every refusal."""
+
+    def __init__(self, data: Mapping[str, Any], path: Path, architecture: str) -> None:
+        self.data = data
+        self.path = path
+        self.architecture = architecture
+        self.problems: list[Diagnostic] = []
+
+    def refuse(self, key: str, message: str, hint: str | None = None, code: str = "hf-unsupported") -> None:
+        self.problems.append(_located(error(f"config.json:{key}", code, message, hint), self.path, key))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def integer(self, key: str, default: Any = None, minimum: int = 1) -> int:
+        value = self.data.get(key, default)
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.refuse(key, f"{key} = {value!r}: expected an integer >= {minimum}", code="hf-bad-value")
+            return max(minimum, 1)
+        return value
+
+    def number(self, key: str, default: Any = None, positive: bool = True) -> float:
+        value = self.data.get(key, default)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (positive and value <= 0):
+            self.refuse(key, f"{key} = {value!r}: expected a finite{' positive' if positive else ''} number", code="hf-bad-value")
+            return 1.0
+        return float(value)
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.data.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.refuse(key, f"{key} = {value!r}: expected true or false", code="hf-bad-value")
+            return default
+        return value
+
+    def require(self, key: str, allowed: Callable[[Any], bool], supported: str) -> None:
+        if key in self.data and not allowed(self.data[key]):
+            self.refuse(
+                key,
+                f"{key} = {self.data[key]!r} is not supported by te_assembly's {self.architecture} import: "
+                f"supported: {supported}",
+            )
+
+
+def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
+    """The ``HFSpec`` of a ``config.json``; ``HFConfigError`` lists every field it refuses."""
+    architectures = data.get("architectures")
+    if not isinstance(architectures, list) or len(architectures) != 1 or architectures[0] not in FAMILIES:
+        shown = ", ".join(FAMILIES)
+        hint = None
+        if isinstance(architectures, list) and len(architectures) == 1 and isinstance(architectures[0], str):
+            hint = did_you_mean(architectures[0], FAMILIES)
+        raise HFConfigError(
+            [
+                _located(
+                    error(
+                        "config.json:architectures",
+                        "hf-unknown-architecture",
+                        f"architectures = {architectures!r}: te_assembly imports one of {shown}",
+                        hint,
+                    ),
+                    path,
+                    "architectures",
+                )
+            ]
+        )
+    family = FAMILIES[architectures[0]]
+    r = _Reader(data, path, family.architecture)
+    known = set(HONOURED[family.architecture]) | set(METADATA_FIELDS)
+    for key in data:
+        if key not in known:
+            r.refuse(
+                key,
+                f"{key} = {data[key]!r}: te_assembly does not know this {family.architecture} field, so it "
+                "cannot say the import keeps its meaning",
+                did_you_mean(key, sorted(known)) or "remove it from config.json if it has no effect on the model",
+                code="hf-unknown-field",
+            )
+    if data.get("model_type") not in (None, family.model_type):
+        r.refuse("model_type", f"model_type = {data.get('model_type')!r} does not match architectures {family.architecture} ({family.model_type})")
+    hidden = r.integer("hidden_size")
+    heads = r.integer("num_attention_heads")
+    kv_heads = r.integer("num_key_value_heads", heads)
+    head_dim_value = data.get("head_dim")
+    head_dim = r.integer("head_dim") if head_dim_value is not None else (hidden // heads if hidden % heads == 0 else 0)
+    if head_dim_value is None and hidden % heads:
+        r.refuse("num_attention_heads", f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} and head_dim is not set")
+        head_dim = 1
+    if heads % kv_heads:
+        r.refuse("num_key_value_heads", f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    r.require("hidden_act", lambda v: v == "silu", "silu (SwiGLU MLPs)")
+    r.require("attention_dropout", lambda v: v in (0, 0.0), "0.0 (te_assembly's Attention has no dropout)")
+    r.require("partial_rotary_factor", lambda v: v in (1, 1.0), "1.0 (rotary embeddings on the whole head)")
+    r.require("pretraining_tp", lambda v: v == 1, "1")
+    r.require("router_jitter_noise", lambda v: v in (0, 0.0), "0.0 (no jitter on the router input)")
+    r.require("decoder_sparse_step", lambda v: v == 1, "1 (every layer a mixture of experts)")
+    r.require("mlp_only_layers", lambda v: v in ([], None), "[] (every layer a mixture of experts)")
+    r.require("layer_types", lambda v: isinstance(v, list) and all(t == "full_attention" for t in v), "every layer 'full_attention'")
+    r.require("use_sliding_window", lambda v: v in (False, None), "false (sliding windows on some layers only are not expressible)")
+    sliding_window = None
+    if family.sliding == "window" and data.get("sliding_window") is not None:
+        sliding_window = r.integer("sliding_window")
+    rope = _rope(r, data)
+    qkv_bias = o_bias = False
+    if family.qkv_bias == "always":
+        qkv_bias = True
+    elif family.qkv_bias == "qkv_bias":
+        qkv_bias = r.flag("qkv_bias", True)
+    elif family.qkv_bias == "attention_bias":
+        qkv_bias = o_bias = r.flag("attention_bias", False)
+    moe: dict[str, Any] = {}
+    ffn_key = "intermediate_size"
+    if family.mlp != "dense":
+        experts = r.integer(family.experts_field)
+        top_k = r.integer("num_experts_per_tok")
+        if top_k > experts:
+            r.refuse("num_experts_per_tok", f"num_experts_per_tok {top_k} is more than the {experts} experts")
+        renormalise = True if family.norm_topk_field is None else r.flag(family.norm_topk_field, False)
+        moe = {
+            "experts": experts,
+            "top_k": top_k,
+            "pre_softmax": not renormalise,
+            "aux_loss_coeff": r.number("router_aux_loss_coef", 0.001, positive=False),
+        }
+        if family.model_type != "mixtral":
+            ffn_key = "moe_intermediate_size"
+        if family.mlp == "shared_moe":
+            moe["shared_ffn"] = r.integer("shared_expert_intermediate_size")
+    dtype_name = data.get("dtype", data.get("torch_dtype")) or "float32"
+    if dtype_name not in DTYPES:
+        r.refuse("dtype", f"dtype = {dtype_name!r}: te_assembly keeps float32, bfloat16, float16 or float64 weights")
+        dtype_name = "float32"
+    spec = HFSpec(
+        architecture=family.architecture,
+        vocab=r.integer("vocab_size"),
+        hidden=hidden,
+        layers=r.integer("num_hidden_layers"),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn=r.integer(ffn_key),
+        eps=r.number("rms_norm_eps", 1e-6),
+        tied=r.flag("tie_word_embeddings", False),
+        rope=rope,
+        sliding_window=sliding_window,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=r.flag("mlp_bias", False) if family.architecture == "LlamaForCausalLM" else False,
+        qk_norm=family.qk_norm,
+        init_std=r.number("initializer_range", 0.02),
+        dtype=DTYPES[dtype_name],
+        metadata={k: data[k] for k in (*METADATA_FIELDS, "max_position_embeddings") if k in data},
+        **moe,
+    )
+    if r.problems:
+        raise HFConfigError(r.problems)
+    return spec
+
+
+def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
+    """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``."""
+    params = data.get("rope_parameters")
+    key = "rope_parameters"
+    if params is None:
+        key = "rope_scaling"
+        params = dict(data.get("rope_scaling") or {})
+        if "rope_theta" in data:
+            params["rope_theta"] = data["rope_theta"]
+    if not isinstance(params, dict):
+        r.refuse(key, f"{key} = {params!r}: expected a mapping")
+        return {"rope_theta": 10000.0, "rope_type": "default"}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        r.refuse(
+            key,
+            f"{key}.rope_type = {rope_type!r}: te_assembly implements {', '.join(ROPE_TYPES)}",
+            did_you_mean(str(rope_type), ROPE_TYPES),
+        )
+        rope_type = "default"
+    theta = params.get("rope_theta", 10000.0)
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta >= 1:
+        r.refuse(key, f"rope_theta = {theta!r}: expected a number >= 1", code="hf-bad-value")
+        theta = 10000.0
+    out: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    allowed = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
+    if rope_type in ("linear", "llama3"):
+        out["rope_factor"] = _positive(r, key, params, "factor")
+        allowed.add("factor")
+    if rope_type == "llama3":
+        out["rope_low_freq_factor"] = _positive(r, key, params, "low_freq_factor")
+        out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor")
+        original = params.get("original_max_position_embeddings")
+        if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
+            r.refuse(key, f"{key}.original_max_position_embeddings = {original!r}: expected a positive integer", code="hf-bad-value")
+            original = 8192
+        out["rope_original_max_positions"] = original
+        allowed |= {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+        if out["rope_low_freq_factor"] >= out["rope_high_freq_factor"]:
+            r.refuse(key, f"{key}: llama3 needs low_freq_factor < high_freq_factor", code="hf-bad-value")
+    if params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
+        r.refuse(key, f"{key}.partial_rotary_factor = {params['partial_rotary_factor']!r}: supported: 1.0")
+    for extra in sorted(set(params) - allowed):
+        r.refuse(key, f"{key}.{extra} = {params[extra]!r}: not read by rope_type {rope_type!r}", code="hf-unknown-field")
+    return out
+
+
+def _positive(r: _Reader, key: str, params: Mapping[str, Any], name: str) -> float:
+    value = params.get(name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        r.refuse(key, f"{key}.{name} = {value!r}: expected a positive number", code="hf-bad-value")
+        return 1.0
+    return float(value)

@@ -1,0 +1,146 @@
+"""The Hub's safetensors layout: ``model.safetensors``, or shards ``model-0000N-of-0000M.safetensors``
+named by ``model.safetensors.index.json``. Read tensor by tensor through safetensors' memory map (a
+checkpoint is never loaded whole); written shard by shard past a size."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from te_assembly.errors import CheckpointError
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+class HFCheckpoint(Mapping[str, torch.Tensor]):
+    """A checkpoint's tensors by Hub name; ``shape(name)`` without reading it, ``[name]`` reads one
+    tensor from its memory-mapped shard. Use as a context manager (the shards stay open inside)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files = _shard_files(directory)
+        self._stack = ExitStack()
+        self._handles: dict[Path, Any] = {}
+        self._where: dict[str, Path] = {}
+        from safetensors import safe_open
+
+        for file in sorted(set(self.files.values()) if self.files else []):
+            if not file.is_file():
+                raise CheckpointError(f"{file} is missing: {INDEX} names it as a shard")
+            try:
+                handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
+            except Exception as exc:  # safetensors' own error types vary by version
+                self._stack.close()
+                raise CheckpointError(f"{file} is not a readable safetensors file (corrupt or truncated): {exc}") from None
+            self._handles[file] = handle
+            for name in handle.keys():
+                self._where[name] = file
+        for name, file in self.files.items():
+            if name and self._where.get(name) != file:
+                raise CheckpointError(f"{INDEX} puts {name} in {file.name}, which does not hold it")
+
+    def __enter__(self) -> HFCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        file = self._where[name]
+        try:
+            return self._handles[file].get_tensor(name)
+        except Exception as exc:
+            raise CheckpointError(f"{file}: tensor {name} cannot be read (corrupt or truncated): {exc}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+
+    def dtype_name(self, name: str) -> str:
+        return str(self._handles[self._where[name]].get_slice(name).get_dtype())
+
+    def file_of(self, name: str) -> Path:
+        return self._where[name]
+
+
+def _shard_files(directory: Path) -> dict[str, Path]:
+    """Tensor name -> shard, from the index; ``{}`` with every name in ``model.safetensors``."""
+    index = directory / INDEX
+    if index.exists():
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+            weight_map = data["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is no mapping")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index} is not a readable shard index: {exc}") from None
+        files = {}
+        for name, file in weight_map.items():
+            if not isinstance(file, str) or Path(file).name != file:
+                raise CheckpointError(f"{index}: {name} is in {file!r}, which is not a file beside the index")
+            files[name] = directory / file
+        return files
+    single = directory / SINGLE
+    if not single.is_file():
+        raise CheckpointError(f"{directory} has neither {SINGLE} nor {INDEX}: not a Hugging Face checkpoint")
+    return {"": single}  # placeholder: every tensor of the one file
+
+
+def write_shards(
+    directory: Path, tensors: Iterable[tuple[str, torch.Tensor]], max_shard_bytes: int
+) -> list[Path]:
+    """Write ``tensors`` in the Hub's layout (one ``model.safetensors`` when they fit one shard).
+    Tensors arrive one by one and each shard is written as soon as it is full."""
+    from safetensors.torch import save_file
+
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+    written: list[Path] = []
+    weight_map: dict[str, int] = {}
+    total = 0
+    temp_names: list[Path] = []
+
+    def flush() -> None:
+        path = directory / f"shard-{len(temp_names) + 1}.tmp"
+        save_file(shard, str(path), metadata={"format": "pt"})
+        temp_names.append(path)
+
+    for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if shard and size + nbytes > max_shard_bytes:
+            flush()
+            shard, size = {}, 0  # the written shard's tensors are let go
+        shard[name] = tensor.contiguous()
+        weight_map[name] = len(temp_names) + 1
+        size += nbytes
+        total += nbytes
+    flush()
+    count = len(temp_names)
+    if count == 1:
+        final = directory / SINGLE
+        temp_names[0].rename(final)
+        return [final]
+    for number, temp in enumerate(temp_names, start=1):
+        final = directory / f"model-{number:05d}-of-{count:05d}.safetensors"
+        temp.rename(final)
+        written.append(final)
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": {n: f"model-{k:05d}-of-{count:05d}.safetensors" for n, k in sorted(weight_map.items())},
+    }
+    (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return [*written, directory / INDEX]
