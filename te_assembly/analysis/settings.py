@@ -36,6 +36,11 @@ class CommonSettings:
     )
     dtype: str = setting("float32", choices=DTYPES, doc="parameter and activation dtype")
     seed: int = setting(0, minimum=0, maximum=INT64_MAX, doc="seeds weights and synthetic data")
+    hf: str | None = setting(
+        None,
+        nonempty=True,
+        doc="verify: a Hugging Face checkpoint directory, its te_assembly import compared with transformers",
+    )
 
 
 @dataclass(frozen=True)

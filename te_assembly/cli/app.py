@@ -51,7 +51,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("te_assembly.cli.commands.generate", "continue a prompt with a language model, streamed"),
     "export": (
         "te_assembly.cli.commands.export",
-        "turn a training checkpoint into a pretrained model directory",
+        "turn a training checkpoint into a pretrained model directory (format=hf: a Hugging Face one)",
+    ),
+    "import-hf": (
+        "te_assembly.cli.commands.import_hf",
+        "turn a Hugging Face checkpoint (Llama, Mistral, Qwen2/3, Mixtral, Qwen-MoE) into a pretrained model",
     ),
     "ls": ("te_assembly.cli.commands.ls", "list the models, blocks, recipes and ops; `ls op NAME` shows one"),
     "cp": ("te_assembly.cli.commands.cp", "copy a shipped model, recipe or block into a folder to edit"),
@@ -60,8 +64,11 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "ls": ("what", "name"),
     "cp": ("source", "dest"),
     "export": ("checkpoint", "to"),
+    "import-hf": ("source", "to"),
     "generate": ("prompt", "source"),
 }
+SECTION_OF = {"import-hf": "import_hf"}
+"""A command whose settings section is spelt otherwise (a key cannot hold a hyphen in an override)."""
 """Commands that take words after them: ``ls op GroupedLinear`` is ``ls ls.what=op ls.name=GroupedLinear``,
 ``export RUN_DIR OUT`` is ``export export.checkpoint=RUN_DIR export.to=OUT``."""
 DEFAULT_COMMAND = "run"
@@ -97,7 +104,7 @@ class Split:
         from te_assembly.analysis.pipeline import quoted_value
 
         return [
-            f"{self.command}.{name}={quoted_value(word)}"
+            f"{SECTION_OF.get(self.command or '', self.command)}.{name}={quoted_value(word)}"
             for name, word in zip(names, self.words, strict=False)
         ]
 

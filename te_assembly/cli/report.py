@@ -3,7 +3,8 @@ plan's tables are ``views/explain.py``.)"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -60,3 +61,28 @@ def _cell(value: Any, base: Any, ratio: bool) -> str:
             text += f" ({value / base:.2f}x)"
         return text
     return printable(str(value))
+
+
+@contextlib.contextmanager
+def tensor_progress(console: Console, verb: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress bar for work done tensor by tensor (import and export): ``progress(done, total,
+    name)``. Drawn only on a terminal; elsewhere the command's own lines say what happened."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn(f"{verb} tensors"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    task = bar.add_task("", total=None)
+
+    def update(done: int, total: int, name: str) -> None:
+        bar.update(task, completed=done, total=total, description=printable(name))
+
+    with bar:
+        yield update

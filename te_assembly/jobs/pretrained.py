@@ -281,6 +281,42 @@ def _load_weights(model: AssembledModel, weights: Mapping[str, torch.Tensor]) ->
     model.load_state_dict({**weights, **own_extra}, strict=True)
 
 
+def _check_directory(folder: Path) -> None:
+    """``CheckpointError`` unless ``folder`` is a pretrained directory (a run is told to export)."""
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a pretrained model directory (no such directory)")
+    if not (folder / WEIGHTS_FILE).exists() and any(folder.glob("ckpt-*.safetensors")):
+        raise CheckpointError(
+            f"{folder} is a training run, not a pretrained model directory: export it first "
+            f"(python -m te_assembly export {folder} DEST, or te_assembly.export_checkpoint), then load DEST"
+        )
+
+
+def _verified_weights(folder: Path, plan: Plan) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A pretrained directory's config and weights, every check ``from_pretrained`` makes done: the
+    weights fit ``plan``, the config matches its recorded checksum, nothing is NaN or inf."""
+    _check_directory(folder)
+    config = read_config(folder)
+    if not (folder / WEIGHTS_FILE).exists():
+        raise CheckpointError(f"{folder} is not a pretrained model directory: no {WEIGHTS_FILE}")
+    header, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
+    _check_fits(plan, weights, str(folder / WEIGHTS_FILE))  # weights of another model: name them first
+    recorded = header.meta.get("config_sha256")
+    if recorded is not None and recorded != _sha256((folder / CONFIG_FILE).read_bytes()):
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE} does not match the checksum recorded in {WEIGHTS_FILE}: it was edited "
+            "or is corrupt (save or export the model again)"
+        )
+    check_finite(weights, str(folder / WEIGHTS_FILE))
+    return config, weights
+
+
+def load_pretrained_weights(model: AssembledModel, directory: str | os.PathLike[str]) -> None:
+    """Load a pretrained directory's weights into ``model`` (``train.init_from``), every check of
+    ``from_pretrained`` made; ``CheckpointError`` names each weight that does not fit the model."""
+    _load_weights(model, _verified_weights(Path(directory).expanduser(), model.plan)[1])
+
+
 def from_pretrained(
     directory: str | os.PathLike[str],
     engine: str = "auto",
@@ -302,27 +338,11 @@ def from_pretrained(
     from te_assembly.engines import build
 
     folder = Path(directory).expanduser()
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder} is not a pretrained model directory (no such directory)")
-    if not (folder / WEIGHTS_FILE).exists() and any(folder.glob("ckpt-*.safetensors")):
-        raise CheckpointError(
-            f"{folder} is a training run, not a pretrained model directory: export it first "
-            f"(python -m te_assembly export {folder} DEST, or te_assembly.export_checkpoint), then load DEST"
-        )
+    _check_directory(folder)
     config = read_config(folder)
     analysis = load({k: v for k, v in config.items() if k in ("model", "recipe")})
     plan = analysis.checked_plan()
-    if not (folder / WEIGHTS_FILE).exists():
-        raise CheckpointError(f"{folder} is not a pretrained model directory: no {WEIGHTS_FILE}")
-    header, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
-    _check_fits(plan, weights, str(folder / WEIGHTS_FILE))  # weights of another model: name them first
-    recorded = header.meta.get("config_sha256")
-    if recorded is not None and recorded != _sha256((folder / CONFIG_FILE).read_bytes()):
-        raise CheckpointError(
-            f"{folder / CONFIG_FILE} does not match the checksum recorded in {WEIGHTS_FILE}: it was edited "
-            "or is corrupt (save or export the model again)"
-        )
-    check_finite(weights, str(folder / WEIGHTS_FILE))
+    config, weights = _verified_weights(folder, plan)
     if dtype is None:
         saved = str(config.get("dtype") or "float32")
         dtype = (

@@ -367,6 +367,11 @@ def _train_locked(
         notes.append(f"resumed from {ckpt.path} (step {start})")
     elif settings.resume:
         notes.append(f"no checkpoint in {out_dir}: starting from step 1")
+    if resume_from is None and settings.init_from is not None:
+        from te_assembly.jobs.pretrained import load_pretrained_weights
+
+        load_pretrained_weights(student, settings.init_from)
+        notes.append(f"started from the weights of {settings.init_from}")
 
     end = min(settings.steps, settings.stop_after or settings.steps)
     if start >= end:

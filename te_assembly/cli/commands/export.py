@@ -1,6 +1,8 @@
 """``export``: a training checkpoint as a pretrained model directory, ``model.safetensors`` (weights
 only, plain parameter names) and ``config.yaml`` (the model as trained), which
-``te_assembly.from_pretrained(DIR, engine=...)`` loads in either engine.
+``te_assembly.from_pretrained(DIR, engine=...)`` loads in either engine. ``export.format=hf``: a run or
+a pretrained directory as a Hugging Face checkpoint (``config.json``, Hub-layout safetensors,
+``generation_config.json``, the tokenizer), for the model families ``import-hf`` reads.
 
 ``export RUN_DIR [DEST]`` (or ``export.checkpoint=... export.to=...``). ``export.checkpoint`` is a
 checkpoint file, or a run directory (its newest checkpoint, every tensor verified; a corrupt newest one
@@ -28,6 +30,8 @@ class ExportSettings:
     )
     to: str | None = setting(None, nonempty=True, doc="the directory to write (null: <run dir>/pretrained)")
     overwrite: bool = setting(False, doc="write into a directory that is not empty")
+    format: str = setting("te", choices=("te", "hf"), doc="te: a pretrained directory; hf: a Hugging Face one")
+    max_shard_mb: int = setting(5120, minimum=1, doc="format=hf: the largest safetensors shard, in MiB")
 
 
 SECTIONS = {"export": ExportSettings}
@@ -39,6 +43,8 @@ def main(analysis: Analysis, console: Console) -> int:
         message = "export needs export.checkpoint: a checkpoint file or a run directory"
         hint = "e.g. export outputs/moe_block/<date>_<time> (or export.checkpoint=...)"
         raise ConfigError([error("export.checkpoint", "missing", message, hint)])
+    if settings.format == "hf":
+        return _export_hf(settings, console)
     from te_assembly.jobs.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
 
     out = export_checkpoint(settings.checkpoint, settings.to, overwrite=settings.overwrite)
@@ -51,6 +57,29 @@ def main(analysis: Analysis, console: Console) -> int:
     )
     console.print(
         f"load it with: te_assembly.from_pretrained({printable(repr(str(out)))}, engine='reference' or 'te')",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+def _export_hf(settings: ExportSettings, console: Console) -> int:
+    from pathlib import Path
+
+    from te_assembly.cli.report import tensor_progress
+    from te_assembly.jobs.hf.convert import export_hf
+
+    assert settings.checkpoint is not None
+    source = Path(settings.checkpoint).expanduser()
+    dest = settings.to or str((source if source.is_dir() else source.parent) / "hf")
+    with tensor_progress(console, "writing") as progress:
+        out = export_hf(
+            source, dest, overwrite=settings.overwrite, max_shard_bytes=settings.max_shard_mb * 2**20, progress=progress
+        )
+    files = sorted(p.name for p in out.iterdir())
+    console.print(f"wrote {printable(str(out))}: {printable(', '.join(files))}", markup=False, soft_wrap=True)
+    console.print(
+        f"load it with: transformers.AutoModelForCausalLM.from_pretrained({printable(repr(str(out)))})",
         markup=False,
         soft_wrap=True,
     )

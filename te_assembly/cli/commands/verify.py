@@ -75,9 +75,11 @@ def report_table(report: VerifyReport) -> Table:
 
 
 def main(analysis: Analysis, console: Console) -> int:
-    plan = checked_plan(analysis, console)
     common: CommonSettings = analysis.section(COMMON)
     run: RunSettings = analysis.section("run")
+    if common.hf is not None:
+        return _verify_hf(analysis, common, run, console)
+    plan = checked_plan(analysis, console)
     if not te_available():
         raise EngineUnavailableError(INSTALL_HINT)
     job_dir.check_claimable(job_dir.current("verify"))  # where it writes, before both models are built
@@ -110,3 +112,65 @@ def report_json(report: VerifyReport) -> dict[str, Any]:
     data = dataclasses.asdict(report)
     data["passed"] = report.passed
     return data
+
+
+HF_TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 5e-2}
+"""``verify hf=``: the largest difference allowed, relative to the largest magnitude of each tensor
+transformers computes (float64: with its float32 islands removed, ``jobs/hf/compare.py``)."""
+
+
+def _verify_hf(analysis: Analysis, common: CommonSettings, run: RunSettings, console: Console) -> int:
+    import torch
+
+    from te_assembly.jobs.hf.compare import compare, load_transformers
+    from te_assembly.jobs.hf.convert import from_hf, read_spec
+
+    assert common.hf is not None
+    job_dir.check_claimable(job_dir.current("verify"))
+    dtype = getattr(torch, common.dtype)
+    spec = read_spec(common.hf)
+    engine = "reference" if common.engine == "auto" and not te_available() else common.engine
+    model = from_hf(common.hf, engine=engine, kernels=common.kernels, dtype=dtype, device="cpu" if common.device == "auto" else common.device)
+    theirs = load_transformers(common.hf, dtype).to(next(model.parameters()).device)
+    generator = torch.Generator().manual_seed(common.seed)
+    ids = torch.randint(0, spec.vocab, (2, run.seq_len), generator=generator).to(next(model.parameters()).device)
+    result = compare(model.train(), theirs.train(), ids)
+    tolerance = HF_TOLERANCE[common.dtype]
+    table = Table(
+        title=f"{printable(spec.architecture)} from {printable(str(common.hf))}: te_assembly (engine={engine}) vs "
+        f"transformers, {common.dtype}, 2 x {run.seq_len} token ids (pass: max abs <= {tolerance:g} * max|transformers|)",
+        title_justify="left",
+    )
+    for col in ("tensor", "max abs diff", "max |transformers|", "result"):
+        table.add_column(col, justify="right" if "max" in col else "left")
+    for name in result.differences:
+        ok = result.relative(name) <= tolerance
+        table.add_row(
+            Text(printable(name)),
+            _fmt(result.differences[name]),
+            _fmt(result.scales[name]),
+            "[green]pass[/green]" if ok else "[bold red]FAIL[/bold red]",
+        )
+    console.print(table)
+    job = job_dir.current("verify")
+    out = job_dir.claim(job)
+    job_dir.write_config(out, analysis.resolved.as_config(), job)
+    data = {"hf": str(common.hf), "architecture": spec.architecture, "dtype": common.dtype, "tolerance": tolerance,
+            "differences": result.differences, "scales": result.scales, "passed": result.within(tolerance)}
+    written = write_text_atomic(out / "verify.json", json.dumps(data, indent=1))
+    console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
+    if not result.within(tolerance):
+        worst, diff = result.worst()
+        console.print(
+            f"verify FAILED: {printable(worst)} differs from transformers' by {diff:.3e} "
+            f"({result.relative(worst):.3e} of its largest value)",
+            style="bold red",
+            markup=False,
+        )
+        return 1
+    console.print(
+        f"verify passed: logits, loss and {len(result.differences) - 2} gradients match transformers'",
+        style="green",
+        markup=False,
+    )
+    return 0

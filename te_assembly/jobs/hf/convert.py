@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from te_assembly.errors import ArgumentError, CheckpointError
-from te_assembly.jobs.hf.config import FAMILIES, HFSpec, parse_config, read_config
+from te_assembly.jobs.hf.config import FAMILIES, METADATA_FIELDS, HFSpec, parse_config, read_config
 from te_assembly.jobs.hf.layout import BLOCKS, check_same_steps, model_config, spec_of_plan
 from te_assembly.jobs.hf.names import Rule, chosen_layout, renamed, rules, to_hf
 from te_assembly.jobs.hf.shards import HFCheckpoint, write_shards
@@ -170,10 +170,16 @@ def import_hf(
     from te_assembly.config.locations import configs_dir
     from te_assembly.jobs.training.run_record import model_record
 
-    block = BLOCKS[spec.family.mlp]
+    # The block goes with the model under the model's own name: DEST is complete on its own, and an
+    # edit to it never shadows (or is shadowed by) the shipped block it started as.
+    shipped = BLOCKS[spec.family.mlp]
+    block = f"{model_id}_layer"
+    block_text = (configs_dir() / "block" / f"{shipped}.yaml").read_text(encoding="utf-8")
+    block_text = re.sub(rf"(?m)^name: {shipped}$", f"name: {block}", block_text)
+    model["ops"][1]["block"] = block
     extra = {
         f"model/{model_id}.yaml": _model_yaml(model, folder),
-        f"block/{block}.yaml": (configs_dir() / "block" / f"{block}.yaml").read_text(encoding="utf-8"),
+        f"block/{block}.yaml": f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n" + block_text,
         SOURCE_CONFIG: (folder / "config.json").read_text(encoding="utf-8"),
     }
     tokenizer = folder / TOKENIZER_FILE
@@ -398,15 +404,8 @@ def export_hf(
         model = from_pretrained(folder, engine="reference", device="cpu")
     else:
         model = from_checkpoint(folder, engine="reference", device="cpu")
-    metadata = None
-    for candidate in (folder / SOURCE_CONFIG, folder.parent / SOURCE_CONFIG if folder.is_file() else folder / SOURCE_CONFIG):
-        if candidate.is_file():
-            try:
-                metadata = json.loads(candidate.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                metadata = None
-            break
     base = folder if folder.is_dir() else folder.parent
+    metadata = _source_metadata(base / SOURCE_CONFIG)
     tokenizer = base / TOKENIZER_FILE
     return to_hf_dir(
         model,
@@ -417,6 +416,20 @@ def export_hf(
         max_shard_bytes=max_shard_bytes,
         progress=progress,
     )
+
+
+def _source_metadata(path: Path) -> dict[str, Any] | None:
+    """An import's original ``config.json``: only its metadata fields (token ids, architecture,
+    context length); every field of the math comes from the model as it is now."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {k: data[k] for k in (*METADATA_FIELDS, "max_position_embeddings") if k in data}
 
 
 __all__ = [

@@ -84,6 +84,12 @@ class TrainSettings:
     resume_from: str | None = setting(
         None, nonempty=True, doc="with resume: this checkpoint of out_dir instead of the newest"
     )
+    init_from: str | None = setting(
+        None,
+        nonempty=True,
+        doc="start from the weights of this pretrained directory (save_pretrained, export, import-hf) "
+        "instead of a random init; its model must be this one",
+    )
     plot: bool = setting(True, doc="write loss_curve.png")
     tensorboard: bool | None = setting(
         None,
@@ -178,6 +184,6 @@ NOT_RECORDED = (
 )
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""
-ADDED_LATER = {"grad_accum": 1, "clip_grad_norm": None, "z_loss": 0.0}
+ADDED_LATER = {"grad_accum": 1, "clip_grad_norm": None, "z_loss": 0.0, "init_from": None}
 """Run-defining settings newer than the checkpoint format, with their default: recorded only when set
 otherwise, so a run recorded before they existed (which ran with the default) still resumes."""

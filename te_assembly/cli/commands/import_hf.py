@@ -1,0 +1,69 @@
+"""``import-hf HF_DIR [DEST]``: a Hugging Face checkpoint (``config.json`` + safetensors, sharded or
+not, as ``save_pretrained`` or the Hub writes it) as a te_assembly pretrained directory: the weights,
+the model as editable YAML (``DEST/model/<name>.yaml`` and its block), the original ``config.json``
+(``hf_config.json``) and ``tokenizer.json``. Every ``config.json`` field is honoured or refused by name
+(exit 2); a tensor that disagrees with it is named (exit 1); nothing is written unless all checks pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from te_assembly.analysis.analyze import Analysis
+from te_assembly.diagnostics import error, printable
+from te_assembly.errors import ConfigError
+from te_assembly.sections import setting
+
+
+@dataclass(frozen=True)
+class ImportSettings:
+    source: str | None = setting(None, nonempty=True, doc="the Hugging Face checkpoint directory")
+    to: str | None = setting(None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>)")
+    name: str | None = setting(
+        None, nonempty=True, doc="the model's name (null: from the destination's folder name)"
+    )
+    overwrite: bool = setting(False, doc="replace a directory that is not empty")
+
+
+SECTIONS = {"import_hf": ImportSettings}
+
+
+def main(analysis: Analysis, console: Console) -> int:
+    settings: ImportSettings = analysis.section("import_hf")
+    if settings.source is None:
+        raise ConfigError(
+            [
+                error(
+                    "import_hf.source",
+                    "missing",
+                    "import-hf needs a Hugging Face checkpoint directory",
+                    "e.g. python -m te_assembly import-hf path/to/Mixtral-8x7B my_mixtral",
+                )
+            ]
+        )
+    from te_assembly.cli.report import tensor_progress
+    from te_assembly.jobs.hf.config import FAMILIES
+    from te_assembly.jobs.hf.convert import import_hf, model_name, read_spec
+
+    source = Path(settings.source).expanduser()
+    dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / source.name
+    spec = read_spec(source)
+    with tensor_progress(console, "reading") as progress:
+        out = import_hf(source, dest, name=settings.name, overwrite=settings.overwrite, progress=progress)
+    name = settings.name or model_name(dest)
+    console.print(
+        f"imported {FAMILIES[spec.architecture].architecture} ({spec.layers} layers, hidden {spec.hidden}, "
+        f"vocab {spec.vocab}{f', {spec.experts} experts top-{spec.top_k}' if spec.experts else ''}) "
+        f"into {printable(str(out))}",
+        markup=False,
+        soft_wrap=True,
+    )
+    shown = printable(str(out))
+    console.print(f"the model as YAML: {shown}/model/{name}.yaml", markup=False, soft_wrap=True)
+    console.print(f"check it:  python -m te_assembly validate -cd {shown} model={name}", markup=False, soft_wrap=True)
+    console.print(f"load it:   te_assembly.from_pretrained({printable(repr(str(out)))})", markup=False, soft_wrap=True)
+    console.print(f"compare:   python -m te_assembly verify hf={printable(str(source))} dtype=float64", markup=False, soft_wrap=True)
+    return 0
