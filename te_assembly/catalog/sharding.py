@@ -94,6 +94,10 @@ SHARDING: dict[str, Sharding] = {
     # Token views reshape the leading dims only: a slice of the features passes through unchanged.
     "FlattenTokens": _ELEMENTWISE,
     "RestoreTokens": _ELEMENTWISE,
+    "SwapExtraInput": _ELEMENTWISE,
+    "SigmoidGate": Sharding(
+        note="its gate is a dot product over all of gate_input's features: it runs on whole vectors"
+    ),
 }
 
 MODULE_SHARDING: dict[str, Sharding] = {

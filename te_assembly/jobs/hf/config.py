@@ -37,6 +37,9 @@ class Family:
     """``window``: ``sliding_window`` applies to every layer (Mistral, Mixtral); ``qwen``: only with
     ``use_sliding_window`` on some layers (refused); ``none``."""
     experts_field: str = "num_experts"
+    experts_aliases: tuple[str, ...] = ()
+    """Other spellings of ``experts_field`` some ``transformers`` versions write (Qwen3-MoE:
+    ``num_local_experts`` since transformers 5)."""
     norm_topk_field: str | None = "norm_topk_prob"
     """The field that says whether the kept probabilities are renormalised (None: always, Mixtral)."""
 
@@ -57,7 +60,15 @@ FAMILIES: dict[str, Family] = {
             norm_topk_field=None,
         ),
         Family("Qwen2MoeForCausalLM", "qwen2_moe", "shared_moe", qkv_bias="qkv_bias", sliding="qwen"),
-        Family("Qwen3MoeForCausalLM", "qwen3_moe", "moe", qkv_bias="attention_bias", qk_norm=True, sliding="qwen"),
+        Family(
+            "Qwen3MoeForCausalLM",
+            "qwen3_moe",
+            "moe",
+            qkv_bias="attention_bias",
+            qk_norm=True,
+            sliding="qwen",
+            experts_aliases=("num_local_experts",),
+        ),
     )
 }
 
@@ -135,6 +146,7 @@ HONOURED: dict[str, tuple[str, ...]] = {
         "mlp_only_layers",
         "router_aux_loss_coef",
         "output_router_logits",
+        "num_local_experts",
     ),
 }
 """The fields each family reads (each checked: a value it cannot express is refused)."""
@@ -356,7 +368,10 @@ def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
     moe: dict[str, Any] = {}
     ffn_key = "intermediate_size"
     if family.mlp != "dense":
-        experts = r.integer(family.experts_field)
+        spelt = [k for k in (family.experts_field, *family.experts_aliases) if data.get(k) is not None]
+        if len({data[k] for k in spelt}) > 1:
+            r.refuse(spelt[1], f"{' and '.join(spelt)} disagree ({', '.join(str(data[k]) for k in spelt)})")
+        experts = r.integer(spelt[0] if spelt else family.experts_field)
         top_k = r.integer("num_experts_per_tok")
         if top_k > experts:
             r.refuse("num_experts_per_tok", f"num_experts_per_tok {top_k} is more than the {experts} experts")

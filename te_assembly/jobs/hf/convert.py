@@ -99,7 +99,7 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint, dtype: torc
             shape = checkpoint.shape(part.name)
             expected = (part.rows, *rest) if part.index is None else None
             if part.index is not None:
-                ok = len(shape) == 2 + len(rest) - 1 and shape[0] > part.index and tuple(shape[1:]) == (part.rows, *rest)
+                ok = len(shape) == 2 + len(rest) and shape[0] > part.index and tuple(shape[1:]) == (part.rows, *rest)
                 expected_text = f"[>{part.index}, {', '.join(map(str, (part.rows, *rest)))}]"
             else:
                 ok = tuple(shape) == expected

@@ -105,6 +105,25 @@ def _args(step: PlannedStep) -> dict[str, Any]:
     return step.spec.with_defaults(step.args)
 
 
+_ROPE_KNOBS = {
+    "default": (),
+    "linear": ("rope_factor",),
+    "llama3": ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"),
+}
+
+
+def _effective(step: PlannedStep) -> dict[str, Any]:
+    """The arguments that change what the step computes: an Attention's qk_norm_eps without qk_norm,
+    or a RoPE knob its rope_type does not read, is left out."""
+    args = _args(step)
+    if step.type != "Attention":
+        return args
+    unread = {"qk_norm_eps"} if not args.get("qk_norm") else set()
+    used = _ROPE_KNOBS.get(str(args.get("rope_type")), ())
+    unread |= {k for knobs in _ROPE_KNOBS.values() for k in knobs if k not in used}
+    return {k: v for k, v in args.items() if k not in unread}
+
+
 def _layer_groups(plan: Plan) -> tuple[PlannedStep, PlannedStep, list[list[PlannedStep]], PlannedStep, PlannedStep]:
     """Embedding, first layer's first step, the layers (by ``<use>.<N>.`` prefix), final norm, head."""
     steps = list(plan.steps)
@@ -246,7 +265,7 @@ def check_same_steps(plan: Plan, rebuilt: Plan, architecture: str) -> dict[str, 
         a, b = mine[index], theirs[index]
         if a.type != b.type or a.kind != b.kind:
             raise UnexportableError(plan, a, f"a {what} has a {b.type} here")
-        args_a, args_b = _args(a), _args(b)
+        args_a, args_b = _effective(a), _effective(b)
         for key in sorted(set(args_a) | set(args_b)):
             if args_a.get(key) != args_b.get(key):
                 raise UnexportableError(

@@ -1,0 +1,72 @@
+"""te_assembly's import of each family equals ``transformers``' own model of the same checkpoint: logits,
+the next-token cross-entropy loss and the gradient of every parameter (mapped through the public
+name table), on the same token ids; float64 to 1e-10, float32 to float32 rounding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.hf.tiny import VARIANTS, token_ids
+
+from te_assembly.jobs.hf.compare import compare, float64_islands_removed, load_transformers
+from te_assembly.jobs.hf.convert import from_hf
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_float64_logits_loss_and_every_gradient(variant: str, hf_dir: Callable[[str], Path]) -> None:
+    folder = hf_dir(variant)
+    mine = from_hf(folder, engine="reference", dtype=torch.float64).train()
+    theirs = load_transformers(folder, torch.float64).train()
+    result = compare(mine, theirs, token_ids())
+    grads = [k for k in result.differences if k.startswith("grad ")]
+    assert len(grads) == len(list(mine.parameters()))  # every parameter compared
+    for name, diff in result.differences.items():
+        assert diff <= 1e-10, (variant, name, diff)
+    assert result.scales["logits"] > 0.1  # not a comparison of two zeros
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_float32_against_unmodified_transformers(variant: str, hf_dir: Callable[[str], Path]) -> None:
+    """transformers runs exactly as shipped (its float32 islands, its own loss)."""
+    folder = hf_dir(variant)
+    mine = from_hf(folder, engine="reference", dtype=torch.float32).train()
+    theirs = load_transformers(folder, torch.float32).train()
+    result = compare(mine, theirs, token_ids(seed=1))
+    assert result.dtype == "float32"
+    for name in result.differences:
+        assert result.relative(name) <= 2e-5, (variant, name, result.differences[name], result.scales[name])
+
+
+def test_the_comparison_has_power(hf_dir: Callable[[str], Path]) -> None:
+    """One expert's weight nudged by 1e-6 in te_assembly's copy: the float64 comparison sees it."""
+    folder = hf_dir("mixtral")
+    mine = from_hf(folder, engine="reference", dtype=torch.float64).train()
+    with torch.no_grad():
+        mine.state_dict()["steps.layers.1.fc2.weight3"][0, 0] += 1e-6
+    result = compare(mine, load_transformers(folder, torch.float64).train(), token_ids())
+    assert not result.within(1e-10)
+
+
+def test_float64_islands_removed_restores_the_modules(hf_dir: Callable[[str], Path]) -> None:
+    model = load_transformers(hf_dir("qwen2_moe"), torch.float64)
+    before = {id(m): m.forward for m in model.modules()}
+    with float64_islands_removed(model) as patched:
+        assert {"Qwen2MoeRMSNorm", "Qwen2MoeTopKRouter"} <= set(patched)
+    assert {id(m): m.forward for m in model.modules()} == before
+
+
+def test_rotary_tables_equal_transformers_bit_for_bit(hf_dir: Callable[[str], Path]) -> None:
+    """llama3 scaling: the float32 frequencies te_assembly computes are transformers' exactly."""
+    from te_assembly.engines.reference.attention import Rope
+
+    model = load_transformers(hf_dir("llama-rope-llama3"), torch.float32)
+    rope = Rope(500000.0, "llama3", 8.0, 1.0, 4.0, 16)
+    theirs = model.model.rotary_emb.inv_freq
+    assert torch.equal(rope.inv_freq(8), theirs.float())
+    assert not torch.equal(Rope(500000.0).inv_freq(8), theirs.float())  # the scaling changed something

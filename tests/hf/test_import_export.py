@@ -1,0 +1,171 @@
+"""Import to a pretrained directory and export back: what transformers loads agrees with te_assembly;
+the public name table maps both ways; a model trained from an import round-trips; shards either way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.hf.tiny import FAMILIES, make, token_ids, transformers
+
+import te_assembly
+from te_assembly.jobs.hf.compare import float64_islands_removed, load_transformers
+from te_assembly.jobs.hf.convert import (
+    export_hf,
+    from_hf,
+    from_hf_state_dict,
+    import_hf,
+    to_hf_dir,
+    to_hf_state_dict,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' float64 logits (its float32 islands removed: compare.py says why)."""
+    model = load_transformers(folder, torch.float64)
+    with torch.no_grad(), float64_islands_removed(model):
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("variant", [*FAMILIES, "llama-tied-mqa", "llama-rope-llama3", "qwen2_moe-norm-topk"])
+def test_import_then_export_loads_in_transformers_with_equal_logits(
+    variant: str, hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    source = hf_dir(variant)
+    pretrained = import_hf(source, tmp_path / "imported")
+    model = te_assembly.from_pretrained(pretrained, engine="reference", dtype=torch.float64)
+    ids = token_ids()
+    with torch.no_grad():
+        mine = model(ids).y
+    torch.testing.assert_close(mine, _hf_logits(source, ids), rtol=0, atol=1e-10)
+    exported = to_hf_dir(model, tmp_path / "exported")
+    assert {"config.json", "generation_config.json", "model.safetensors"} <= {p.name for p in exported.iterdir()}
+    torch.testing.assert_close(_hf_logits(exported, ids), mine, rtol=0, atol=1e-10)
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == json.loads((source / "config.json").read_text())["architectures"]
+
+
+def test_the_imported_yaml_validates_and_rebuilds_the_same_model(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
+    pretrained = import_hf(hf_dir("qwen3_moe"), tmp_path / "q3")
+    files = sorted(p.relative_to(pretrained).as_posix() for p in pretrained.rglob("*.yaml"))
+    assert files == ["block/q3_layer.yaml", "config.yaml", "model/q3.yaml"]
+    analysis = te_assembly.load("q3", config_dirs=[pretrained])
+    rebuilt = te_assembly.build(analysis, engine="reference", dtype=torch.float64)
+    saved = te_assembly.from_pretrained(pretrained, engine="reference", dtype=torch.float64)
+    assert set(rebuilt.state_dict()) == set(saved.state_dict())
+    rebuilt.load_state_dict(saved.state_dict())
+    ids = token_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(ids).y, saved(ids).y, rtol=0, atol=0)
+    assert (pretrained / "hf_config.json").is_file()
+
+
+def test_state_dict_mapping_is_public_and_inverts(hf_dir: Callable[[str], Path]) -> None:
+    source = hf_dir("qwen2_moe")
+    model = from_hf(source, engine="reference", dtype=torch.float64)
+    hf_state = to_hf_state_dict(model)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float64)
+    from safetensors import safe_open
+
+    with safe_open(str(source / "model.safetensors"), "pt") as f:
+        hub = {k: f.get_tensor(k).double() for k in f.keys()}
+    assert set(hf_state) == set(hub)
+    for name, tensor in hub.items():
+        assert torch.equal(hf_state[name], tensor), name
+    back = from_hf_state_dict(model, hf_state)
+    mine = model.state_dict()
+    assert set(back) == set(mine)
+    assert all(torch.equal(back[k], mine[k]) for k in mine)
+    # any dict keyed like the state dict maps the same way: gradients
+    grads = {k: torch.full_like(v, i) for i, (k, v) in enumerate(mine.items())}
+    mapped = to_hf_state_dict(model, grads)
+    assert torch.equal(mapped["model.layers.0.mlp.shared_expert_gate.weight"], grads["steps.layers.0.shared_gate.weight"])
+    del theirs
+
+
+def test_the_stacked_expert_layout_imports_too(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
+    """transformers 5 keeps Mixtral's experts stacked (mlp.experts.gate_up_proj [E, 2F, H]); a checkpoint
+    saved in that layout imports to the same model as the Hub's per-expert one."""
+    source = hf_dir("mixtral")
+    model = transformers.AutoModelForCausalLM.from_pretrained(source)
+    stacked = tmp_path / "stacked"
+    stacked.mkdir()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(stacked / "model.safetensors"), metadata={"format": "pt"})
+    (stacked / "config.json").write_text((source / "config.json").read_text())
+    a = from_hf(source, engine="reference", dtype=torch.float64).state_dict()
+    b = from_hf(stacked, engine="reference", dtype=torch.float64).state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sharded_in_and_out(tmp_path: Path) -> None:
+    source = make("llama", tmp_path / "src", max_shard_size="20KB")
+    assert (source / "model.safetensors.index.json").is_file()
+    model = from_hf(source, engine="reference", dtype=torch.float64)
+    out = to_hf_dir(model, tmp_path / "out", max_shard_bytes=30_000)
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 2 and (out / "model.safetensors.index.json").is_file()
+    ids = token_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(_hf_logits(out, ids), model(ids).y, rtol=0, atol=1e-10)
+
+
+def test_trained_import_round_trips(tmp_path: Path) -> None:
+    """import -> train a few steps from the imported weights (train.init_from) -> export -> transformers
+    loads it and agrees with the trained model, whose weights moved away from the import's."""
+    from te_assembly.jobs.training.settings import TrainSettings
+
+    source = make("mixtral", tmp_path / "src", changes={"vocab_size": 272})  # the byte-level tokenizer's 257 ids fit
+    pretrained = import_hf(source, tmp_path / "mix")
+    analysis = te_assembly.load("mix", config_dirs=[pretrained])
+    settings = TrainSettings(
+        steps=3, lr=1e-2, warmup_steps=0, checkpoint_every=0, plot=False, tensorboard=False,
+        out_dir=str(tmp_path / "run"), init_from=str(pretrained), batch_tokens=64, seq_len=16,
+    )
+    data = te_assembly.DataSettings(path=str(Path(te_assembly.__file__)))
+    result = te_assembly.train(analysis.checked_plan(), settings, engine="reference", dtype=torch.float64, data=data)
+    assert any("started from the weights" in n for n in result.notes)
+    out = export_hf(tmp_path / "run", tmp_path / "hf-out")
+    trained = te_assembly.from_checkpoint(tmp_path / "run", engine="reference", dtype=torch.float64)
+    start = te_assembly.from_pretrained(pretrained, engine="reference", dtype=torch.float64)
+    ids = token_ids(vocab=272)
+    with torch.no_grad():
+        mine = trained(ids).y
+        assert not torch.allclose(mine, start(ids).y)
+    torch.testing.assert_close(_hf_logits(out, ids), mine, rtol=0, atol=1e-10)
+
+
+SHIPPED = {
+    "llama_tiny": "LlamaForCausalLM",
+    "mistral_tiny": "MistralForCausalLM",
+    "qwen2_tiny": "Qwen2ForCausalLM",
+    "qwen3_tiny": "Qwen3ForCausalLM",
+    "mixtral_tiny": "MixtralForCausalLM",
+    "qwen2_moe_tiny": "Qwen2MoeForCausalLM",
+    "qwen3_moe_tiny": "Qwen3MoeForCausalLM",
+}
+
+
+@pytest.mark.parametrize(("name", "architecture"), sorted(SHIPPED.items()))
+def test_each_shipped_family_model_exports_to_its_family(name: str, architecture: str, tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    model = te_assembly.build(name, engine="reference", dtype=torch.float64)
+    with torch.no_grad():  # norms and biases away from 1 and 0, so a dropped one would show
+        for key, value in model.state_dict().items():
+            if key.endswith("norm.weight") or "norm_weight" in key or key.endswith(".bias"):
+                value.add_(torch.randn_like(value) * 0.2)
+    out = to_hf_dir(model, tmp_path / name)
+    assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]
+    ids = token_ids(vocab=272)
+    with torch.no_grad():
+        torch.testing.assert_close(_hf_logits(out, ids), model(ids).y, rtol=0, atol=1e-10)
+    again = from_hf(out, engine="reference", dtype=torch.float64)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())

@@ -1,0 +1,100 @@
+"""Tiny Hugging Face checkpoints made by ``transformers`` itself (random weights, nothing downloaded):
+one per family and the variants each family's config can take."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+transformers = pytest.importorskip("transformers", reason="the Hugging Face tests need transformers (dev extra)")
+import torch  # noqa: E402
+
+COMMON: dict[str, Any] = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    "llama-tied-mqa": ("LlamaConfig", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
+    "llama-biases": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+    "llama-rope-linear": ("LlamaConfig", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    "llama-rope-llama3": (
+        "LlamaConfig",
+        {
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
+    "llama-head-dim": ("LlamaConfig", {"head_dim": 12}),
+    "mistral": ("MistralConfig", {"sliding_window": 5}),
+    "mistral-no-window": ("MistralConfig", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2-tied": ("Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+            "shared_expert_intermediate_size": 40,
+        },
+    ),
+    "qwen2_moe-norm-topk": (
+        "Qwen2MoeConfig",
+        {
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24,
+            "norm_topk_prob": True,
+        },
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "head_dim": 8, "norm_topk_prob": True},
+    ),
+    "qwen3_moe-no-norm": (
+        "Qwen3MoeConfig",
+        {"num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 24, "head_dim": 8, "norm_topk_prob": False},
+    ),
+}
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+"""One variant per family, the architectures of the issue."""
+
+
+def config_of(variant: str, **changes: Any) -> Any:
+    cls, extra = VARIANTS[variant]
+    return getattr(transformers, cls)(**{**COMMON, **extra, **changes})
+
+
+def make(variant: str, directory: Path, seed: int = 0, changes: dict[str, Any] | None = None, **save: Any) -> Path:
+    """Save a random-weight ``transformers`` model of ``variant`` in ``directory``. Norm scales and
+    biases start away from their 1 and 0, so a mapping that dropped or swapped one would show."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config_of(variant, **(changes or {})))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias") or "layernorm" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(directory, **save)
+    return directory
+
+
+def token_ids(vocab: int = 96, batch: int = 2, seq: int = 11, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
