@@ -6,7 +6,8 @@ called. ``load`` runs the config pipeline (``analysis/pipeline.py``) without eit
 The jobs (``jobs/``) are functions of a plan, a ``Target`` and their settings: ``run``, ``verify``,
 ``train`` and ``bench``, with ``RunSettings``, ``TrainSettings`` and ``BenchSettings`` (a language
 model's ``train`` also takes ``DataSettings``); ``generate`` continues a prompt with a language model
-(``GenerateSettings``).
+(``GenerateSettings``). ``from_hf``, ``import_hf`` and ``to_hf`` bring Hugging Face checkpoints in and
+out (``te_assembly.hf`` has the name mapping).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from te_assembly.jobs.bench import bench
     from te_assembly.jobs.benchmark.settings import BenchSettings
     from te_assembly.jobs.generate import generate
+    from te_assembly.jobs.hf.convert import from_hf, import_hf, to_hf
     from te_assembly.jobs.pretrained import (
         export_checkpoint,
         from_checkpoint,
@@ -48,6 +50,9 @@ _LAZY = {
     "export_checkpoint": "te_assembly.jobs.pretrained",
     "from_checkpoint": "te_assembly.jobs.pretrained",
     "generate": "te_assembly.jobs.generate",
+    "from_hf": "te_assembly.jobs.hf.convert",
+    "import_hf": "te_assembly.jobs.hf.convert",
+    "to_hf": "te_assembly.jobs.hf.convert",
     "DataSettings": "te_assembly.jobs.text.settings",
     "GenerateSettings": "te_assembly.jobs.text.settings",
     "Target": "te_assembly.jobs.target",
@@ -77,12 +82,15 @@ __all__ = [
     "configs_dir",
     "export_checkpoint",
     "from_checkpoint",
+    "from_hf",
     "from_pretrained",
     "generate",
+    "import_hf",
     "load",
     "run",
     "save_pretrained",
     "shipped_config",
+    "to_hf",
     "train",
     "validate_model",
     "verify",

@@ -64,7 +64,8 @@ MODULES: tuple[ModuleSpec, ...] = (
         "head_dim]. Grouped-query attention when num_kv_heads < num_heads; rotary position embeddings "
         "(rotate-half, TE's RotaryPositionEmbedding with interleaved=False) on q and k when rotary, with "
         "Hugging Face's default, linear and llama3 frequency scalings; optional per-head RMSNorm of q and k "
-        "(qk_norm). No other parameters: the QKV and output projections are the fusible Linear ops around it. Reference: "
+        "(qk_norm). No other parameters: the QKV and output projections are the fusible Linear ops around "
+        "it. Reference: "
         "torch's scaled_dot_product_attention; TE engine with kernels=te: TE's DotProductAttention "
         "(bshd) and fused RoPE. Runs in the model's dtype, never FP8 (a recipe quantizes the Linears).",
         "te_assembly.engines.reference.attention:Attention",
@@ -97,9 +98,7 @@ MODULES: tuple[ModuleSpec, ...] = (
             ),
             Param("rope_factor", float, 1.0, bounds=(1e-6, None), doc="linear and llama3: the factor."),
             Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, None), doc="llama3: low_freq_factor."),
-            Param(
-                "rope_high_freq_factor", float, 4.0, bounds=(1e-6, None), doc="llama3: high_freq_factor."
-            ),
+            Param("rope_high_freq_factor", float, 4.0, bounds=(1e-6, None), doc="llama3: high_freq_factor."),
             Param(
                 "rope_original_max_positions",
                 int,

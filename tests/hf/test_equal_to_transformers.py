@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.hf.tiny import VARIANTS, token_ids
-
 from te_assembly.jobs.hf.compare import compare, float64_islands_removed, load_transformers
 from te_assembly.jobs.hf.convert import from_hf
+from tests.hf.tiny import VARIANTS, token_ids
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.hf.tiny import FAMILIES, make, token_ids, transformers
-
 import te_assembly
 from te_assembly.jobs.hf.compare import float64_islands_removed, load_transformers
 from te_assembly.jobs.hf.convert import (
@@ -20,9 +18,10 @@ from te_assembly.jobs.hf.convert import (
     from_hf,
     from_hf_state_dict,
     import_hf,
-    to_hf_dir,
+    to_hf,
     to_hf_state_dict,
 )
+from tests.hf.tiny import FAMILIES, make, token_ids, transformers
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +44,18 @@ def test_import_then_export_loads_in_transformers_with_equal_logits(
     with torch.no_grad():
         mine = model(ids).y
     torch.testing.assert_close(mine, _hf_logits(source, ids), rtol=0, atol=1e-10)
-    exported = to_hf_dir(model, tmp_path / "exported")
-    assert {"config.json", "generation_config.json", "model.safetensors"} <= {p.name for p in exported.iterdir()}
+    exported = to_hf(model, tmp_path / "exported")
+    assert {"config.json", "generation_config.json", "model.safetensors"} <= {
+        p.name for p in exported.iterdir()
+    }
     torch.testing.assert_close(_hf_logits(exported, ids), mine, rtol=0, atol=1e-10)
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == json.loads((source / "config.json").read_text())["architectures"]
 
 
-def test_the_imported_yaml_validates_and_rebuilds_the_same_model(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
+def test_the_imported_yaml_validates_and_rebuilds_the_same_model(
+    hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
     pretrained = import_hf(hf_dir("qwen3_moe"), tmp_path / "q3")
     files = sorted(p.relative_to(pretrained).as_posix() for p in pretrained.rglob("*.yaml"))
     assert files == ["block/q3_layer.yaml", "config.yaml", "model/q3.yaml"]
@@ -86,7 +89,9 @@ def test_state_dict_mapping_is_public_and_inverts(hf_dir: Callable[[str], Path])
     # any dict keyed like the state dict maps the same way: gradients
     grads = {k: torch.full_like(v, i) for i, (k, v) in enumerate(mine.items())}
     mapped = to_hf_state_dict(model, grads)
-    assert torch.equal(mapped["model.layers.0.mlp.shared_expert_gate.weight"], grads["steps.layers.0.shared_gate.weight"])
+    assert torch.equal(
+        mapped["model.layers.0.mlp.shared_expert_gate.weight"], grads["steps.layers.0.shared_gate.weight"]
+    )
     del theirs
 
 
@@ -110,7 +115,7 @@ def test_sharded_in_and_out(tmp_path: Path) -> None:
     source = make("llama", tmp_path / "src", max_shard_size="20KB")
     assert (source / "model.safetensors.index.json").is_file()
     model = from_hf(source, engine="reference", dtype=torch.float64)
-    out = to_hf_dir(model, tmp_path / "out", max_shard_bytes=30_000)
+    out = to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) > 2 and (out / "model.safetensors.index.json").is_file()
     ids = token_ids()
@@ -123,15 +128,27 @@ def test_trained_import_round_trips(tmp_path: Path) -> None:
     loads it and agrees with the trained model, whose weights moved away from the import's."""
     from te_assembly.jobs.training.settings import TrainSettings
 
-    source = make("mixtral", tmp_path / "src", changes={"vocab_size": 272})  # the byte-level tokenizer's 257 ids fit
+    source = make(
+        "mixtral", tmp_path / "src", changes={"vocab_size": 272}
+    )  # the byte-level tokenizer's 257 ids fit
     pretrained = import_hf(source, tmp_path / "mix")
     analysis = te_assembly.load("mix", config_dirs=[pretrained])
     settings = TrainSettings(
-        steps=3, lr=1e-2, warmup_steps=0, checkpoint_every=0, plot=False, tensorboard=False,
-        out_dir=str(tmp_path / "run"), init_from=str(pretrained), batch_tokens=64, seq_len=16,
+        steps=3,
+        lr=1e-2,
+        warmup_steps=0,
+        checkpoint_every=0,
+        plot=False,
+        tensorboard=False,
+        out_dir=str(tmp_path / "run"),
+        init_from=str(pretrained),
+        batch_tokens=64,
+        seq_len=16,
     )
     data = te_assembly.DataSettings(path=str(Path(te_assembly.__file__)))
-    result = te_assembly.train(analysis.checked_plan(), settings, engine="reference", dtype=torch.float64, data=data)
+    result = te_assembly.train(
+        analysis.checked_plan(), settings, engine="reference", dtype=torch.float64, data=data
+    )
     assert any("started from the weights" in n for n in result.notes)
     out = export_hf(tmp_path / "run", tmp_path / "hf-out")
     trained = te_assembly.from_checkpoint(tmp_path / "run", engine="reference", dtype=torch.float64)
@@ -155,14 +172,16 @@ SHIPPED = {
 
 
 @pytest.mark.parametrize(("name", "architecture"), sorted(SHIPPED.items()))
-def test_each_shipped_family_model_exports_to_its_family(name: str, architecture: str, tmp_path: Path) -> None:
+def test_each_shipped_family_model_exports_to_its_family(
+    name: str, architecture: str, tmp_path: Path
+) -> None:
     torch.manual_seed(3)
     model = te_assembly.build(name, engine="reference", dtype=torch.float64)
     with torch.no_grad():  # norms and biases away from 1 and 0, so a dropped one would show
         for key, value in model.state_dict().items():
             if key.endswith("norm.weight") or "norm_weight" in key or key.endswith(".bias"):
                 value.add_(torch.randn_like(value) * 0.2)
-    out = to_hf_dir(model, tmp_path / name)
+    out = to_hf(model, tmp_path / name)
     assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]
     ids = token_ids(vocab=272)
     with torch.no_grad():

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.hf.tiny import make
-
 import te_assembly
 from te_assembly.errors import CheckpointError, ResourceError
 from te_assembly.jobs.hf.config import HFConfigError
-from te_assembly.jobs.hf.convert import from_hf, import_hf, read_spec, to_hf_dir
+from te_assembly.jobs.hf.convert import from_hf, import_hf, read_spec, to_hf
 from te_assembly.jobs.hf.layout import UnexportableError
+from tests.hf.tiny import make
 
 
 def _with_config(source: Path, tmp_path: Path, **changes: object) -> Path:
@@ -41,7 +40,12 @@ def _with_config(source: Path, tmp_path: Path, **changes: object) -> Path:
 @pytest.mark.parametrize(
     ("variant", "changes", "field", "words"),
     [
-        ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}, "rope_parameters", "yarn"),
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
+            "rope_parameters",
+            "yarn",
+        ),
         ("llama", {"hidden_act": "gelu"}, "hidden_act", "silu"),
         ("qwen2", {"use_sliding_window": True}, "use_sliding_window", "sliding"),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor", "1.0"),
@@ -54,7 +58,12 @@ def _with_config(source: Path, tmp_path: Path, **changes: object) -> Path:
     ],
 )
 def test_an_inexpressible_field_is_refused_by_name(
-    variant: str, changes: dict[str, object], field: str, words: str, hf_dir: Callable[[str], Path], tmp_path: Path
+    variant: str,
+    changes: dict[str, object],
+    field: str,
+    words: str,
+    hf_dir: Callable[[str], Path],
+    tmp_path: Path,
 ) -> None:
     folder = _with_config(hf_dir(variant), tmp_path, **changes)
     with pytest.raises(HFConfigError) as info:
@@ -67,7 +76,9 @@ def test_an_inexpressible_field_is_refused_by_name(
 
 
 def test_every_refusal_at_once_with_a_hint(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
-    folder = _with_config(hf_dir("llama"), tmp_path, hidden_act="relu", rms_norm_epsilon=1e-5, pretraining_tp=4)
+    folder = _with_config(
+        hf_dir("llama"), tmp_path, hidden_act="relu", rms_norm_epsilon=1e-5, pretraining_tp=4
+    )
     with pytest.raises(HFConfigError) as info:
         read_spec(folder)
     paths = {d.path for d in info.value.diagnostics}
@@ -76,7 +87,9 @@ def test_every_refusal_at_once_with_a_hint(hf_dir: Callable[[str], Path], tmp_pa
     assert typo.hint is not None and "rms_norm_eps" in typo.hint
 
 
-def test_an_unknown_architecture_is_refused_with_the_families(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
+def test_an_unknown_architecture_is_refused_with_the_families(
+    hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
     folder = _with_config(hf_dir("llama"), tmp_path, architectures=["LlamaForCausalLm"])
     with pytest.raises(HFConfigError) as info:
         read_spec(folder)
@@ -84,12 +97,17 @@ def test_an_unknown_architecture_is_refused_with_the_families(hf_dir: Callable[[
     assert "MixtralForCausalLM" in d.message and d.hint is not None and "LlamaForCausalLM" in d.hint
 
 
-def test_the_cli_exits_2_naming_the_field_and_writes_nothing(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
+def test_the_cli_exits_2_naming_the_field_and_writes_nothing(
+    hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
     folder = _with_config(hf_dir("mistral"), tmp_path, hidden_act="gelu_new")
     dest = tmp_path / "dest"
     done = subprocess.run(
         [sys.executable, "-m", "te_assembly", "import-hf", str(folder), str(dest)],
-        capture_output=True, text=True, cwd=tmp_path, check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
     )
     assert done.returncode == 2, done.stderr
     assert "config.json:hidden_act" in done.stderr + done.stdout and "gelu_new" in done.stderr + done.stdout
@@ -97,9 +115,13 @@ def test_the_cli_exits_2_naming_the_field_and_writes_nothing(hf_dir: Callable[[s
     assert not dest.exists() and not list(tmp_path.glob(".dest*"))
 
 
-def test_a_tensor_that_disagrees_with_config_json_is_named(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
+def test_a_tensor_that_disagrees_with_config_json_is_named(
+    hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
     folder = _with_config(hf_dir("qwen2"), tmp_path, intermediate_size=40)
-    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight has shape \(48, 32\)"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight has shape \(48, 32\)"
+    ):
         import_hf(folder, tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
 
@@ -146,7 +168,7 @@ def test_the_memory_estimate_checks_the_target_first(
 def test_a_model_with_no_hugging_face_equivalent_names_its_step(tmp_path: Path) -> None:
     model = te_assembly.build("moe_lm", engine="reference")
     with pytest.raises(UnexportableError) as info:
-        to_hf_dir(model, tmp_path / "out")
+        to_hf(model, tmp_path / "out")
     assert info.value.step == "layers.0.dispatch" and "align=16" in str(info.value)
     assert not (tmp_path / "out").exists()
 
@@ -159,7 +181,7 @@ def test_a_different_activation_is_named(hf_dir: Callable[[str], Path], tmp_path
     block.write_text(block.read_text().replace("op: SwiGLU", "op: GEGLU"))
     model = te_assembly.build(te_assembly.load("llama", config_dirs=[pretrained]), engine="reference")
     with pytest.raises(UnexportableError, match=r"layers\.0\.act.*GEGLU.*SwiGLU"):
-        to_hf_dir(model, tmp_path / "out")
+        to_hf(model, tmp_path / "out")
     del yaml
 
 
@@ -167,6 +189,6 @@ def test_non_finite_weights_are_not_exported(hf_dir: Callable[[str], Path], tmp_
     model = from_hf(hf_dir("qwen3"), engine="reference")
     with torch.no_grad():
         model.state_dict()["steps.final_norm.weight"][3] = float("nan")
-    with pytest.raises(Exception, match="NaN|non-finite|inf"):
-        to_hf_dir(model, tmp_path / "out")
+    with pytest.raises(Exception, match=r"NaN|non-finite|inf"):
+        to_hf(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-transformers = pytest.importorskip("transformers", reason="the Hugging Face tests need transformers (dev extra)")
+transformers = pytest.importorskip(
+    "transformers", reason="the Hugging Face tests need transformers (dev extra)"
+)
 import torch  # noqa: E402
 
 COMMON: dict[str, Any] = {
@@ -67,11 +69,23 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "qwen3_moe": (
         "Qwen3MoeConfig",
-        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "head_dim": 8, "norm_topk_prob": True},
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+            "head_dim": 8,
+            "norm_topk_prob": True,
+        },
     ),
     "qwen3_moe-no-norm": (
         "Qwen3MoeConfig",
-        {"num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 24, "head_dim": 8, "norm_topk_prob": False},
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 24,
+            "head_dim": 8,
+            "norm_topk_prob": False,
+        },
     ),
 }
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
@@ -83,7 +97,9 @@ def config_of(variant: str, **changes: Any) -> Any:
     return getattr(transformers, cls)(**{**COMMON, **extra, **changes})
 
 
-def make(variant: str, directory: Path, seed: int = 0, changes: dict[str, Any] | None = None, **save: Any) -> Path:
+def make(
+    variant: str, directory: Path, seed: int = 0, changes: dict[str, Any] | None = None, **save: Any
+) -> Path:
     """Save a random-weight ``transformers`` model of ``variant`` in ``directory``. Norm scales and
     biases start away from their 1 and 0, so a mapping that dropped or swapped one would show."""
     torch.manual_seed(seed)

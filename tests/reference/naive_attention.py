@@ -28,7 +28,9 @@ def rotate_pairs(t: torch.Tensor, position: int, base: float, float32_tables: bo
     for j in range(half):
         if float32_tables:
             one = torch.tensor(1.0, dtype=torch.float32)
-            freq = one / (torch.tensor(base, dtype=torch.float32) ** torch.tensor(2.0 * j / d, dtype=torch.float32))
+            freq = one / (
+                torch.tensor(base, dtype=torch.float32) ** torch.tensor(2.0 * j / d, dtype=torch.float32)
+            )
             angle32 = torch.tensor(float(position), dtype=torch.float32) * freq
             c, s = float(angle32.cos()), float(angle32.sin())
         else:

@@ -47,6 +47,10 @@ def _routing(num_experts: int, top_k: int) -> Callable[[torch.Generator, Tensor]
     return make
 
 
+def _like(g: torch.Generator, x: Tensor) -> Tensor:
+    return torch.randn(x.shape, generator=g, dtype=F64)
+
+
 def _row_map(g: torch.Generator, x: Tensor) -> list[Tensor]:
     return [torch.randperm(x.shape[0], generator=g)]
 
@@ -184,6 +188,9 @@ CASES: list[OpCase] = [
     OpCase("Dispatch-3d", "Dispatch", {"num_experts": 4, "top_k": 2}, (2, 3, 5), _routing(4, 2), te=False),
     OpCase("Combine", "Combine", {"top_k": 2}, (10, 3), _row_map),
     OpCase("ConstantScale", "ConstantScale", {"scale": -1.5}, (4, 3)),
+    OpCase("SigmoidGate", "SigmoidGate", {"in_features": 5}, (6, 5), lambda g, x: [_like(g, x)], x_scale=2.0),
+    OpCase("SigmoidGate-3d", "SigmoidGate", {"in_features": 5}, (2, 3, 5), lambda g, x: [_like(g, x)], te=False),
+    OpCase("SwapExtraInput", "SwapExtraInput", {}, (4, 3), lambda g, x: [_like(g, x)]),
     OpCase(
         "AddExtraInput",
         "AddExtraInput",

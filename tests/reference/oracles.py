@@ -273,6 +273,24 @@ def make_extra_output(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cot
     return Result(x, [x], _cot(gy, x) + _cot(_cots(g, 1)[0], x), [], {})
 
 
+def sigmoid_gate(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
+    """y = x * s with s = sigmoid(u . w) per row, u the gate input: dy/dx = s; ds/dz = s (1 - s)."""
+    (u,) = extras
+    w = params["weight"]
+    z = u @ w.T  # [..., 1]
+    s = _sigmoid(z)
+    gy = _cot(gy, x)
+    gz = (gy * x).sum(-1, keepdim=True) * s * (1 - s)
+    grad_w = (gz.reshape(-1, 1).T @ u.reshape(-1, u.shape[-1])).reshape(w.shape)
+    return Result(x * s, [], gy * s, [gz * w], {"weight": grad_w})
+
+
+def swap_extra_input(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
+    """y = value, out = x: each gradient goes to the other tensor."""
+    (value,) = extras
+    return Result(value, [x], _cot(_cots(g, 1)[0], x), [_cot(gy, value)], {})
+
+
 # --- mixture of experts -----------------------------------------------------------------------------
 
 
@@ -342,7 +360,11 @@ def top_k_router(
         if g_aux is not None:
             h = aux_loss_coeff * num_experts * fraction / tokens * g_aux  # d aux / d q_te, for every t
             centred = h - (q * h).sum(-1, keepdim=True)
-            gz += q * centred if score_function == "softmax" else s * (1 - s) / s.sum(-1, keepdim=True) * centred
+            gz += (
+                q * centred
+                if score_function == "softmax"
+                else s * (1 - s) / s.sum(-1, keepdim=True) * centred
+            )
         gx = _cot(gy, x) + (gz @ w).reshape(x.shape)  # x passes through, and feeds the logits
         return Result(x, [probs, routing_map, aux], gx, [], {"weight": gz.T @ xs})
 
@@ -403,6 +425,8 @@ def for_op(op: str, args: dict[str, Any]) -> Oracle:
         "GroupedLinear": grouped_linear,
         "AddExtraInput": add_extra_input,
         "MakeExtraOutput": make_extra_output,
+        "SigmoidGate": sigmoid_gate,
+        "SwapExtraInput": swap_extra_input,
     }
     if op in simple:
         return simple[op]

@@ -109,8 +109,12 @@ def test_rotary_scores_depend_on_relative_position_only() -> None:
     qkv[0, :, :8], qkv[0, :, 8:16] = q, k
     rotated_q, rotated_k, _ = module.split_heads(qkv)
     for p in range(4):
-        torch.testing.assert_close(rotated_q[0, p, 0], rotate_pairs(q, p, 10000.0, True), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(rotated_k[0, p, 0], rotate_pairs(k, p, 10000.0, True), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            rotated_q[0, p, 0], rotate_pairs(q, p, 10000.0, True), rtol=1e-12, atol=1e-12
+        )
+        torch.testing.assert_close(
+            rotated_k[0, p, 0], rotate_pairs(k, p, 10000.0, True), rtol=1e-12, atol=1e-12
+        )
 
 
 def test_bfloat16_rounds_once_from_a_float32_computation() -> None:

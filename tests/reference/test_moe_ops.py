@@ -56,8 +56,9 @@ def _by_hand(
     score_function: str, top_k: int, coeff: float
 ) -> tuple[list[list[int]], list[list[float]], float]:
     """routing_map, probs and aux_loss in plain Python floats: score, keep the top_k highest (best first),
-    renormalise (a sigmoid score only when top_k > 1, as TE's fused router does); aux = coeff * E * sum_e f_e * P_e (f_e: share of the T*k slots routed to e; P_e: mean
-    over tokens of the scores, sigmoid scores first divided by their row sum)."""
+    renormalise (a sigmoid score only when top_k > 1, as TE's fused router does); aux = coeff * E *
+    sum_e f_e * P_e (f_e: share of the T*k slots routed to e; P_e: mean over tokens of the scores,
+    sigmoid scores first divided by their row sum)."""
     experts, tokens = len(LOGITS[0]), len(LOGITS)
     if score_function == "softmax":
         scores = [[math.exp(z) / sum(math.exp(v) for v in row) for z in row] for row in LOGITS]
@@ -339,3 +340,89 @@ def test_combine_and_dispatch_reject_bad_arguments() -> None:
         Combine(top_k=1)(rows[:-1], (row_map,))
     with pytest.raises(ValueError, match="multiple of top_k=2"):
         Combine(top_k=2)(rows, (row_map,))
+
+
+def test_expert_bias_chooses_but_never_weighs() -> None:
+    """DeepSeek-V3's correction bias: it moves which experts are chosen, not their probabilities."""
+    router = TopKRouter(
+        4, num_experts=4, top_k=2, score_function="sigmoid", enable_expert_bias=True, dtype=F64
+    )
+    assert "expert_bias" in dict(router.named_buffers()) and "expert_bias" not in dict(
+        router.named_parameters()
+    )
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(4, dtype=F64))
+        router.expert_bias.copy_(torch.tensor([0.0, 0.0, 0.0, 10.0], dtype=F64))
+    x = torch.tensor(LOGITS, dtype=F64)
+    _, (probs, routing_map, _) = router(x)
+    assert all(3 in row for row in routing_map.tolist())
+    scores = torch.sigmoid(x)
+    picked = scores.gather(1, routing_map)
+    torch.testing.assert_close(probs, picked / picked.sum(-1, keepdim=True), rtol=1e-12, atol=0)
+
+
+def test_group_limited_routing_keeps_the_best_groups() -> None:
+    """8 experts in 4 groups of 2; each group scored by its top_k / group_topk = 2 best scores; only
+    the 2 best groups compete, written out by hand."""
+    generator = torch.Generator().manual_seed(5)
+    router = TopKRouter(
+        8,
+        num_experts=8,
+        top_k=4,
+        score_function="sigmoid",
+        num_groups=4,
+        group_topk=2,
+        scaling_factor=2.5,
+        dtype=F64,
+    )
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(8, dtype=F64))
+    x = torch.randn(16, 8, generator=generator, dtype=F64) * 3
+    _, (probs, routing_map, _) = router(x)
+    scores = torch.sigmoid(x)
+    for t in range(16):
+        row = scores[t].tolist()
+        group_score = [
+            sorted(row[2 * k : 2 * k + 2], reverse=True)[0] + sorted(row[2 * k : 2 * k + 2])[0]
+            for k in range(4)
+        ]
+        best = sorted(range(4), key=lambda k: -group_score[k])[:2]
+        allowed = [e for k in best for e in (2 * k, 2 * k + 1)]
+        want = sorted(allowed, key=lambda e: -row[e])[:4]
+        assert routing_map[t].tolist() == want
+        kept = [row[e] for e in want]
+        torch.testing.assert_close(probs[t], torch.tensor([2.5 * v / sum(kept) for v in kept], dtype=F64))
+
+
+def test_a_deepseek_style_router_validates_and_a_bad_grouping_is_named() -> None:
+    import te_assembly
+
+    def model(**router: object) -> dict[str, object]:
+        return {
+            "name": "ds_router",
+            "in_features": 8,
+            "input_layout": "tokens",
+            "ops": [
+                {
+                    "name": "router",
+                    "op": "TopKRouter",
+                    "args": {
+                        "in_features": 8,
+                        "num_experts": 8,
+                        "top_k": 4,
+                        "score_function": "sigmoid",
+                        **router,
+                    },
+                    "extra_outputs": {
+                        "probs": {"channel": "p", "public": True},
+                        "routing_map": {"channel": "m", "public": True},
+                    },
+                }
+            ],
+        }
+
+    ok = te_assembly.load(model(num_groups=4, group_topk=2, enable_expert_bias=True, scaling_factor=2.5))
+    assert not [d for d in ok.diagnostics if d.is_error]
+    bad = te_assembly.load(model(num_groups=3, group_topk=4))
+    paths = {d.path for d in bad.diagnostics if d.is_error}
+    assert {"model.ops[0].args.num_experts", "model.ops[0].args.group_topk"} <= paths

@@ -31,11 +31,13 @@ REQUIRED_ARGS: dict[str, dict[str, Any]] = {
     "TopKRouter": {"in_features": 4, "num_experts": 5, "top_k": 2},
     "Dispatch": {"num_experts": 5, "top_k": 2},
     "Combine": {"top_k": 2},
+    "SigmoidGate": {"in_features": 4},
 }
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("Linear", {"bias": False}),
     ("GroupedLinear", {"bias": False}),
     ("GroupedLinear", {"scale_bias": True}),
+    ("TopKRouter", {"enable_expert_bias": True}),
 ]
 
 
@@ -51,7 +53,8 @@ def test_param_names_and_shapes_match_catalog(name: str, args: dict[str, Any]) -
     assert not missing, f"add required args for {name}: {missing}"
     full = spec.with_defaults(args)
     op = load_object(spec.reference)(**full)
-    got = {n: tuple(p.shape) for n, p in op.named_parameters()}
+    # Every state-dict entry: parameters, and persistent buffers (TopKRouter's expert_bias).
+    got = {n: tuple(t.shape) for n, t in op.state_dict().items()}
     assert got == spec.param_shapes(full)
 
 

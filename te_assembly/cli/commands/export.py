@@ -30,7 +30,9 @@ class ExportSettings:
     )
     to: str | None = setting(None, nonempty=True, doc="the directory to write (null: <run dir>/pretrained)")
     overwrite: bool = setting(False, doc="write into a directory that is not empty")
-    format: str = setting("te", choices=("te", "hf"), doc="te: a pretrained directory; hf: a Hugging Face one")
+    format: str = setting(
+        "te", choices=("te", "hf"), doc="te: a pretrained directory; hf: a Hugging Face one"
+    )
     max_shard_mb: int = setting(5120, minimum=1, doc="format=hf: the largest safetensors shard, in MiB")
 
 
@@ -74,7 +76,11 @@ def _export_hf(settings: ExportSettings, console: Console) -> int:
     dest = settings.to or str((source if source.is_dir() else source.parent) / "hf")
     with tensor_progress(console, "writing") as progress:
         out = export_hf(
-            source, dest, overwrite=settings.overwrite, max_shard_bytes=settings.max_shard_mb * 2**20, progress=progress
+            source,
+            dest,
+            overwrite=settings.overwrite,
+            max_shard_bytes=settings.max_shard_mb * 2**20,
+            progress=progress,
         )
     files = sorted(p.name for p in out.iterdir())
     console.print(f"wrote {printable(str(out))}: {printable(', '.join(files))}", markup=False, soft_wrap=True)

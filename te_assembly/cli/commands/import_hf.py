@@ -21,7 +21,9 @@ from te_assembly.sections import setting
 @dataclass(frozen=True)
 class ImportSettings:
     source: str | None = setting(None, nonempty=True, doc="the Hugging Face checkpoint directory")
-    to: str | None = setting(None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>)")
+    to: str | None = setting(
+        None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>)"
+    )
     name: str | None = setting(
         None, nonempty=True, doc="the model's name (null: from the destination's folder name)"
     )
@@ -63,7 +65,15 @@ def main(analysis: Analysis, console: Console) -> int:
     )
     shown = printable(str(out))
     console.print(f"the model as YAML: {shown}/model/{name}.yaml", markup=False, soft_wrap=True)
-    console.print(f"check it:  python -m te_assembly validate -cd {shown} model={name}", markup=False, soft_wrap=True)
-    console.print(f"load it:   te_assembly.from_pretrained({printable(repr(str(out)))})", markup=False, soft_wrap=True)
-    console.print(f"compare:   python -m te_assembly verify hf={printable(str(source))} dtype=float64", markup=False, soft_wrap=True)
+    console.print(
+        f"check it:  python -m te_assembly validate -cd {shown} model={name}", markup=False, soft_wrap=True
+    )
+    console.print(
+        f"load it:   te_assembly.from_pretrained({printable(repr(str(out)))})", markup=False, soft_wrap=True
+    )
+    console.print(
+        f"compare:   python -m te_assembly verify hf={printable(str(source))} dtype=float64",
+        markup=False,
+        soft_wrap=True,
+    )
     return 0

@@ -130,15 +130,24 @@ def _verify_hf(analysis: Analysis, common: CommonSettings, run: RunSettings, con
     dtype = getattr(torch, common.dtype)
     spec = read_spec(common.hf)
     engine = "reference" if common.engine == "auto" and not te_available() else common.engine
-    model = from_hf(common.hf, engine=engine, kernels=common.kernels, dtype=dtype, device="cpu" if common.device == "auto" else common.device)
+    model = from_hf(
+        common.hf,
+        engine=engine,
+        kernels=common.kernels,
+        dtype=dtype,
+        device="cpu" if common.device == "auto" else common.device,
+    )
     theirs = load_transformers(common.hf, dtype).to(next(model.parameters()).device)
     generator = torch.Generator().manual_seed(common.seed)
-    ids = torch.randint(0, spec.vocab, (2, run.seq_len), generator=generator).to(next(model.parameters()).device)
+    ids = torch.randint(0, spec.vocab, (2, run.seq_len), generator=generator).to(
+        next(model.parameters()).device
+    )
     result = compare(model.train(), theirs.train(), ids)
     tolerance = HF_TOLERANCE[common.dtype]
     table = Table(
-        title=f"{printable(spec.architecture)} from {printable(str(common.hf))}: te_assembly (engine={engine}) vs "
-        f"transformers, {common.dtype}, 2 x {run.seq_len} token ids (pass: max abs <= {tolerance:g} * max|transformers|)",
+        title=f"{printable(spec.architecture)} from {printable(str(common.hf))}: te_assembly "
+        f"(engine={engine}) vs transformers, {common.dtype}, 2 x {run.seq_len} token ids "
+        f"(pass: max abs <= {tolerance:g} * max|transformers|)",
         title_justify="left",
     )
     for col in ("tensor", "max abs diff", "max |transformers|", "result"):
@@ -155,8 +164,15 @@ def _verify_hf(analysis: Analysis, common: CommonSettings, run: RunSettings, con
     job = job_dir.current("verify")
     out = job_dir.claim(job)
     job_dir.write_config(out, analysis.resolved.as_config(), job)
-    data = {"hf": str(common.hf), "architecture": spec.architecture, "dtype": common.dtype, "tolerance": tolerance,
-            "differences": result.differences, "scales": result.scales, "passed": result.within(tolerance)}
+    data = {
+        "hf": str(common.hf),
+        "architecture": spec.architecture,
+        "dtype": common.dtype,
+        "tolerance": tolerance,
+        "differences": result.differences,
+        "scales": result.scales,
+        "passed": result.within(tolerance),
+    }
     written = write_text_atomic(out / "verify.json", json.dumps(data, indent=1))
     console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
     if not result.within(tolerance):

@@ -37,7 +37,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from te_assembly.engines.reference.ops.base import compute_dtype
 
-
 ROPE_TYPES = ("default", "linear", "llama3")
 """The frequency scalings ``rope_type`` takes (Hugging Face's ``rope_scaling.rope_type`` names)."""
 
@@ -137,7 +136,9 @@ class Attention(torch.nn.Module):
         self.head_dim = head_dim
         self.causal = causal
         if sliding_window is not None and (not causal or sliding_window <= 0):
-            raise ValueError(f"Attention sliding_window needs causal attention and a positive size, got {sliding_window}")
+            raise ValueError(
+                f"Attention sliding_window needs causal attention and a positive size, got {sliding_window}"
+            )
         self.sliding_window = sliding_window
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"Attention rope_type must be one of {', '.join(ROPE_TYPES)}, got {rope_type!r}")

@@ -1,7 +1,8 @@
 """The TE engine's ``Attention`` module with TE's kernels: ``transformer_engine.pytorch.DotProductAttention``
 (``qkv_format="bshd"``, ``num_gqa_groups``, ``attn_mask_type="causal"``) and TE's fused rotary embedding
-(``apply_rotary_pos_emb(..., fused=True)`` on the reference module's float32 angles, so every ``rope_type``
-scaling is the reference's), with the semantics of the reference module (``te_assembly/engines/reference/attention.py``: packed q | k | v heads in, heads out).
+(``apply_rotary_pos_emb(..., fused=True)`` on the reference module's float32 angles, so every
+``rope_type`` scaling is the reference's), with the semantics of the reference module
+(``te_assembly/engines/reference/attention.py``: packed q | k | v heads in, heads out).
 
 Needs a CUDA GPU (TE's attention backends have no CPU kernels): on CPU, or with ``kernels=reference``,
 the TE engine builds the reference module instead. Attention runs in the model's dtype (bfloat16 on a
@@ -82,7 +83,7 @@ class TEAttention(torch.nn.Module):
             device=dev,
             dtype=dtype,
         )
-        self.__dict__["layout"] = layout
+        self.__dict__["_layout"] = layout
         for name, param in layout.named_parameters():
             self.register_parameter(name, param)
         self.rotary = rotary
@@ -100,6 +101,12 @@ class TEAttention(torch.nn.Module):
         # A plain attribute, not a submodule (class docstring).
         self.__dict__["_te_attention"] = attention
         self._freqs: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    @property
+    def layout(self) -> Attention:
+        """The reference module whose shapes, split, qk_norm and rotary angles this one uses."""
+        layout: Attention = self.__dict__["_layout"]
+        return layout
 
     @property
     def te_attention(self) -> Any:

@@ -66,7 +66,9 @@ def _rms_norm_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
-def _router_forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _router_forward(
+    self: Any, hidden_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
     logits = torch.nn.functional.linear(hidden_states, self.weight)
     probs = torch.softmax(logits, dim=-1)
@@ -119,7 +121,9 @@ def compare(model: AssembledModel, hf_model: Any, token_ids: torch.Tensor) -> Co
     hf_loss.backward()
     _record(result, "logits", logits.detach(), hf_logits.detach())
     _record(result, "loss", loss.detach(), hf_loss.detach())
-    theirs = from_hf_state_dict(model, {n: p.grad for n, p in hf_model.named_parameters() if p.grad is not None})
+    theirs = from_hf_state_dict(
+        model, {n: p.grad for n, p in hf_model.named_parameters() if p.grad is not None}
+    )
     mine = {n: p.grad for n, p in model.named_parameters()}
     tied = model.plan.tied_params
     for name in sorted(mine):
@@ -127,7 +131,9 @@ def compare(model: AssembledModel, hf_model: Any, token_ids: torch.Tensor) -> Co
         if key not in theirs:
             raise RuntimeError(f"transformers' model has no gradient for {name}")
         grad = mine[name]
-        _record(result, f"grad {name}", grad if grad is not None else torch.zeros_like(theirs[key]), theirs[key])
+        _record(
+            result, f"grad {name}", grad if grad is not None else torch.zeros_like(theirs[key]), theirs[key]
+        )
     return result
 
 
@@ -141,7 +147,9 @@ def next_token_loss(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tens
 
 def _record(result: Comparison, name: str, mine: torch.Tensor, theirs: torch.Tensor) -> None:
     if mine.shape != theirs.shape:
-        raise RuntimeError(f"{name}: te_assembly's shape {tuple(mine.shape)} vs transformers' {tuple(theirs.shape)}")
+        raise RuntimeError(
+            f"{name}: te_assembly's shape {tuple(mine.shape)} vs transformers' {tuple(theirs.shape)}"
+        )
     diff = (mine.double() - theirs.double()).abs().max().item() if mine.numel() else 0.0
     result.differences[name] = float(diff)
     result.scales[name] = float(theirs.double().abs().max().item()) if theirs.numel() else 0.0

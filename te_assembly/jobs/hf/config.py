@@ -96,7 +96,13 @@ COMMON_FIELDS = (
 HONOURED: dict[str, tuple[str, ...]] = {
     "LlamaForCausalLM": (*COMMON_FIELDS, "attention_bias", "mlp_bias", "pretraining_tp"),
     "MistralForCausalLM": (*COMMON_FIELDS, "sliding_window"),
-    "Qwen2ForCausalLM": (*COMMON_FIELDS, "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+    "Qwen2ForCausalLM": (
+        *COMMON_FIELDS,
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
+    ),
     "Qwen3ForCausalLM": (
         *COMMON_FIELDS,
         "attention_bias",
@@ -228,13 +234,17 @@ def read_config(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text)
     except FileNotFoundError:
-        raise HFConfigError([_located(error("config.json", "hf-no-config", f"{path} does not exist"), path)]) from None
+        raise HFConfigError(
+            [_located(error("config.json", "hf-no-config", f"{path} does not exist"), path)]
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HFConfigError(
             [_located(error("config.json", "hf-bad-config", f"{path} is not readable JSON: {exc}"), path)]
         ) from None
     if not isinstance(data, dict):
-        raise HFConfigError([_located(error("config.json", "hf-bad-config", "config.json holds no JSON object"), path)])
+        raise HFConfigError(
+            [_located(error("config.json", "hf-bad-config", "config.json holds no JSON object"), path)]
+        )
     return data
 
 
@@ -277,7 +287,11 @@ class _Reader:
         value = self.data.get(key, default)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or (positive and value <= 0):
-            self.refuse(key, f"{key} = {value!r}: expected a finite{' positive' if positive else ''} number", code="hf-bad-value")
+            self.refuse(
+                key,
+                f"{key} = {value!r}: expected a finite{' positive' if positive else ''} number",
+                code="hf-bad-value",
+            )
             return 1.0
         return float(value)
 
@@ -330,21 +344,36 @@ def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
                 key,
                 f"{key} = {data[key]!r}: te_assembly does not know this {family.architecture} field, so it "
                 "cannot say the import keeps its meaning",
-                did_you_mean(key, sorted(known)) or "remove it from config.json if it has no effect on the model",
+                did_you_mean(key, sorted(known))
+                or "remove it from config.json if it has no effect on the model",
                 code="hf-unknown-field",
             )
     if data.get("model_type") not in (None, family.model_type):
-        r.refuse("model_type", f"model_type = {data.get('model_type')!r} does not match architectures {family.architecture} ({family.model_type})")
+        r.refuse(
+            "model_type",
+            f"model_type = {data.get('model_type')!r} does not match architectures "
+            f"{family.architecture} ({family.model_type})",
+        )
     hidden = r.integer("hidden_size")
     heads = r.integer("num_attention_heads")
     kv_heads = r.integer("num_key_value_heads", heads)
     head_dim_value = data.get("head_dim")
-    head_dim = r.integer("head_dim") if head_dim_value is not None else (hidden // heads if hidden % heads == 0 else 0)
+    head_dim = (
+        r.integer("head_dim")
+        if head_dim_value is not None
+        else (hidden // heads if hidden % heads == 0 else 0)
+    )
     if head_dim_value is None and hidden % heads:
-        r.refuse("num_attention_heads", f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} and head_dim is not set")
+        r.refuse(
+            "num_attention_heads",
+            f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} and head_dim is not set",
+        )
         head_dim = 1
     if heads % kv_heads:
-        r.refuse("num_key_value_heads", f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        r.refuse(
+            "num_key_value_heads",
+            f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}",
+        )
     r.require("hidden_act", lambda v: v == "silu", "silu (SwiGLU MLPs)")
     r.require("attention_dropout", lambda v: v in (0, 0.0), "0.0 (te_assembly's Attention has no dropout)")
     r.require("partial_rotary_factor", lambda v: v in (1, 1.0), "1.0 (rotary embeddings on the whole head)")
@@ -352,8 +381,16 @@ def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
     r.require("router_jitter_noise", lambda v: v in (0, 0.0), "0.0 (no jitter on the router input)")
     r.require("decoder_sparse_step", lambda v: v == 1, "1 (every layer a mixture of experts)")
     r.require("mlp_only_layers", lambda v: v in ([], None), "[] (every layer a mixture of experts)")
-    r.require("layer_types", lambda v: isinstance(v, list) and all(t == "full_attention" for t in v), "every layer 'full_attention'")
-    r.require("use_sliding_window", lambda v: v in (False, None), "false (sliding windows on some layers only are not expressible)")
+    r.require(
+        "layer_types",
+        lambda v: isinstance(v, list) and all(t == "full_attention" for t in v),
+        "every layer 'full_attention'",
+    )
+    r.require(
+        "use_sliding_window",
+        lambda v: v in (False, None),
+        "false (sliding windows on some layers only are not expressible)",
+    )
     sliding_window = None
     if family.sliding == "window" and data.get("sliding_window") is not None:
         sliding_window = r.integer("sliding_window")
@@ -388,7 +425,10 @@ def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
             moe["shared_ffn"] = r.integer("shared_expert_intermediate_size")
     dtype_name = data.get("dtype", data.get("torch_dtype")) or "float32"
     if dtype_name not in DTYPES:
-        r.refuse("dtype", f"dtype = {dtype_name!r}: te_assembly keeps float32, bfloat16, float16 or float64 weights")
+        r.refuse(
+            "dtype",
+            f"dtype = {dtype_name!r}: te_assembly keeps float32, bfloat16, float16 or float64 weights",
+        )
         dtype_name = "float32"
     spec = HFSpec(
         architecture=family.architecture,
@@ -451,7 +491,11 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
         out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor")
         original = params.get("original_max_position_embeddings")
         if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
-            r.refuse(key, f"{key}.original_max_position_embeddings = {original!r}: expected a positive integer", code="hf-bad-value")
+            r.refuse(
+                key,
+                f"{key}.original_max_position_embeddings = {original!r}: expected a positive integer",
+                code="hf-bad-value",
+            )
             original = 8192
         out["rope_original_max_positions"] = original
         allowed |= {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
@@ -460,7 +504,11 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     if params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
         r.refuse(key, f"{key}.partial_rotary_factor = {params['partial_rotary_factor']!r}: supported: 1.0")
     for extra in sorted(set(params) - allowed):
-        r.refuse(key, f"{key}.{extra} = {params[extra]!r}: not read by rope_type {rope_type!r}", code="hf-unknown-field")
+        r.refuse(
+            key,
+            f"{key}.{extra} = {params[extra]!r}: not read by rope_type {rope_type!r}",
+            code="hf-unknown-field",
+        )
     return out
 
 

@@ -23,7 +23,7 @@ import yaml
 from te_assembly.errors import ArgumentError, CheckpointError
 from te_assembly.jobs.hf.config import FAMILIES, METADATA_FIELDS, HFSpec, parse_config, read_config
 from te_assembly.jobs.hf.layout import BLOCKS, check_same_steps, model_config, spec_of_plan
-from te_assembly.jobs.hf.names import Rule, chosen_layout, renamed, rules, to_hf
+from te_assembly.jobs.hf.names import Rule, chosen_layout, hub_tensors, renamed, rules
 from te_assembly.jobs.hf.shards import HFCheckpoint, write_shards
 from te_assembly.jobs.pretrained import (
     TOKENIZER_FILE,
@@ -62,7 +62,9 @@ def _hf_folder(hf_dir: str | os.PathLike[str]) -> Path:
         raise ArgumentError(f"a Hugging Face checkpoint directory is a path, not {type(hf_dir).__name__}")
     folder = Path(hf_dir).expanduser()
     if not folder.is_dir():
-        raise CheckpointError(f"{folder} is not a directory (a Hugging Face checkpoint is a directory with config.json)")
+        raise CheckpointError(
+            f"{folder} is not a directory (a Hugging Face checkpoint is a directory with config.json)"
+        )
     return folder
 
 
@@ -76,7 +78,9 @@ def analysis_of(spec: HFSpec, name: str) -> tuple[Analysis, dict[str, Any]]:
     return analysis, model
 
 
-def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint, dtype: torch.dtype) -> list[tuple[Rule, tuple[Any, ...]]]:
+def _tensor_plan(
+    spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint, dtype: torch.dtype
+) -> list[tuple[Rule, tuple[Any, ...]]]:
     """Each rule with the layout it reads, every shape checked first; ``CheckpointError`` lists every
     missing, misshapen or unexpected tensor (a checkpoint that disagrees with its ``config.json``)."""
     wanted = expected_shapes(plan)
@@ -99,22 +103,26 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint, dtype: torc
             shape = checkpoint.shape(part.name)
             expected = (part.rows, *rest) if part.index is None else None
             if part.index is not None:
-                ok = len(shape) == 2 + len(rest) and shape[0] > part.index and tuple(shape[1:]) == (part.rows, *rest)
+                ok = (
+                    len(shape) == 2 + len(rest)
+                    and shape[0] > part.index
+                    and tuple(shape[1:]) == (part.rows, *rest)
+                )
                 expected_text = f"[>{part.index}, {', '.join(map(str, (part.rows, *rest)))}]"
             else:
                 ok = tuple(shape) == expected
                 expected_text = str(expected)
             if not ok:
-                problems.append(
-                    f"{part.name} has shape {tuple(shape)}, config.json says {expected_text}"
-                )
+                problems.append(f"{part.name} has shape {tuple(shape)}, config.json says {expected_text}")
         chosen.append((rule, layout))
     for name in sorted(set(checkpoint) - used):
         if INERT_TENSORS.search(name) or (spec.tied and name == "lm_head.weight"):
             continue
         problems.append(f"{name} is not part of a {spec.architecture} of this config (it would be dropped)")
     if problems:
-        raise CheckpointError(f"{checkpoint.directory} does not match its config.json: " + "; ".join(problems))
+        raise CheckpointError(
+            f"{checkpoint.directory} does not match its config.json: " + "; ".join(problems)
+        )
     del dtype
     return chosen
 
@@ -126,12 +134,17 @@ def _read(rule: Rule, layout: tuple[Any, ...], checkpoint: HFCheckpoint, dtype: 
 
 
 def _stream(
-    chosen: list[tuple[Rule, tuple[Any, ...]]], checkpoint: HFCheckpoint, dtype: torch.dtype, progress: Progress | None
+    chosen: list[tuple[Rule, tuple[Any, ...]]],
+    checkpoint: HFCheckpoint,
+    dtype: torch.dtype,
+    progress: Progress | None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for done, (rule, layout) in enumerate(chosen, start=1):
         tensor = _read(rule, layout, checkpoint, dtype)
         if not torch.isfinite(tensor).all():
-            raise CheckpointError(f"{checkpoint.directory}: {', '.join(p.name for p in layout)} holds NaN or inf")
+            raise CheckpointError(
+                f"{checkpoint.directory}: {', '.join(p.name for p in layout)} holds NaN or inf"
+            )
         yield rule.te, tensor
         if progress is not None:
             progress(done, len(chosen), rule.te)
@@ -179,7 +192,8 @@ def import_hf(
     model["ops"][1]["block"] = block
     extra = {
         f"model/{model_id}.yaml": _model_yaml(model, folder),
-        f"block/{block}.yaml": f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n" + block_text,
+        f"block/{block}.yaml": f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n"
+        + block_text,
         SOURCE_CONFIG: (folder / "config.json").read_text(encoding="utf-8"),
     }
     tokenizer = folder / TOKENIZER_FILE
@@ -223,7 +237,11 @@ def from_hf(
     analysis, _ = analysis_of(spec, model_name(folder))
     plan = analysis.checked_plan()
     chosen_dtype = dtype if dtype is not None else getattr(torch, spec.dtype)
-    target = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    target = (
+        torch.device(device)
+        if device is not None
+        else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    )
     check_fits(
         estimate(plan, chosen_dtype),
         target,
@@ -250,14 +268,16 @@ def _mapping(model: AssembledModel, metadata: Mapping[str, Any] | None = None) -
     return spec, renamed(rules(spec), names)
 
 
-def to_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def to_hf_state_dict(
+    model: AssembledModel, tensors: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """``tensors`` (default: ``model``'s state dict; or anything keyed like it, such as each
     parameter's gradient by ``named_parameters`` name) under Hugging Face names and layouts. A tied
     weight appears once, as ``model.embed_tokens.weight``. ``UnexportableError`` for a model no family
     expresses."""
     _, table = _mapping(model)
     source = dict(model.state_dict()) if tensors is None else dict(tensors)
-    return to_hf(table, source)
+    return hub_tensors(table, source)
 
 
 def from_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -277,7 +297,11 @@ def from_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor
 def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
     """The ``config.json`` of ``spec``: the family's own fields, each one ``config.py`` reads back."""
     family = spec.family
-    keep = {k: v for k, v in spec.metadata.items() if k not in ("architectures", "model_type", "dtype", "torch_dtype")}
+    keep = {
+        k: v
+        for k, v in spec.metadata.items()
+        if k not in ("architectures", "model_type", "dtype", "torch_dtype")
+    }
     out: dict[str, Any] = {
         "architectures": [family.architecture],
         "model_type": family.model_type,
@@ -338,7 +362,7 @@ def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
     return out
 
 
-def to_hf_dir(
+def to_hf(
     model: AssembledModel,
     dest: str | os.PathLike[str],
     *,
@@ -359,27 +383,37 @@ def to_hf_dir(
     if not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
         raise ArgumentError(f"max_shard_bytes must be a positive integer, got {max_shard_bytes!r}")
     spec, table = _mapping(model, metadata)
-    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+    state = {
+        k: v.detach().to("cpu") for k, v in model.state_dict().items() if not k.endswith("._extra_state")
+    }
     check_finite(state, f"{model.plan.name}'s parameters")
     floats = [t.dtype for t in state.values() if t.is_floating_point()]
     dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")
-    hf_tensors = to_hf(table, state)
+    hf_tensors = hub_tensors(table, state)
     config = hf_config(spec, dtype)
-    generation = {k: spec.metadata[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if spec.metadata.get(k) is not None}
+    generation = {
+        k: spec.metadata[k]
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if spec.metadata.get(k) is not None
+    }
     tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
     if tokenizer_file is not None and not tokenizer_file.is_file():
         raise ArgumentError(f"to_hf(tokenizer=...): {tokenizer_file} is no file")
 
     def fill(staging: Path) -> None:
         items = sorted(hf_tensors.items())
+
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             for done, item in enumerate(items, start=1):
                 yield item
                 if progress is not None:
                     progress(done, len(items), item[0])
+
         write_shards(staging, counted(), max_shard_bytes)
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+        (staging / "generation_config.json").write_text(
+            json.dumps(generation, indent=2) + "\n", encoding="utf-8"
+        )
         if tokenizer_file is not None:
             shutil.copyfile(tokenizer_file, staging / TOKENIZER_FILE)
 
@@ -400,14 +434,18 @@ def export_hf(
     from te_assembly.jobs.pretrained import from_checkpoint, from_pretrained
 
     folder = Path(source).expanduser()
-    if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file() and not any(folder.glob("ckpt-*.safetensors")):
+    if (
+        (folder / "model.safetensors").is_file()
+        and (folder / "config.yaml").is_file()
+        and not any(folder.glob("ckpt-*.safetensors"))
+    ):
         model = from_pretrained(folder, engine="reference", device="cpu")
     else:
         model = from_checkpoint(folder, engine="reference", device="cpu")
     base = folder if folder.is_dir() else folder.parent
     metadata = _source_metadata(base / SOURCE_CONFIG)
     tokenizer = base / TOKENIZER_FILE
-    return to_hf_dir(
+    return to_hf(
         model,
         dest,
         overwrite=overwrite,
@@ -440,6 +478,6 @@ __all__ = [
     "hf_config",
     "import_hf",
     "read_spec",
-    "to_hf_dir",
+    "to_hf",
     "to_hf_state_dict",
 ]

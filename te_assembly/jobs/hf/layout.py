@@ -71,7 +71,8 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
     layer = layer_dims(spec)
     return {
         "name": name,
-        "description": description or f"{spec.architecture} as te_assembly blocks ({BLOCKS[_mlp_kind(spec)]}).",
+        "description": description
+        or f"{spec.architecture} as te_assembly blocks ({BLOCKS[_mlp_kind(spec)]}).",
         "in_features": "${model.dims.vocab}",
         "input_layout": "token_ids",
         "dims": {"vocab": spec.vocab, "layers": spec.layers, **layer},
@@ -124,7 +125,9 @@ def _effective(step: PlannedStep) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in unread}
 
 
-def _layer_groups(plan: Plan) -> tuple[PlannedStep, PlannedStep, list[list[PlannedStep]], PlannedStep, PlannedStep]:
+def _layer_groups(
+    plan: Plan,
+) -> tuple[PlannedStep, PlannedStep, list[list[PlannedStep]], PlannedStep, PlannedStep]:
     """Embedding, first layer's first step, the layers (by ``<use>.<N>.`` prefix), final norm, head."""
     steps = list(plan.steps)
     if len(steps) < 4 or steps[0].type != "Embedding":
@@ -133,8 +136,12 @@ def _layer_groups(plan: Plan) -> tuple[PlannedStep, PlannedStep, list[list[Plann
     for step in steps[1:-2]:
         match = re.match(r"^(.+\.\d+)\.[^.]+$", step.name)
         if match is None:
-            raise UnexportableError(plan, step, "between the embedding and the final norm a Hugging Face "
-                                    "model has decoder layers only (block uses, named <use>.<N>.<step>)")
+            raise UnexportableError(
+                plan,
+                step,
+                "between the embedding and the final norm a Hugging Face "
+                "model has decoder layers only (block uses, named <use>.<N>.<step>)",
+            )
         layers.setdefault(match.group(1), []).append(step)
     if not layers:
         raise UnexportableError(plan, steps[1], "the model has no decoder layers")
@@ -154,7 +161,7 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
     """The ``HFSpec`` a model's plan expresses (``UnexportableError`` names the first step that no family
     expresses). ``metadata``: an imported checkpoint's own fields, kept (its architecture is used when
     the model still fits it)."""
-    embed, _, layers, norm, head = _layer_groups(plan)
+    embed, _, layers, _, head = _layer_groups(plan)
     types = [s.type for s in layers[0]]
     if "SigmoidGate" in types:
         kind = "shared_moe"
@@ -179,10 +186,14 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
             ffn, mlp_bias = fc2["in_features"], False
         shared_ffn = _args(mlp_linears[1])["in_features"] if kind == "shared_moe" else 0
     except (KeyError, IndexError, ValueError) as exc:
-        raise UnexportableError(plan, layers[0][0], f"its layer is not a Hugging Face decoder layer ({exc})") from None
+        raise UnexportableError(
+            plan, layers[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
+        ) from None
     qk_norm = bool(attn["qk_norm"])
     qkv_bias, o_bias = bool(qkv["bias"]), bool(proj["bias"])
-    architecture = _architecture(plan, kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], mlp_bias, router, metadata)
+    architecture = _architecture(
+        plan, kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], mlp_bias, router, metadata
+    )
     rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
     if attn["rope_type"] in ("linear", "llama3"):
         rope["rope_factor"] = attn["rope_factor"]
@@ -292,5 +303,3 @@ def _wiring(plan: Plan) -> list[tuple[Any, ...]]:
         inputs = tuple(producer.get(c) if c is not None else None for c in step.input_channels)
         out.append((inputs, tuple(step.output_public)))
     return out
-
-

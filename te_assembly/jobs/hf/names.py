@@ -56,14 +56,26 @@ def rules(spec: HFSpec) -> list[Rule]:
         out.append(
             Rule(
                 f"{te}qkv.basic_ops.0.weight",
-                ((Part(f"{attn}q_proj.weight", q), Part(f"{attn}k_proj.weight", kv), Part(f"{attn}v_proj.weight", kv)),),
+                (
+                    (
+                        Part(f"{attn}q_proj.weight", q),
+                        Part(f"{attn}k_proj.weight", kv),
+                        Part(f"{attn}v_proj.weight", kv),
+                    ),
+                ),
             )
         )
         if spec.qkv_bias:
             out.append(
                 Rule(
                     f"{te}qkv.basic_ops.1.bias",
-                    ((Part(f"{attn}q_proj.bias", q), Part(f"{attn}k_proj.bias", kv), Part(f"{attn}v_proj.bias", kv)),),
+                    (
+                        (
+                            Part(f"{attn}q_proj.bias", q),
+                            Part(f"{attn}k_proj.bias", kv),
+                            Part(f"{attn}v_proj.bias", kv),
+                        ),
+                    ),
                 )
             )
         if spec.qk_norm:
@@ -84,10 +96,16 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str) -> Iterator[Rule]:
     ffn = spec.ffn
     if spec.family.mlp == "dense":
         mlp = f"{hf}mlp."
-        yield Rule(f"{te}fc1.basic_ops.0.weight", ((Part(f"{mlp}gate_proj.weight", ffn), Part(f"{mlp}up_proj.weight", ffn)),))
+        yield Rule(
+            f"{te}fc1.basic_ops.0.weight",
+            ((Part(f"{mlp}gate_proj.weight", ffn), Part(f"{mlp}up_proj.weight", ffn)),),
+        )
         yield _one(f"{te}fc2.basic_ops.0.weight", f"{mlp}down_proj.weight", spec.hidden)
         if spec.mlp_bias:
-            yield Rule(f"{te}fc1.basic_ops.1.bias", ((Part(f"{mlp}gate_proj.bias", ffn), Part(f"{mlp}up_proj.bias", ffn)),))
+            yield Rule(
+                f"{te}fc1.basic_ops.1.bias",
+                ((Part(f"{mlp}gate_proj.bias", ffn), Part(f"{mlp}up_proj.bias", ffn)),),
+            )
             yield _one(f"{te}fc2.basic_ops.1.bias", f"{mlp}down_proj.bias", spec.hidden)
         return
     mixtral = spec.architecture == "MixtralForCausalLM"
@@ -109,13 +127,21 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str) -> Iterator[Rule]:
         )
         yield Rule(
             f"{te}fc2.weight{e}",
-            ((Part(f"{expert}{down}.weight", spec.hidden),), (Part(f"{fused}experts.down_proj", spec.hidden, e),)),
+            (
+                (Part(f"{expert}{down}.weight", spec.hidden),),
+                (Part(f"{fused}experts.down_proj", spec.hidden, e),),
+            ),
         )
     if spec.family.mlp == "shared_moe":
         shared = f"{hf}mlp.shared_expert."
         yield Rule(
             f"{te}shared_fc1.basic_ops.0.weight",
-            ((Part(f"{shared}gate_proj.weight", spec.shared_ffn), Part(f"{shared}up_proj.weight", spec.shared_ffn)),),
+            (
+                (
+                    Part(f"{shared}gate_proj.weight", spec.shared_ffn),
+                    Part(f"{shared}up_proj.weight", spec.shared_ffn),
+                ),
+            ),
         )
         yield _one(f"{te}shared_fc2.basic_ops.0.weight", f"{shared}down_proj.weight", spec.hidden)
         yield _one(f"{te}shared_gate.weight", f"{hf}mlp.shared_expert_gate.weight", 1)
@@ -141,7 +167,7 @@ def _split_step(name: str, names: Mapping[str, str]) -> tuple[str, str]:
     raise KeyError(f"no step of the model holds {name}")
 
 
-def to_hf(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """te_assembly-named ``tensors`` (a state dict, gradients...) as the Hub names and lays them out.
     Tensors no rule names are left out; a rule whose tensor is missing is skipped."""
     out: dict[str, torch.Tensor] = {}
@@ -160,22 +186,9 @@ def to_hf(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> dict[st
     return out
 
 
-def from_hf(rule_list: list[Rule], get: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Hugging Face-named tensors (any layout a rule lists) as te_assembly names them."""
-    return {rule.te: assemble(rule, get) for rule in rule_list}
-
-
 def chosen_layout(rule: Rule, available: set[str] | Mapping[str, object]) -> tuple[Part, ...] | None:
     """The first of the rule's layouts whose tensors all exist, or None."""
     for layout in rule.layouts:
         if all(p.name in available for p in layout):
             return layout
     return None
-
-
-def assemble(rule: Rule, get: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    layout = chosen_layout(rule, get)
-    if layout is None:
-        raise KeyError(rule.hub[0].name)
-    pieces = [get[p.name] if p.index is None else get[p.name][p.index] for p in layout]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)

@@ -37,7 +37,9 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
                 handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
             except Exception as exc:  # safetensors' own error types vary by version
                 self._stack.close()
-                raise CheckpointError(f"{file} is not a readable safetensors file (corrupt or truncated): {exc}") from None
+                raise CheckpointError(
+                    f"{file} is not a readable safetensors file (corrupt or truncated): {exc}"
+                ) from None
             self._handles[file] = handle
             for name in handle.keys():
                 self._where[name] = file
@@ -56,7 +58,9 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
         try:
             return self._handles[file].get_tensor(name)
         except Exception as exc:
-            raise CheckpointError(f"{file}: tensor {name} cannot be read (corrupt or truncated): {exc}") from None
+            raise CheckpointError(
+                f"{file}: tensor {name} cannot be read (corrupt or truncated): {exc}"
+            ) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)

@@ -29,7 +29,8 @@ class SigmoidGate(ReferenceOp):
         gate_input = extra_inputs[0]
         if gate_input.shape != x.shape:
             raise ValueError(
-                f"SigmoidGate's gate_input must be shaped like x {tuple(x.shape)}, got {tuple(gate_input.shape)}"
+                f"SigmoidGate's gate_input must be shaped like x {tuple(x.shape)}, "
+                f"got {tuple(gate_input.shape)}"
             )
         gate = torch.sigmoid(torch.nn.functional.linear(gate_input, self.weight.to(gate_input.dtype)))
         return x * gate.to(x.dtype), ()

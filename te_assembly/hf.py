@@ -1,0 +1,37 @@
+"""Hugging Face checkpoints in and out (``jobs/hf/``): the public names.
+
+``from_hf(HF_DIR, engine=..., dtype=..., device=...)`` builds a checkpoint as a te_assembly model;
+``import_hf(HF_DIR, DEST)`` writes it as a pretrained directory; ``to_hf(model, DEST)`` writes a model
+as a checkpoint ``transformers`` loads; ``to_hf_state_dict(model, tensors=None)`` maps a state dict (or
+anything keyed like it, such as gradients) to Hugging Face names and layouts, ``from_hf_state_dict`` back.
+``FAMILIES`` lists the architectures, ``HONOURED`` the ``config.json`` fields each reads.
+"""
+
+from __future__ import annotations
+
+from te_assembly.jobs.hf.config import FAMILIES, HONOURED, HFConfigError, HFSpec
+from te_assembly.jobs.hf.convert import (
+    export_hf,
+    from_hf,
+    from_hf_state_dict,
+    import_hf,
+    read_spec,
+    to_hf,
+    to_hf_state_dict,
+)
+from te_assembly.jobs.hf.layout import UnexportableError
+
+__all__ = [
+    "FAMILIES",
+    "HONOURED",
+    "HFConfigError",
+    "HFSpec",
+    "UnexportableError",
+    "export_hf",
+    "from_hf",
+    "from_hf_state_dict",
+    "import_hf",
+    "read_spec",
+    "to_hf",
+    "to_hf_state_dict",
+]
