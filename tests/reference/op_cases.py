@@ -189,7 +189,9 @@ CASES: list[OpCase] = [
     OpCase("Combine", "Combine", {"top_k": 2}, (10, 3), _row_map),
     OpCase("ConstantScale", "ConstantScale", {"scale": -1.5}, (4, 3)),
     OpCase("SigmoidGate", "SigmoidGate", {"in_features": 5}, (6, 5), lambda g, x: [_like(g, x)], x_scale=2.0),
-    OpCase("SigmoidGate-3d", "SigmoidGate", {"in_features": 5}, (2, 3, 5), lambda g, x: [_like(g, x)], te=False),
+    OpCase(
+        "SigmoidGate-3d", "SigmoidGate", {"in_features": 5}, (2, 3, 5), lambda g, x: [_like(g, x)], te=False
+    ),
     OpCase("SwapExtraInput", "SwapExtraInput", {}, (4, 3), lambda g, x: [_like(g, x)]),
     OpCase(
         "AddExtraInput",

@@ -97,3 +97,31 @@ def test_fp8_recipe_quantizes_the_linears_around_bf16_attention() -> None:
     )
     assert report.precision == "fp8"
     assert report.passed, [(c.name, c.max_abs, c.max_rel) for c in report.failures]
+
+
+HF_CASES = [
+    # the Hugging Face families' knobs: llama3 RoPE scaling, Qwen3's qk_norm, Mistral's window
+    {"rope_type": "llama3", "rope_factor": 8.0, "rope_original_max_positions": 32, "rotary_base": 500000.0},
+    {"qk_norm": True},
+    {"sliding_window": 16},
+]
+
+
+@pytest.mark.parametrize("knobs", HF_CASES, ids=["llama3", "qk_norm", "window"])
+def test_te_attention_matches_the_reference_with_hugging_face_knobs(knobs: dict[str, object]) -> None:
+    from te_assembly.engines.reference.attention import Attention
+    from te_assembly.engines.te.attention import TEAttention
+
+    device, dtype = torch.device("cuda"), torch.float32
+    mine = TEAttention(4, 64, 2, rotary=True, device=device, dtype=dtype, **knobs)  # type: ignore[arg-type]
+    reference = Attention(4, 64, 2, rotary=True, **knobs).to(device)  # type: ignore[arg-type]
+    if knobs.get("qk_norm"):
+        with torch.no_grad():
+            for value in mine.state_dict().values():
+                value.copy_(torch.rand_like(value) + 0.5)
+        reference.load_state_dict(mine.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    qkv = torch.randn(2, 64, 8 * 64, generator=generator).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        row = compare("y", "attention", mine(qkv), reference(qkv), TOLERANCES["tf32"])
+    assert row.passed, (knobs, row.max_abs, row.max_rel)

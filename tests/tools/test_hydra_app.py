@@ -113,6 +113,8 @@ def test_shell_completion_installs_and_completes_models(tmp_path: Path) -> None:
     done = _cli("-sc", "query=bash", env={"COMP_LINE": line, "COMP_POINT": str(len(line))})
     _clean(done)
     assert set(done.stdout.split()) == {
+        "model=mistral_tiny",
+        "model=mixtral_tiny",
         "model=moe_block",
         "model=moe_block_wide",
         "model=moe_lm",

@@ -78,9 +78,7 @@ def analysis_of(spec: HFSpec, name: str) -> tuple[Analysis, dict[str, Any]]:
     return analysis, model
 
 
-def _tensor_plan(
-    spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint, dtype: torch.dtype
-) -> list[tuple[Rule, tuple[Any, ...]]]:
+def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tuple[Rule, tuple[Any, ...]]]:
     """Each rule with the layout it reads, every shape checked first; ``CheckpointError`` lists every
     missing, misshapen or unexpected tensor (a checkpoint that disagrees with its ``config.json``)."""
     wanted = expected_shapes(plan)
@@ -123,7 +121,6 @@ def _tensor_plan(
         raise CheckpointError(
             f"{checkpoint.directory} does not match its config.json: " + "; ".join(problems)
         )
-    del dtype
     return chosen
 
 
@@ -176,8 +173,17 @@ def import_hf(
     analysis, model = analysis_of(spec, model_id)
     plan = analysis.checked_plan()
     dtype = getattr(torch, spec.dtype)
+    from te_assembly.engines.memory import check_fits, estimate
+
+    # The converted weights are held once in memory before they are written (the shards stay mapped).
+    check_fits(
+        estimate(plan, dtype),
+        torch.device("cpu"),
+        f"importing {spec.architecture} from {folder}",
+        "free memory first",
+    )
     with HFCheckpoint(folder) as checkpoint:
-        chosen = _tensor_plan(spec, plan, checkpoint, dtype)
+        chosen = _tensor_plan(spec, plan, checkpoint)
         weights = dict(_stream(chosen, checkpoint, dtype, progress))
     check_finite(weights, str(folder))
     from te_assembly.config.locations import configs_dir
@@ -249,7 +255,7 @@ def from_hf(
         "load it in a narrower dtype or on a device with more memory",
     )
     with HFCheckpoint(folder) as checkpoint:
-        chosen = _tensor_plan(spec, plan, checkpoint, chosen_dtype)
+        chosen = _tensor_plan(spec, plan, checkpoint)
         model = build(analysis, engine=engine, kernels=kernels, device=device, dtype=chosen_dtype)
         state = model.state_dict()
         with torch.no_grad():
