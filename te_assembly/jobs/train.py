@@ -169,15 +169,32 @@ def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None
     )
 
 
-def _resumed_losses(path: Path, meta: Mapping[str, Any], start: int) -> list[float]:
-    losses = meta.get("losses")
-    if (
-        not isinstance(losses, list)
-        or len(losses) < start
-        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in losses)
-    ):
-        raise CheckpointError(f"{path} is corrupt: its loss history does not cover its {start} steps")
-    return [float(v) for v in losses[:start]]
+def _resumed_losses(path: Path, meta: Mapping[str, Any], start: int, notes: list[str]) -> list[float]:
+    """The losses of steps 1..start: from the run's ``metrics.jsonl`` (a checkpoint does not carry them,
+    so it never grows with the step count), or from a checkpoint written before that (``losses`` in its
+    metadata). Steps ``metrics.jsonl`` lacks (deleted, or written by hand) are NaN, with a note."""
+    if "losses" in meta:
+        losses = meta["losses"]
+        if (
+            not isinstance(losses, list)
+            or len(losses) < start
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in losses)
+        ):
+            raise CheckpointError(f"{path} is corrupt: its loss history does not cover its {start} steps")
+        return [float(v) for v in losses[:start]]
+    metrics = path.parent / METRICS_FILE
+    by_step: dict[int, float] = {}
+    if metrics.is_file():
+        for record in read_records(metrics):
+            loss = record.get("loss")
+            if record["step"] <= start and isinstance(loss, (int, float)) and not isinstance(loss, bool):
+                by_step[record["step"]] = float(loss)
+    missing = start - len(by_step)
+    if missing:
+        notes.append(
+            f"{metrics} lacks the loss of {missing} of the {start} steps before the resume (shown as NaN)"
+        )
+    return [by_step.get(step, float("nan")) for step in range(1, start + 1)]
 
 
 def _earlier_evaluations(out_dir: Path, start: int) -> list[tuple[int, dict[str, Any]]]:
@@ -363,7 +380,7 @@ def _train_locked(
                 "the cosine schedule differs from the original run's"
             )
         start = ckpt.step
-        losses = _resumed_losses(ckpt.path, meta, start)
+        losses = _resumed_losses(ckpt.path, meta, start, notes)
         notes.append(f"resumed from {ckpt.path} (step {start})")
     elif settings.resume:
         notes.append(f"no checkpoint in {out_dir}: starting from step 1")
@@ -550,7 +567,7 @@ def _steps(
             on_step(record)
         every = settings.checkpoint_every
         if step == end or (every and step % every == 0):
-            meta = {**meta_base, "losses": losses}
+            meta = dict(meta_base)  # the loss history lives in metrics.jsonl, not in every checkpoint
             written = parallel_checkpoint.save(par, out_dir, step, student, optimizer, meta)
             if written is None:  # another rank: rank 0 writes
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import resource
 import shutil
@@ -303,7 +304,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "tensor byte": (lambda p: _flip(p, _tensor_offset(p)), "does not match its checksum"),
     "rng byte": (lambda p: _flip(p, _tensor_offset(p, "rng/torch_cpu")), "'rng/torch_cpu' does not match"),
     "metadata byte": (
-        lambda p: _flip(p, p.read_bytes().index(b"losses") + 12),  # inside the loss history's digits
+        lambda p: _flip(p, p.read_bytes().index(b"run_sha256") + 20),  # inside the run record's hash
         "metadata does not match the checksum",
     ),
     "header length": (lambda p: _flip(p, 5), "the header claims"),
@@ -758,3 +759,34 @@ def test_prune_never_deletes_the_last_good_checkpoint(run_to_12: tuple[Path, lis
     assert ckpt_module.prune(out, keep=1) == [checkpoint_path(out, 4)]
     assert newest.exists() and good.exists()  # the corrupt one is not counted as good; 8 is kept
     verify(good)
+
+
+# --- the loss history lives in metrics.jsonl ------------------------------------------------------
+
+
+def _header_bytes(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[:8], "little")
+
+
+def test_checkpoints_do_not_grow_with_the_step_count(small_plan: Plan, tmp_path: Path) -> None:
+    """Checkpoints at step 4 and step 40 of one run have headers of the same size: no per-step history."""
+    train(small_plan, _settings(tmp_path, steps=40, checkpoint_every=4, keep_checkpoints=20), seed=7)
+    sizes = {step: _header_bytes(path) for step, path in list_checkpoints(tmp_path)}
+    assert sizes[4] == sizes[40], sizes
+
+
+def test_a_resume_reads_the_loss_history_from_metrics(
+    small_plan: Plan, run_to_12: tuple[Path, list[float]], tmp_path: Path
+) -> None:
+    out, full = run_to_12
+    bare = tmp_path / "bare"
+    shutil.copytree(out, bare)
+    resumed = train(small_plan, _settings(out, steps=16, resume=True), seed=7)
+    assert resumed.losses == full
+    # with metrics.jsonl cut short the resume still continues exactly; the unknown losses are said
+    metrics = bare / "metrics.jsonl"
+    metrics.write_text("\n".join(metrics.read_text().splitlines()[:3]) + "\n")  # steps 1-3 only
+    again = train(small_plan, _settings(bare, steps=16, resume=True), seed=7)
+    assert again.losses[:3] == full[:3] and all(math.isnan(v) for v in again.losses[3:12])
+    assert again.losses[12:] == full[12:]
+    assert any("lacks the loss of 9 of the 12 steps" in n for n in again.notes)

@@ -163,7 +163,7 @@ def test_checkpoint_write_is_atomic(
 
     # The surviving checkpoint loads, and resuming from it reproduces the run.
     loaded = load_checkpoint(tmp_path / "ckpt-0000008.safetensors", model, optimizer)
-    assert loaded.step == 8 and loaded.meta["losses"] == full
+    assert loaded.step == 8 and "losses" not in loaded.meta  # the history is metrics.jsonl's
     monkeypatch.undo()
     (tmp_path / "ckpt-0000004.safetensors").rename(tmp_path / "keep4")
     (tmp_path / "ckpt-0000008.safetensors").unlink()
