@@ -324,8 +324,11 @@ class _Expander:
         self.budget -= steps_per_use * len(uses)
         resolved: list[tuple[list[Any], dict[str, Any]]] = []
         failures: dict[tuple[str, str, str, str | None], tuple[Diagnostic, list[int]]] = {}
+        # A command-line block.<name>.dims.X=V is the user's last word: it wins over the step's and the
+        # uses' dims too (otherwise a model that sets X would ignore it without a word).
+        forced = {k: declared[k] for k in self._overridden_dims(block.where.name) if k in declared}
         for u, use_dims in enumerate(uses):
-            merged = {**declared, **step_dims, **use_dims}
+            merged = {**declared, **step_dims, **use_dims, **forced}
             ops, dims, found = self._resolve(block, merged, step_dims.keys() | use_dims.keys())
             resolved.append((ops, dims))
             for d in found:  # one diagnostic per distinct failure, naming every use it concerns
@@ -333,6 +336,15 @@ class _Expander:
         self.diags.extend(_in_uses(d, name, block.where, affected) for d, affected in failures.values())
         steps = [_scoped(ops, f"{name}.{u}.") for u, (ops, _) in enumerate(resolved)]
         return _Uses(name, block, steps, [dims for _, dims in resolved])
+
+    def _overridden_dims(self, block: str) -> set[str]:
+        """The dims of ``block`` that command-line overrides set (``block.<block>.dims.X=...``)."""
+        prefix = f"block.{block}.dims."
+        return {
+            o.key_or_group[len(prefix) :].split(".")[0]
+            for o in self.ctx.overrides
+            if o.key_or_group.startswith(prefix) and not o.is_delete()
+        }
 
     def _uses(self, op: dict[str, Any], path: str) -> list[dict[str, Any]] | None:
         repeat, uses = op.get("repeat"), op.get("uses")
@@ -499,7 +511,13 @@ def _unused_overrides(given: Sequence[Any], used: Mapping[str, str]) -> list[Dia
     out = []
     for o in given:
         name = o.key_or_group.split(".")[1] if o.key_or_group.count(".") >= 1 else ""
-        if name not in used:
+        if name in used and o.key_or_group == f"block.{name}":
+            message = (
+                f"cannot apply {o.input_line!r}: a block is changed key by key "
+                f"(block.{name}.dims.X=V, block.{name}.ops.N.args.A=V), not replaced or removed"
+            )
+            out.append(error(f"block.{name}", "bad-override", message))
+        elif name not in used:
             listed = ", ".join(sorted(used)) or "none"
             message = (
                 f"cannot apply {o.input_line!r}: the model uses no block {name!r} (blocks it uses: {listed})"

@@ -85,7 +85,9 @@ def _apply_one(data: Any, keys: list[str], override: Any, prefix: str) -> tuple[
     if not keys:
         raise OverrideRefused(f"override {line!r} names no key below {prefix}", prefix)
     value = override.value()  # for ``~key=value``, the value the key must have
-    root = {prefix: data}
+    root: Any = data  # nested as the dotted prefix reads (block.moe_layer: {block: {moe_layer: ...}})
+    for part in reversed(prefix.split(".")):
+        root = {part: root}
     # Walk to the parent, copying each container on the way (the input is shared with the source).
     out = _copy(data)
     node: Any = out
