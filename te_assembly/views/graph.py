@@ -42,16 +42,17 @@ class GraphSettings:
     )
     formats: list[str] = setting(
         [*FORMATS],
-        doc="formats to write, a list or one name (empty: all); svg/png need Graphviz's dot",
+        doc="formats to write, a list or one name; svg/png need Graphviz's dot",
         items=FieldSpec(str, choices=FORMATS),
         single_as_list=True,
+        nonempty=True,
     )
     expand: list[str] = setting([], doc=EXPAND_DOC, items=FieldSpec(str), single_as_list=True)
 
     @property
     def chosen_formats(self) -> list[str]:
-        """The formats, each once, in the order given; all of them when none is given."""
-        return list(dict.fromkeys(self.formats)) or list(FORMATS)
+        """The formats, each once, in the order given."""
+        return list(dict.fromkeys(self.formats))
 
 
 _STEP_PATH = re.compile(r"^model\.ops\[(\d+)\]")

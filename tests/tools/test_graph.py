@@ -312,3 +312,12 @@ def test_graphviz_draws_html_like_channel_names_as_text() -> None:
     for name in HTML_NAMES:
         assert name in texts
     assert "<b>" not in proc.stdout
+
+
+def test_an_empty_format_list_is_refused_not_read_as_all() -> None:
+    from te_assembly.analysis.pipeline import load
+    from te_assembly.cli.commands.graph import SECTIONS
+
+    analysis = load("moe_block", ["graph.formats=[]"], sections={**SECTIONS})
+    (d,) = [d for d in analysis.diagnostics if d.is_error]
+    assert d.path == "graph.formats" and "at least one item" in d.message
