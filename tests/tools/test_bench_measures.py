@@ -176,7 +176,8 @@ def test_cli_bench_reports_its_methods_flops_and_warns_without_spread(
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "forward timed with torch.utils.benchmark.Timer" in out
+    assert "forward: torch.utils.benchmark.Timer" in out
+    assert "backward: timed by hand" in out and "timed with timed" not in out
     assert "from torch.utils.flop_counter.FlopCounterMode" in out
     assert "warning: 1 sample per phase" in out
     assert "% of peak: n/a (no peak table for CPUs)" in out

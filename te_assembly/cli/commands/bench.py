@@ -162,7 +162,7 @@ def _bench(session: Session, target: Target, settings: BenchSettings, console: C
     )
     for phase in PHASES:
         if phase in first.methods:
-            console.print(f"{phase} timed with {first.methods[phase]}", markup=False, soft_wrap=True)
+            console.print(f"{phase}: {first.methods[phase]}", markup=False, soft_wrap=True)
     if result.fusions:
         console.print(_fusion_line(result.fusions), markup=False, soft_wrap=True)
     for line in result.warnings:
