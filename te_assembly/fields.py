@@ -235,7 +235,9 @@ def _check_list(spec: FieldSpec, value: Any, path: str, label: str) -> list[Diag
     if not isinstance(value, (list, tuple)):
         return [error(path, "wrong-type", f"{label} must be {spec.type_name}, got {_got(value)}")]
     if spec.nonempty and not value:
-        return [error(path, "wrong-type", f"{label} must be a {spec.type_name} with at least one item, got []")]
+        return [
+            error(path, "wrong-type", f"{label} must be a {spec.type_name} with at least one item, got []")
+        ]
     out: list[Diagnostic] = []
     for i, item in enumerate(value):
         out.extend(check_value(spec.items, item, f"{path}[{i}]", label))

@@ -232,3 +232,22 @@ def test_public_inputs_behind_an_aligned_dispatch_cannot_be_sampled() -> None:
 def test_split_sizes_sum_to_rows(rows: int, groups: int) -> None:
     sizes = split_sizes(rows, groups, torch.Generator().manual_seed(rows))
     assert sizes.shape == (groups,) and sizes.min() >= 0 and sizes.sum().item() == rows
+
+
+def test_run_explains_vanishing_gradients_behind_a_final_norm() -> None:
+    """mean(y^2) of a normalised y barely depends on its input: run says so, instead of leaving tiny
+    gradient norms to read as broken gradient flow; a model whose last step is not a norm gets no note."""
+    from te_assembly.analysis.pipeline import load
+    from te_assembly.cli.commands.run import _normalised_output_note
+
+    model = {
+        "name": "normend",
+        "in_features": 8,
+        "ops": [
+            {"name": "fc", "op": "Linear", "args": {"in_features": 8, "out_features": 8}},
+            {"name": "final_norm", "op": "RMSNorm", "args": {"normalized_shape": 8}},
+        ],
+    }
+    note = _normalised_output_note(load(model).checked_plan())
+    assert note is not None and "final_norm" in note and "mean(y^2)" in note
+    assert _normalised_output_note(load("moe_block").checked_plan()) is None

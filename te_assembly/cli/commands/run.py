@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from te_assembly.analysis.analyze import DEFAULT_SECTIONS, Analysis
+from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.settings import RunSettings
 from te_assembly.cli.commands.session import Session, progress_bar, start
 from te_assembly.diagnostics import printable
@@ -85,11 +86,30 @@ def _header(session: Session, target: object, console: Console) -> None:
         console.print(f"parallel: {target.parallel.settings.describe()}; tables show rank 0", markup=False)
 
 
+NORMS = ("RMSNorm", "LayerNorm")
+
+
+def _normalised_output_note(plan: Plan) -> str | None:
+    """Why the gradients upstream of a final norm look vanishing under ``mean(y^2)``: a normalised
+    ``y``'s mean square is nearly constant whatever its input, so those gradients are tiny by design."""
+    if plan.takes_token_ids or not plan.steps or plan.steps[-1].type not in NORMS:
+        return None
+    return (
+        f"note: y comes out of the {plan.steps[-1].type} step {plan.steps[-1].name}, whose output's mean "
+        "square "
+        "barely depends on its input, so the objective mean(y^2) sends back almost no gradient: the small "
+        "norms above that step are expected, not broken gradient flow (train and verify use other objectives)"
+    )
+
+
 def _report(session: Session, result: RunResult, console: Console) -> None:
     console.print(output_table(result.outputs))
     if session.plan.channels:
         if result.channel_grads is not None:
             console.print(channel_grad_table(result.channel_grads))
+            note = _normalised_output_note(session.plan)
+            if note:
+                console.print(note, markup=False, soft_wrap=True)
         else:
             console.print(
                 f"per-channel gradients are recorded by the reference engine only ({result.engine})"
