@@ -89,7 +89,7 @@ def test_model_and_recipe_by_folder(user: Path) -> None:
 def test_available_lists_include_the_users(user: Path) -> None:
     err = _fails(_cli(user, "validate", "-cd", "mine", "model=my_blok"))
     assert "unknown model 'my_blok' (did you mean 'my_block'?)" in err
-    assert re.search(r"available models: .*moe_block.*my_block", err)
+    assert re.search(r"available models: .*moe_block.*my_block", err, re.DOTALL)
     err = _fails(_cli(user, "validate", "-cd", "mine", "recipe=my_fp9"))
     assert "did you mean 'my_fp8'?" in err and re.search(r"available recipes: .*mxfp8, my_fp8", err)
     out = _ok(_cli(user, "validate", "--help", "-cd", "mine"))
