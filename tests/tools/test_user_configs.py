@@ -93,7 +93,7 @@ def test_available_lists_include_the_users(user: Path) -> None:
     err = _fails(_cli(user, "validate", "-cd", "mine", "recipe=my_fp9"))
     assert "did you mean 'my_fp8'?" in err and re.search(r"available recipes: .*mxfp8, my_fp8", err)
     out = _ok(_cli(user, "validate", "--help", "-cd", "mine"))
-    assert re.search(r"model: .*my_block", out) and re.search(r"recipe: .*my_fp8", out)
+    assert re.search(r"model: .*my_block", out, re.DOTALL) and re.search(r"recipe: .*my_fp8", out, re.DOTALL)
 
 
 def test_a_missing_path_is_one_clear_error(user: Path) -> None:
