@@ -192,3 +192,14 @@ def test_non_finite_weights_are_not_exported(hf_dir: Callable[[str], Path], tmp_
     with pytest.raises(Exception, match=r"NaN|non-finite|inf"):
         to_hf(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_what_the_family_cannot_say_is_named_not_dropped(tmp_path: Path) -> None:
+    """A Mistral (sliding window) with q/k/v biases: Mistral's config has no field for them, so the
+    export names the qkv step rather than writing a checkpoint without its biases."""
+    model = te_assembly.build(
+        te_assembly.load("mistral_tiny", ["model.dims.qkv_bias=true"]), engine="reference"
+    )
+    with pytest.raises(UnexportableError) as info:
+        to_hf(model, tmp_path / "out")
+    assert info.value.step == "layers.0.qkv" and "bias=True" in str(info.value)

@@ -93,24 +93,24 @@ COMMON_FIELDS = (
 )
 """What every family reads (``HONOURED`` adds each family's own)."""
 
+QWEN_WINDOW = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+"""Qwen's sliding-window fields: honoured with the window off (on some layers only is refused)."""
+QWEN_EXPERTS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "router_aux_loss_coef",
+    "output_router_logits",
+)
+
 HONOURED: dict[str, tuple[str, ...]] = {
     "LlamaForCausalLM": (*COMMON_FIELDS, "attention_bias", "mlp_bias", "pretraining_tp"),
     "MistralForCausalLM": (*COMMON_FIELDS, "sliding_window"),
-    "Qwen2ForCausalLM": (
-        *COMMON_FIELDS,
-        "use_sliding_window",
-        "sliding_window",
-        "max_window_layers",
-        "layer_types",
-    ),
-    "Qwen3ForCausalLM": (
-        *COMMON_FIELDS,
-        "attention_bias",
-        "use_sliding_window",
-        "sliding_window",
-        "max_window_layers",
-        "layer_types",
-    ),
+    "Qwen2ForCausalLM": (*COMMON_FIELDS, *QWEN_WINDOW),
+    "Qwen3ForCausalLM": (*COMMON_FIELDS, "attention_bias", *QWEN_WINDOW),
     "MixtralForCausalLM": (
         *COMMON_FIELDS,
         "sliding_window",
@@ -123,35 +123,15 @@ HONOURED: dict[str, tuple[str, ...]] = {
     "Qwen2MoeForCausalLM": (
         *COMMON_FIELDS,
         "qkv_bias",
-        "use_sliding_window",
-        "sliding_window",
-        "max_window_layers",
-        "layer_types",
-        "num_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
+        *QWEN_WINDOW,
+        *QWEN_EXPERTS,
         "shared_expert_intermediate_size",
-        "norm_topk_prob",
-        "decoder_sparse_step",
-        "mlp_only_layers",
-        "router_aux_loss_coef",
-        "output_router_logits",
     ),
     "Qwen3MoeForCausalLM": (
         *COMMON_FIELDS,
         "attention_bias",
-        "use_sliding_window",
-        "sliding_window",
-        "max_window_layers",
-        "layer_types",
-        "num_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-        "norm_topk_prob",
-        "decoder_sparse_step",
-        "mlp_only_layers",
-        "router_aux_loss_coef",
-        "output_router_logits",
+        *QWEN_WINDOW,
+        *QWEN_EXPERTS,
         "num_local_experts",
     ),
 }

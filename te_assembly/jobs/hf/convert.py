@@ -268,7 +268,10 @@ def _mapping(model: AssembledModel, metadata: Mapping[str, Any] | None = None) -
     """The spec ``model`` expresses and its rules under the model's own step names."""
     from te_assembly.analysis.pipeline import load
 
-    spec = spec_of_plan(model.plan, metadata)
+    read = spec_of_plan(model.plan, metadata)
+    # Through config.json and back: what the family cannot say (a Mistral's q/k/v biases) is dropped
+    # here, so the comparison below names the step instead of an export that silently loses it.
+    spec = parse_config(hf_config(read, "float32"), Path("config.json"))
     rebuilt = load(model_config(spec, model.plan.name)).checked_plan()
     names = check_same_steps(model.plan, rebuilt, spec.architecture)
     return spec, renamed(rules(spec), names)
@@ -303,11 +306,8 @@ def from_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor
 def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
     """The ``config.json`` of ``spec``: the family's own fields, each one ``config.py`` reads back."""
     family = spec.family
-    keep = {
-        k: v
-        for k, v in spec.metadata.items()
-        if k not in ("architectures", "model_type", "dtype", "torch_dtype")
-    }
+    kept_fields = set(METADATA_FIELDS) - {"architectures", "model_type", "dtype", "torch_dtype"}
+    keep = {k: v for k, v in spec.metadata.items() if k in kept_fields or k == "max_position_embeddings"}
     out: dict[str, Any] = {
         "architectures": [family.architecture],
         "model_type": family.model_type,

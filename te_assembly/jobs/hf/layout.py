@@ -125,10 +125,8 @@ def _effective(step: PlannedStep) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in unread}
 
 
-def _layer_groups(
-    plan: Plan,
-) -> tuple[PlannedStep, PlannedStep, list[list[PlannedStep]], PlannedStep, PlannedStep]:
-    """Embedding, first layer's first step, the layers (by ``<use>.<N>.`` prefix), final norm, head."""
+def _layer_groups(plan: Plan) -> tuple[PlannedStep, list[list[PlannedStep]], PlannedStep]:
+    """Embedding, the layers (by ``<use>.<N>.`` prefix), head."""
     steps = list(plan.steps)
     if len(steps) < 4 or steps[0].type != "Embedding":
         raise UnexportableError(plan, steps[0] if steps else None, "the first step must be an Embedding")
@@ -145,7 +143,7 @@ def _layer_groups(
         layers.setdefault(match.group(1), []).append(step)
     if not layers:
         raise UnexportableError(plan, steps[1], "the model has no decoder layers")
-    return steps[0], steps[1], list(layers.values()), steps[-2], steps[-1]
+    return steps[0], list(layers.values()), steps[-1]
 
 
 class UnexportableError(ArgumentError):
@@ -161,7 +159,7 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
     """The ``HFSpec`` a model's plan expresses (``UnexportableError`` names the first step that no family
     expresses). ``metadata``: an imported checkpoint's own fields, kept (its architecture is used when
     the model still fits it)."""
-    embed, _, layers, _, head = _layer_groups(plan)
+    embed, layers, head = _layer_groups(plan)
     types = [s.type for s in layers[0]]
     if "SigmoidGate" in types:
         kind = "shared_moe"
@@ -191,9 +189,7 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         ) from None
     qk_norm = bool(attn["qk_norm"])
     qkv_bias, o_bias = bool(qkv["bias"]), bool(proj["bias"])
-    architecture = _architecture(
-        plan, kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], mlp_bias, router, metadata
-    )
+    architecture = _architecture(kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], metadata)
     rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
     if attn["rope_type"] in ("linear", "llama3"):
         rope["rope_factor"] = attn["rope_factor"]
@@ -232,17 +228,15 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
 
 
 def _architecture(
-    plan: Plan,
     kind: str,
     qk_norm: bool,
     qkv_bias: bool,
     o_bias: bool,
     window: int | None,
-    mlp_bias: bool,
-    router: Mapping[str, Any],
     metadata: Mapping[str, Any] | None,
 ) -> str:
-    """The family that expresses these features; the imported one when it still does."""
+    """The family whose features these are (the imported one when it still fits); whether it expresses
+    everything else is for ``check_same_steps`` to say."""
     candidates: list[str] = []
     if kind == "shared_moe":
         candidates = ["Qwen2MoeForCausalLM"]
@@ -259,7 +253,6 @@ def _architecture(
     wanted = (metadata or {}).get("architectures")
     if isinstance(wanted, list) and wanted and wanted[0] in candidates:
         return str(wanted[0])
-    del router, mlp_bias, plan
     return candidates[0]
 
 
