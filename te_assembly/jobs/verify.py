@@ -127,14 +127,17 @@ def state_dict_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Paramete
     return {n: p for n, p in model.named_parameters(remove_duplicate=False) if n in keys}
 
 
-def fill_zero_parameters(model: torch.nn.Module, seed: int, scale: float = 0.1) -> None:
-    """Give all-zero parameters (TE zero-initialises biases) small random values, so a bias that one
-    engine drops or misplaces changes the output instead of hiding behind zeros."""
+def fill_constant_parameters(model: torch.nn.Module, seed: int, scale: float = 0.1) -> None:
+    """Give every constant parameter (TE's zero biases, its norms' all-one scales) small random offsets,
+    so a bias or a norm scale that one engine drops or misplaces changes the output instead of hiding
+    behind zeros and ones."""
     generator = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
         for p in model.parameters():
-            if p.is_floating_point() and not bool(p.any()):
-                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * scale)
+            flat = p.detach().reshape(-1)
+            if p.is_floating_point() and flat.numel() and bool((flat == flat[0]).all()):
+                noise = torch.randn(p.shape, generator=generator, dtype=torch.float64) * scale
+                p.add_(noise.to(device=p.device, dtype=p.dtype))
 
 
 MAIN_OUTPUT = "y"
@@ -287,7 +290,7 @@ def verify(
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
     candidate = target.build(plan)
     reference = target.build(plan, seed=seed, engine="reference")
-    fill_zero_parameters(reference, seed)
+    fill_constant_parameters(reference, seed)
     copy_weights(reference, candidate)
     # Dropout draws its masks from each implementation's own RNG: compare the deterministic model.
     reference.eval()
@@ -372,7 +375,7 @@ def recipe_effect(
     plain = base.build(plan)
     quantized = dataclasses.replace(base, recipe=checked_recipe(recipe)).build(plan)
     reference = base.build(plan, seed=seed, engine="reference")
-    fill_zero_parameters(reference, seed)
+    fill_constant_parameters(reference, seed)
     x, inputs = base.sample(plan, tokens, torch.Generator().manual_seed(seed), seq_len)
     outputs = []
     for model in (reference, plain, quantized):
@@ -401,7 +404,7 @@ __all__ = [
     "VerifyReport",
     "compare",
     "copy_weights",
-    "fill_zero_parameters",
+    "fill_constant_parameters",
     "precision_class",
     "recipe_effect",
     "state_dict_parameters",

@@ -11,7 +11,7 @@ import torch
 from te_assembly import load
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
-from te_assembly.jobs.verify import copy_weights, fill_zero_parameters, state_dict_parameters
+from te_assembly.jobs.verify import copy_weights, fill_constant_parameters, state_dict_parameters
 
 pytestmark = pytest.mark.te
 
@@ -55,7 +55,7 @@ def _run(model: AssembledModel, x: torch.Tensor) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("align", [2, 5, 16, 128])
 def test_aligned_block_in_te_equals_unpadded_reference(align: int, starve: bool) -> None:
     reference = _model("reference", align=1)
-    fill_zero_parameters(reference, seed=0)
+    fill_constant_parameters(reference, seed=0)
     x = _starve_expert_3(reference) if starve else torch.randn(TOKENS, 16, dtype=F64)
     te_model = _model("te", align=align)
     copy_weights(reference, te_model)

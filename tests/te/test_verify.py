@@ -323,20 +323,44 @@ def test_copy_weights_copies_every_tensor() -> None:
     assert all(torch.equal(v, want[k]) for k, v in target.state_dict().items())
 
 
-def test_fill_zero_parameters_fills_only_all_zero_ones_reproducibly() -> None:
-    from te_assembly.jobs.verify import fill_zero_parameters
+def test_fill_constant_parameters_moves_zeros_and_ones_reproducibly() -> None:
+    from te_assembly.jobs.verify import fill_constant_parameters
 
     first, second = _two_models(ONE_LINEAR, ONE_LINEAR)
     second.load_state_dict(first.state_dict())
     weight = first.state_dict()["steps.fc.basic_ops.0.weight"].clone()
     assert not first.state_dict()["steps.fc.basic_ops.1.bias"].any()  # TE's zero-initialised bias
-    fill_zero_parameters(first, seed=3)
+    fill_constant_parameters(first, seed=3)
     torch.manual_seed(99)  # the fill comes from its own generator, not the global one
-    fill_zero_parameters(second, seed=3)
+    fill_constant_parameters(second, seed=3)
     bias = first.state_dict()["steps.fc.basic_ops.1.bias"]
     assert bias.all() and 0.01 < bias.abs().max() < 0.5  # N(0, 0.1^2): small, every element set
     assert torch.equal(first.state_dict()["steps.fc.basic_ops.0.weight"], weight)  # untouched
     assert torch.equal(second.state_dict()["steps.fc.basic_ops.1.bias"], bias)
+
+
+@pytest.mark.parametrize(("model", "suffix"), [("moe_transformer", "norm.weight"), ("residual_mlp", ".bias")])
+def test_verify_fails_when_engines_differ_only_in_a_zero_or_one_parameter(
+    monkeypatch: pytest.MonkeyPatch, model: str, suffix: str
+) -> None:
+    """A planted engine bug that leaves norm scales at one, or biases at zero, in the TE model: the
+    fresh weights already hold those values, so only verify's perturbation of constant parameters makes
+    the difference show."""
+    import te_assembly.jobs.verify as verify_module
+
+    _reference_as_te(monkeypatch, _shift_y(0.0))
+    real_copy = verify_module.copy_weights
+
+    def copy_then_reset(source: torch.nn.Module, target: torch.nn.Module) -> None:
+        real_copy(source, target)
+        with torch.no_grad():
+            for name, value in target.state_dict().items():
+                if name.endswith(suffix):
+                    value.fill_(1.0 if suffix == "norm.weight" else 0.0)
+
+    monkeypatch.setattr(verify_module, "copy_weights", copy_then_reset)
+    report = verify_module.verify(model, dtype=torch.float64, tokens=32, seq_len=16)
+    assert not report.passed
 
 
 def test_verify_without_te_exits_1_with_install_hint(
