@@ -109,6 +109,17 @@ def code_in_config(cfg: Mapping[str, Any]) -> list[Diagnostic]:
             path = f"hydra.callbacks.{name}"
             if not any(d.path.startswith(path) for d in out):
                 out.append(error(path, "code-in-config", f"Hydra callbacks run Python code: {_WHY}"))
+    if hydra.get("output_subdir") is not None:
+        out.append(
+            error(
+                "hydra.output_subdir",
+                "hydra-writes",
+                f"hydra.output_subdir={hydra.get('output_subdir')!r} has Hydra write its own copies of the "
+                "config (config.yaml, hydra.yaml, overrides.yaml) where the command runs, even for commands "
+                "that write nothing, and over a run's own config.yaml",
+                "leave it null: train, bench, graph and verify write the fully resolved config.yaml themselves",
+            )
+        )
     for section in LOGGING:
         out.extend(
             _logging(

@@ -181,3 +181,79 @@ def test_hostile_files_through_a_real_process(tmp_path: Path, text: str) -> None
     assert done.returncode in (0, 2) and "Traceback" not in done.stderr, done.stderr
     if "bom" not in text:
         assert done.returncode == 2 and f"{file}:" in done.stderr
+
+
+# --- interpolation strings and Hydra settings -----------------------------------------------------
+
+_LEAVES = st.sampled_from(
+    ["${model.dims.hidden}", "${model.dims.a}", "${model.dims.b}", "${model.nope}", "3", "x", "", "${", "}"]
+)
+
+
+def _interpolations() -> st.SearchStrategy[str]:
+    """Strings of te_assembly's interpolation grammar, nested and concatenated: references, the mul and
+    add resolvers, resolvers that must be refused, unbalanced braces."""
+    return st.recursive(
+        _LEAVES,
+        lambda inner: st.one_of(
+            st.tuples(
+                st.sampled_from(["mul", "add", "oc.env", "oc.decode", "oc.create", "nope"]), inner, inner
+            ).map(lambda t: f"${{{t[0]}:{t[1]},{t[2]}}}"),
+            st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
+        ),
+        max_leaves=8,
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    a=_interpolations(),
+    b=_interpolations(),
+    where=st.sampled_from(
+        [("dims", "a"), ("ops", 1, "args", "normalized_shape"), ("in_features",), ("name",)]
+    ),
+    value=_interpolations(),
+)
+def test_interpolation_strings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], a: str, b: str, where: tuple[Any, ...], value: str
+) -> None:
+    model: dict[str, Any] = copy.deepcopy(BASE)
+    model["dims"] = {**model.get("dims", {}), "a": a, "b": b}
+    model = _mutate(model, where, value)
+    file = tmp_path / "interp.yaml"
+    file.write_text(yaml.safe_dump(model, allow_unicode=True))
+    _validate(capsys, f"model={file}")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    key=st.sampled_from(
+        [
+            "hydra.run.dir",
+            "hydra.sweep.dir",
+            "hydra.job.chdir",
+            "hydra.output_subdir",
+            "hydra.verbose",
+            "hydra.job.name",
+            "+hydra.callbacks.x._target_",
+            "hydra/job_logging",
+            "hydra/hydra_logging",
+            "+hydra.job_logging.handlers.f.filename",
+            "hydra.mode",
+        ]
+    ),
+    value=st.one_of(
+        st.sampled_from(
+            ["null", "true", "RUN", "disabled", "default", "builtins.open", "${now:%H}", "/", "."]
+        ),
+        st.text(alphabet=st.sampled_from(list("abc/._-${}:")), max_size=12),
+    ),
+)
+def test_hydra_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], key: str, value: str
+) -> None:
+    """validate writes nothing and runs no code whatever Hydra is told: exit 0 or 2, never a traceback,
+    and the folder it runs in stays empty."""
+    monkeypatch.chdir(tmp_path)
+    _validate(capsys, "model=channel_demo", f"{key}={value}")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
