@@ -492,6 +492,9 @@ def _show_cfg(
     for group in FILE_GROUPS:
         if group in full:
             full[group] = getattr(resolved, group)
+    if resolved.expansion is not None and resolved.expansion.blocks:
+        # The blocks the model uses, as read (block.* overrides applied): -p block.moe_layer shows one.
+        full["block"] = dict(resolved.expansion.blocks)
     if args.cfg == "job":
         full.pop("hydra", None)
     elif args.cfg == "hydra":

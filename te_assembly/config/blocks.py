@@ -89,6 +89,9 @@ class Expansion:
     """One per step of ``model["ops"]``."""
     sources: tuple[Source, ...] = ()
     """Block files read, in the order first used."""
+    blocks: dict[str, Any] = field(default_factory=dict)
+    """Each block used, by name, as the expansion read it (command-line ``block.*`` overrides applied):
+    what ``--cfg job`` shows under ``block``."""
 
 
 @dataclass
@@ -503,7 +506,8 @@ def expand(model: Mapping[str, Any], ctx: Context) -> tuple[Expansion, list[Diag
     out = {k: v for k, v in model.items() if k != "blocks"}
     if isinstance(raw_ops, list):
         out["ops"] = flat
-    expansion = Expansion(out, tuple(groups), tuple(where), tuple(origins), tuple(expander.sources))
+    used = {b.where.name: b.data for b in expander.blocks.values() if b is not None}
+    expansion = Expansion(out, tuple(groups), tuple(where), tuple(origins), tuple(expander.sources), used)
     return expansion, expander.diags
 
 

@@ -160,7 +160,9 @@ class GroupConfigLoader(ConfigLoaderImpl):
             from_shell=from_shell,
             validate_sweep_overrides=validate_sweep_overrides,
         )
-        refused = code_in_config(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
+        # Without a primary config (--hydra-help) no command runs: Hydra's default output_subdir stands.
+        container = OmegaConf.to_container(cfg, resolve=False)
+        refused = code_in_config(container, jobs=config_name is not None)  # type: ignore[arg-type]
         if refused:  # before Hydra builds a callback, a logging handler or a launcher from it
             from te_assembly.errors import ConfigError
 

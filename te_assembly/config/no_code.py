@@ -92,8 +92,9 @@ def _logging(section: str, config: Any) -> list[Diagnostic]:
     return out
 
 
-def code_in_config(cfg: Mapping[str, Any]) -> list[Diagnostic]:
-    """Every place the composed config (as plain data, unresolved) asks Hydra to build an object."""
+def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic]:
+    """Every place the composed config (as plain data, unresolved) asks Hydra to build an object, and
+    (``jobs``: a command will run) to write its own copies of the config."""
     out = []
     for path, key, value in _walk(cfg, ""):
         if key != "_target_":
@@ -109,15 +110,15 @@ def code_in_config(cfg: Mapping[str, Any]) -> list[Diagnostic]:
             path = f"hydra.callbacks.{name}"
             if not any(d.path.startswith(path) for d in out):
                 out.append(error(path, "code-in-config", f"Hydra callbacks run Python code: {_WHY}"))
-    if hydra.get("output_subdir") is not None:
+    if jobs and hydra.get("output_subdir") is not None:
         out.append(
             error(
                 "hydra.output_subdir",
                 "hydra-writes",
                 f"hydra.output_subdir={hydra.get('output_subdir')!r} has Hydra write its own copies of the "
-                "config (config.yaml, hydra.yaml, overrides.yaml) where the command runs, even for commands "
-                "that write nothing, and over a run's own config.yaml",
-                "leave it null: train, bench, graph and verify write the fully resolved config.yaml themselves",
+                "config (config.yaml, hydra.yaml, overrides.yaml) where the command runs, even for "
+                "commands that write nothing, and over a run's own config.yaml",
+                "leave it null: train, bench, graph and verify write the resolved config.yaml themselves",
             )
         )
     for section in LOGGING:

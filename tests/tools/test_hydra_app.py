@@ -191,3 +191,15 @@ def test_help_lists_blocks_as_what_models_use_not_a_choice() -> None:
     listed = "blocks, for a model's steps (block: NAME; -cd DIR adds DIR/block/*.yaml): dense_layer"
     assert listed in done.stdout
     assert "\n  block:" not in done.stdout  # not among the groups one chooses with GROUP=NAME
+
+
+def test_cfg_job_shows_the_blocks_as_read() -> None:
+    """--cfg job holds each block the model uses, command-line block overrides applied; -p picks one."""
+    done = _cli(
+        "validate", "model=moe_lm", "block.moe_layer.dims.ffn=7", "--cfg", "job", "-p", "block.moe_layer.dims"
+    )
+    _clean(done)
+    shown = yaml.safe_load(done.stdout)
+    assert shown["ffn"] == 7 and shown["experts"] == 4
+    whole = yaml.safe_load(_cli("validate", "model=moe_lm", "--cfg", "job").stdout)
+    assert set(whole["block"]) == {"moe_layer"} and whole["block"]["moe_layer"]["dims"]["ffn"] == 128
