@@ -238,6 +238,9 @@ class AppState:
     config_dirs: tuple[str, ...] = ()
     multirun: bool = False
     outcomes: list[tuple[list[str], Outcome]] = field(default_factory=list)
+    made_run_dirs: tuple[Any, ...] = ()
+    """A ``hydra.run.dir`` named by hand that did not exist before the job, with each missing parent
+    (innermost first): Hydra creates them; removed again if the job leaves them empty."""
 
 
 def _command_module(command: str) -> Any:
@@ -280,6 +283,11 @@ def _job(state: AppState, cfg: Any) -> Outcome:
 
             with contextlib.suppress(Exception):
                 remove_if_unused(current(state.command))
+            for folder in state.made_run_dirs:
+                try:
+                    folder.rmdir()  # only an empty directory goes
+                except OSError:
+                    break
     state.outcomes.append((overrides, outcome))
     return outcome
 
@@ -419,9 +427,29 @@ def _run(hydra: Any, state: AppState, config_name: str, overrides: list[str]) ->
         if state.multirun and scratch is None and not _sets(overrides, "hydra.sweep.dir"):
             overrides = [*overrides, _own_sweep_dir(hydra, config_name, overrides)]
         if not state.multirun:
+            if scratch is None and writes_run_dir(state.command) and _sets(overrides, "hydra.run.dir"):
+                state.made_run_dirs = _missing_dirs(hydra, config_name, overrides)
             hydra.run(config_name=config_name, task_function=task, overrides=overrides)
             return state.outcomes[-1][1].code if state.outcomes else 2
         return _multirun(hydra, state, config_name, overrides, task)
+
+
+def _missing_dirs(hydra: Any, config_name: str, overrides: list[str]) -> tuple[Any, ...]:
+    """The run directory the config names and its parents that do not exist yet, innermost first."""
+    from pathlib import Path
+
+    from hydra.types import RunMode
+
+    try:
+        cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False)
+        folder = Path(str(cfg.hydra.run.dir)).absolute()
+    except Exception:  # the job reports what does not compose
+        return ()
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return tuple(missing)
 
 
 def _own_sweep_dir(hydra: Any, config_name: str, overrides: list[str]) -> str:

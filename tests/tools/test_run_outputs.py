@@ -200,6 +200,16 @@ def test_a_run_that_fails_validation_leaves_no_folder(tmp_path: Path) -> None:
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_refused_run_removes_the_run_directory_it_named_but_not_one_that_was_there(tmp_path: Path) -> None:
+    bad = ["train", "model=residual_mlp", "model.ops.2.args.in_features=7"]
+    done = user_cli(tmp_path, [*bad, "hydra.run.dir=runs/a/b"])
+    assert done.returncode == 2
+    assert not (tmp_path / "runs").exists()  # made for the job, with its parents, and removed again
+    (tmp_path / "mine").mkdir()
+    done = user_cli(tmp_path, [*bad, "hydra.run.dir=mine"])
+    assert done.returncode == 2 and (tmp_path / "mine").is_dir()  # the user's own folder stays
+
+
 @pytest.mark.parametrize("command", ["validate", "explain"])
 def test_commands_that_write_nothing_make_no_run_directory(tmp_path: Path, command: str) -> None:
     done = user_cli(tmp_path, [command, "model=residual_mlp"])
