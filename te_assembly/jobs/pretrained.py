@@ -90,8 +90,9 @@ def _target(directory: str | os.PathLike[str], overwrite: bool) -> Path:
     out = Path(directory).expanduser()
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise OutputPathError(
-            f"{out} is not empty: refusing to write a pretrained model over what is there (choose an "
-            "empty or new directory, or pass overwrite=True; export.overwrite=true on the command line)"
+            f"{out} is not empty: refusing to write over what is there (choose an empty or new "
+            "directory, or pass overwrite=True; on the command line export.overwrite=true or "
+            "import_hf.overwrite=true)"
         )
     if out.exists() and not out.is_dir():
         raise OutputPathError(f"cannot write to {out}: it exists and is not a directory")

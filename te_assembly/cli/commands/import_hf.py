@@ -22,7 +22,7 @@ from te_assembly.sections import setting
 class ImportSettings:
     source: str | None = setting(None, nonempty=True, doc="the Hugging Face checkpoint directory")
     to: str | None = setting(
-        None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>)"
+        None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>_te)"
     )
     name: str | None = setting(
         None, nonempty=True, doc="the model's name (null: from the destination's folder name)"
@@ -51,7 +51,7 @@ def main(analysis: Analysis, console: Console) -> int:
     from te_assembly.jobs.hf.convert import import_hf, model_name, read_spec
 
     source = Path(settings.source).expanduser()
-    dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / source.name
+    dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / f"{source.name}_te"
     spec = read_spec(source)
     with tensor_progress(console, "reading") as progress:
         out = import_hf(source, dest, name=settings.name, overwrite=settings.overwrite, progress=progress)
