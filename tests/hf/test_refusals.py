@@ -174,15 +174,12 @@ def test_a_model_with_no_hugging_face_equivalent_names_its_step(tmp_path: Path) 
 
 
 def test_a_different_activation_is_named(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
-    import yaml
-
     pretrained = import_hf(hf_dir("llama"), tmp_path / "llama")
     block = pretrained / "block" / "llama_layer.yaml"
     block.write_text(block.read_text().replace("op: SwiGLU", "op: GEGLU"))
     model = te_assembly.build(te_assembly.load("llama", config_dirs=[pretrained]), engine="reference")
     with pytest.raises(UnexportableError, match=r"layers\.0\.act.*GEGLU.*SwiGLU"):
         to_hf(model, tmp_path / "out")
-    del yaml
 
 
 def test_non_finite_weights_are_not_exported(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
