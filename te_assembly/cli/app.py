@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import os
 import sys
 import tempfile
@@ -581,10 +582,18 @@ def _shell_completion(hydra: Any, config_name: str, overrides: list[str]) -> int
         os.environ["COMP_LINE"] = f"te-assembly {stripped}"
     saved = sys.argv[0]
     sys.argv[0] = "te-assembly"  # the script Hydra prints completes this executable
+    printed = io.StringIO()
     try:
-        hydra.shell_completion(config_name=config_name, overrides=overrides)
+        with contextlib.redirect_stdout(printed):
+            hydra.shell_completion(config_name=config_name, overrides=overrides)
     finally:
         sys.argv[0] = saved
+    text = printed.getvalue()
+    if line is not None:
+        # configs/block is a folder of blocks a model's steps use, not a group the command line chooses.
+        kept = [w for w in text.rstrip("\n").split(" ") if not w.startswith("block=")]
+        text = " ".join(kept) + ("\n" if text.endswith("\n") else "")
+    sys.stdout.write(text)
     return 0
 
 

@@ -203,3 +203,12 @@ def test_cfg_job_shows_the_blocks_as_read() -> None:
     assert shown["ffn"] == 7 and shown["experts"] == 4
     whole = yaml.safe_load(_cli("validate", "model=moe_lm", "--cfg", "job").stdout)
     assert set(whole["block"]) == {"moe_layer"} and whole["block"]["moe_layer"]["dims"]["ffn"] == 128
+
+
+def test_completion_offers_no_block_group() -> None:
+    """configs/block holds blocks a model's steps use; `block=` is no choice, so it is not offered."""
+    line = "te-assembly validate "
+    done = _cli("-sc", "query=bash", env={"COMP_LINE": line, "COMP_POINT": str(len(line))})
+    _clean(done)
+    words = done.stdout.split()
+    assert "model=" in words and "recipe=" in words and not any(w.startswith("block=") for w in words)
