@@ -13,6 +13,7 @@ Pure Python: no torch, no TE.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -356,8 +357,11 @@ def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagn
     order.extend(resolved.sources[k] for k in ("recipe", "config", "shipped config") if k in resolved.sources)
     set_by = _command_line_keys(resolved.overrides)
     located = []
+    blocks = resolved.expansion.blocks if resolved.expansion is not None else {}
     for d in diags:
         override = _override_for(d.path, set_by) if d.file is None else None
+        if override is None and d.override is None and blocks:
+            override = _block_override_for(d.path, blocks, set_by)
         if override is not None:
             # The file's line holds the default; what is wrong is the value the command line gave.
             d = dataclasses.replace(d, override=override)
@@ -379,6 +383,39 @@ def _command_line_keys(overrides: Sequence[str]) -> dict[str, str]:
         if key and (sep or text.startswith("~")) and not chosen_group:
             out[key] = text
     return out
+
+
+_IN_BLOCK = re.compile(r"\(block ([^)]+)\): (.+)$")
+_BLOCK_DIM = re.compile(r"\$\{block\.dims\.(\w+)\}")
+
+
+def _block_override_for(path: str, blocks: Mapping[str, Any], set_by: Mapping[str, str]) -> str | None:
+    """For a diagnostic inside a block (``model.layers[0] (block moe_layer): ops[3].args.x``): the
+    command-line ``block.<name>....`` override that gave the value, directly or through a
+    ``${block.dims.X}`` the value reads."""
+    found = _IN_BLOCK.search(path)
+    if found is None or not set_by:
+        return None
+    name, local = found.group(1), found.group(2)
+    dotted = re.sub(r"\[(\d+)\]", r".\1", local)
+    prefix = f"block.{name}"
+    candidate = dotted
+    while candidate:  # the key itself or one above it
+        if f"{prefix}.{candidate}" in set_by:
+            return set_by[f"{prefix}.{candidate}"]
+        candidate = candidate.rpartition(".")[0]
+    value: Any = blocks.get(name)
+    for key in dotted.split("."):
+        if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        elif isinstance(value, Mapping):
+            value = value.get(key)
+        else:
+            return None
+    for dim in _BLOCK_DIM.findall(value) if isinstance(value, str) else ():
+        if f"{prefix}.dims.{dim}" in set_by:
+            return set_by[f"{prefix}.dims.{dim}"]
+    return None
 
 
 def _override_for(path: str, set_by: Mapping[str, str]) -> str | None:

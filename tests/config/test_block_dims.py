@@ -75,3 +75,18 @@ def test_a_bad_block_override_is_refused() -> None:
     block_typo = te_assembly.load("moe_lm", ["block.moe_layr.dims.experts=8"])
     (d,) = block_typo.errors
     assert d.hint is not None and "moe_layer" in d.hint
+
+
+def test_a_diagnostic_caused_by_a_block_override_names_it() -> None:
+    """The error sits at the block file's line (where the default is); the override that gave the bad
+    value is named beside it, through the ${block.dims.X} the value reads, or set directly."""
+    through_dim = te_assembly.load("moe_lm", ["block.moe_layer.dims.experts=abc"])
+    assert through_dim.errors and all(
+        d.override == "block.moe_layer.dims.experts=abc" for d in through_dim.errors
+    )
+    assert all(d.file is not None and d.file.endswith("moe_layer.yaml") for d in through_dim.errors)
+    direct = te_assembly.load("moe_lm", ["block.moe_layer.ops.9.args.top_k=9"])
+    named = [d for d in direct.errors if d.override == "block.moe_layer.ops.9.args.top_k=9"]
+    assert named, [d.format() for d in direct.errors]
+    unrelated = te_assembly.load("moe_lm", ["block.moe_layer.dims.ffn=64", "model.dims.top_k=9"])
+    assert unrelated.errors and all(d.override != "block.moe_layer.dims.ffn=64" for d in unrelated.errors)
