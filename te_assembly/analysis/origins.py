@@ -7,9 +7,11 @@ The model passes check the expanded model (``config/blocks.py``), whose steps ar
 - a step of a block's use: ``model.layers[3] (block moe_layer): ops[4].extra_inputs.addend``, located at
   the line of ``ops[4].extra_inputs.addend`` in the block's file (or under the model's ``blocks:``).
 
-Step and channel names in messages and hints lose their use's prefix (``'layers.3.norm'`` reads
-``'norm'``) and other step references are rewritten the same way, so a mistake in a block reads the same
-in every use. Identical diagnostics of several uses become one, naming every use it affects
+Step and channel names in messages name the uses as ``explain`` does (``'layers.3.norm'`` reads
+``'layers[3].norm'``, and ``'layers[0-23].norm'`` once the uses are merged); hints keep the names as the
+block writes them (``'norm'``: what to type); other step references are rewritten the same way, so a
+mistake in a block reads the same in every use.
+Identical diagnostics of several uses become one, naming every use it affects
 (``model.layers[0-23] (block moe_layer): ...``): a mistake in a block used 24 times is reported once, and
 a mistake only some uses make (through their own dims) names just those.
 """
@@ -20,10 +22,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from te_assembly.config.blocks import Expansion, Origin, use_path
+from te_assembly.config.blocks import Expansion, Origin, use_path, use_ranges
 from te_assembly.diagnostics import Diagnostic, Severity
 
 _STEP_PATH = re.compile(r"^model\.ops\[(\d+)\]")
+_USES = "\x00uses\x00"
+"""Stands in a message for its use's index until the uses sharing the message are known."""
 _STEP_REF = re.compile(r"model\.ops\[(\d+)\]")
 
 
@@ -49,6 +53,8 @@ def present(diagnostics: Iterable[Diagnostic], expansion: Expansion | None) -> l
         grouped.setdefault((origin.group, local, d.code, d.severity, message, hint), []).append(origin.use)
     for (g, local, code, severity, message, hint), uses in grouped.items():
         group, where = expansion.groups[g], expansion.where[g]
+        shown = use_ranges(uses)
+        message = message.replace(_USES, shown)
         moved = Diagnostic(severity, use_path(group.name, group.block, uses, local), message, code, hint)
         out.append(moved.located(where.file, where.line(local)))
     return out
@@ -59,10 +65,11 @@ def _origin(expansion: Expansion, index: int) -> Origin | None:
 
 
 def _hint(hint: str | None, expansion: Expansion, origin: Origin | None = None) -> str | None:
-    return None if hint is None else _text(hint, expansion, origin)
+    # A hint's names are what to write in the block: without the use's prefix.
+    return None if hint is None else _text(hint, expansion, origin, local=True)
 
 
-def _text(text: str, expansion: Expansion, context: Origin | None = None) -> str:
+def _text(text: str, expansion: Expansion, context: Origin | None = None, local: bool = False) -> str:
     """``text`` with step references (``model.ops[K]``) as the user wrote them and, inside a use, that
     use's names without their prefix."""
 
@@ -78,8 +85,9 @@ def _text(text: str, expansion: Expansion, context: Origin | None = None) -> str
 
     text = _STEP_REF.sub(step_ref, text)
     if context is not None and context.group >= 0:
-        prefix = expansion.groups[context.group].prefix(context.use)
-        text = text.replace(f"'{prefix}", "'").replace(f'"{prefix}', '"')
+        group = expansion.groups[context.group]
+        prefix, named = group.prefix(context.use), "" if local else f"{group.name}[{_USES}]."
+        text = text.replace(f"'{prefix}", f"'{named}").replace(f'"{prefix}', f'"{named}')
     return text
 
 

@@ -90,3 +90,27 @@ def test_a_diagnostic_caused_by_a_block_override_names_it() -> None:
     assert named, [d.format() for d in direct.errors]
     unrelated = te_assembly.load("moe_lm", ["block.moe_layer.dims.ffn=64", "model.dims.top_k=9"])
     assert unrelated.errors and all(d.override != "block.moe_layer.dims.ffn=64" for d in unrelated.errors)
+
+
+def test_names_in_a_block_diagnostic_say_which_uses() -> None:
+    """A mistake every use shares names its steps and channels as explain does (layers[0-1].add), and
+    its hint keeps the name to write in the block."""
+    block = {
+        "dims": {"width": 4},
+        "ops": [
+            {"name": "add", "op": "AddExtraInput", "extra_inputs": {"addend": "res"}},
+            {"name": "lin", "op": "Linear", "args": {"in_features": 5, "out_features": 4}},
+        ],
+    }
+    model = {
+        "name": "m",
+        "in_features": 4,
+        "blocks": {"layer": block},
+        "ops": [{"name": "layers", "block": "layer", "repeat": 2}],
+    }
+    errors = te_assembly.load(model).errors
+    dangling = next(d for d in errors if d.path.endswith("extra_inputs.addend"))
+    assert dangling.path.startswith("model.layers[0-1] (block layer)")
+    assert "'layers[0-1].res'" in dangling.message and "'layers[0-1].add'" in dangling.message
+    width = next(d for d in errors if d.path.endswith("args.in_features"))
+    assert "'layers[0-1].lin'" in width.message and width.hint == "set in_features: 4"
