@@ -107,9 +107,11 @@ class InterpolationError(Exception):
     """One leaf of a config could not be resolved; the message is the diagnostic's. Internal to the
     config pipeline, which turns it into a diagnostic (so not a ``TeAssemblyError``)."""
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, long_chain: bool = False) -> None:
         super().__init__(message)
         self.hint = hint
+        self.long_chain = long_chain
+        """Refused for the length of its chain of references: every value further along fails alike."""
 
 
 class SidecarError(TeAssemblyError, ValueError):

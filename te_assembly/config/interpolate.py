@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from te_assembly.config.source import MAX_DEPTH, MAX_VALUES, Key
@@ -125,6 +126,7 @@ class Interpolator:
                 f"cannot resolve value: a chain of more than {MAX_CHAIN} references "
                 f"({_dotted(self.active[0])} -> ... -> {_dotted(path)})",
                 "refer to the value itself rather than through a long chain of others",
+                long_chain=True,
             )
         self.active.append(path)
         try:
@@ -312,14 +314,32 @@ def resolve_sites(
         except InterpolationError as exc:
             return DROPPED, [error(prefix, "bad-interpolation", str(exc), exc.hint)]
     resolved: list[tuple[tuple[Key, ...], Any]] = []
+    chained: list[str] = []  # values refused for a too-long chain: one diagnostic says it for all
+    chained_parent: tuple[Key, ...] = ()
+    first = 0
     for keys in sites:
         try:
             resolved.append((keys, interpolator.value((root, *keys))))
         except InterpolationError as exc:
-            diags.append(error(_dotted([prefix, *keys]), "bad-interpolation", str(exc), exc.hint))
+            # Collapsed among siblings only (model.dims.*): a value used elsewhere keeps its own line,
+            # so nothing reads as missing where it was set.
+            if exc.long_chain and chained and keys[:-1] == chained_parent:
+                chained.append(_dotted([prefix, *keys]))
+            else:
+                diags.append(error(_dotted([prefix, *keys]), "bad-interpolation", str(exc), exc.hint))
+                if exc.long_chain and not chained:
+                    chained.append(_dotted([prefix, *keys]))
+                    chained_parent, first = keys[:-1], len(diags) - 1
             resolved.append((keys, _DROP))
         except (KeyError, IndexError, TypeError, ValueError):
             continue  # the site was replaced by an override: nothing to resolve there
+    if len(chained) > 1:
+        more = len(chained) - 1
+        diags[first] = replace(
+            diags[first],
+            message=f"{diags[first].message}; {more:,} more value(s) in chains this long fail alike "
+            f"({', '.join(chained[1:4])}{', ...' if more > 3 else ''})",
+        )
     return _rebuild(data, resolved), diags
 
 
