@@ -268,11 +268,58 @@ def test_the_lock_records_its_holder(tmp_path: Path) -> None:
         assert info["pid"] == os.getpid() and info["host"] and info["started"]
         with pytest.raises(RunDirectoryInUseError, match=rf"pid {os.getpid()}"):
             RunLock(tmp_path).acquire()  # another open file description: refused even in-process
+    assert not (tmp_path / LOCK_NAME).exists()  # a finished holder leaves no lock file
     RunLock(tmp_path).acquire().release()  # released on exit
-    # Probes share: two at once do not refuse each other, but an exclusive holder refuses them.
+    # Probes share: two at once do not refuse each other, but refuse an exclusive lock meanwhile, and an
+    # exclusive holder refuses them; a probe of a directory without a lock file creates none.
+    RunLock(tmp_path, shared=True).acquire().release()
+    assert not (tmp_path / LOCK_NAME).exists()
+    (tmp_path / LOCK_NAME).touch()
     with RunLock(tmp_path, shared=True), RunLock(tmp_path, shared=True):
         with pytest.raises(RunDirectoryInUseError):
             RunLock(tmp_path).acquire()
+    with RunLock(tmp_path):
+        with pytest.raises(RunDirectoryInUseError):
+            RunLock(tmp_path, shared=True).acquire()
+
+
+_CONTENDER = """
+import sys, time
+from pathlib import Path
+from te_assembly.errors import RunDirectoryInUseError
+from te_assembly.jobs.training.run_dir import RunLock
+
+out, rounds = Path(sys.argv[1]), int(sys.argv[2])
+done = 0
+while done < rounds:
+    try:
+        lock = RunLock(out).acquire()
+    except RunDirectoryInUseError:
+        time.sleep(0.001)
+        continue
+    try:
+        counter = out / "counter"
+        value = int(counter.read_text()) if counter.exists() else 0
+        time.sleep(0.0005)  # widen the window a second holder would need
+        counter.write_text(str(value + 1))
+    finally:
+        lock.release()
+    done += 1
+"""
+
+
+def test_the_lock_excludes_while_holders_remove_it(tmp_path: Path) -> None:
+    """Four processes take the lock 25 times each, read-modify-write a counter under it, and remove the
+    lock file at every release: no update is lost, so no two ever held it at once."""
+    script = tmp_path / "contend.py"
+    script.write_text(_CONTENDER)
+    out = tmp_path / "run"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    procs = [subprocess.Popen([sys.executable, str(script), str(out), "25"], env=env) for _ in range(4)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
+    assert (out / "counter").read_text() == "100"
+    assert not (out / LOCK_NAME).exists()
 
 
 # --- corruption ---------------------------------------------------------------------------------
@@ -790,3 +837,22 @@ def test_a_resume_reads_the_loss_history_from_metrics(
     assert again.losses[:3] == full[:3] and all(math.isnan(v) for v in again.losses[3:12])
     assert again.losses[12:] == full[12:]
     assert any("lacks the loss of 9 of the 12 steps" in n for n in again.notes)
+
+
+def test_a_waiter_on_a_removed_lock_file_takes_the_new_one(tmp_path: Path) -> None:
+    """The race removing the lock file opens, played out in order: B opens the lock file, A (the holder)
+    removes it and ends, B locks the file it opened, which is no longer the lock. B must see that and
+    lock the current file, so that C is refused while B runs."""
+    a = RunLock(tmp_path).acquire()
+    b = RunLock(tmp_path)
+    stale = b._open()
+    a.release()
+    opened = iter([stale])
+    fresh = b._open
+    b._open = lambda: next(opened, None) or fresh()  # type: ignore[method-assign]
+    b.acquire()
+    try:
+        with pytest.raises(RunDirectoryInUseError):
+            RunLock(tmp_path).acquire()
+    finally:
+        b.release()

@@ -6,7 +6,8 @@ overwrite or corrupt each other:
 - ``RunLock``: an exclusive ``fcntl.flock`` on ``<out_dir>/.te_assembly.lock``, taken before anything
   in the directory is read or changed and held until the run ends. The holder writes its pid, host,
   start time and command into the file, so a refused run says who holds it. The kernel releases a flock
-  when its process dies (even by ``kill -9``), so a crash never leaves a stale lock. Stale temp files
+  when its process dies (even by ``kill -9``), so a crash never leaves a stale lock; a run that ends
+  removes the file while it still holds it (a finished run leaves none behind). Stale temp files
   are removed only under the lock: a live run's temp file is never another process's garbage.
 - ``resume_point``: the newest checkpoint whose every tensor matches its checksum. A corrupt or
   unreadable newest checkpoint stops the run (exit 1) with every problem and the exact way to resume
@@ -87,40 +88,61 @@ class RunLock:
     def acquire(self) -> RunLock:
         if fcntl is None:
             return self
+        # A holder removes the file when it is done (release): a process that opened the old file just
+        # before locks a file that no longer is the lock, sees so, and tries again on the new one.
+        for _ in range(_ATTEMPTS):
+            fd = self._open()
+            if fd is None:  # a probe of a directory no run holds (no lock file): nothing to check
+                return self
+            try:
+                _flock_briefly(fd, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise RunDirectoryInUseError(
+                    f"{self.out_dir} is in use by another training run: {holder}. Two runs never share a "
+                    "directory: wait for it to finish, or use another train.out_dir"
+                ) from None
+            except OSError as exc:  # a filesystem without locks: refusing is safer than running unguarded
+                os.close(fd)
+                raise RunDirectoryInUseError(
+                    f"cannot lock {self.path}: {exc.strerror or exc} (does this filesystem support file "
+                    "locks?); use a train.out_dir on a local disk"
+                ) from None
+            if not _is_the_file(fd, self.path):
+                os.close(fd)
+                continue
+            if not self.shared:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+            self._fd = fd
+            return self
+        raise RunDirectoryInUseError(f"cannot lock {self.out_dir}: its lock file keeps being replaced")
+
+    def _open(self) -> int | None:
         kind = not_regular(self.path)
         if kind is not None:
             message = f"cannot lock {self.out_dir}: {self.path} is {kind}, not a lock file"
             raise RunDirectoryInUseError(message)
+        flags = os.O_RDWR if self.shared else os.O_RDWR | os.O_CREAT
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask
+            return os.open(self.path, flags, 0o666)  # less the umask
+        except FileNotFoundError:
+            if self.shared:
+                return None
+            raise RunDirectoryInUseError(f"cannot lock {self.path}: its directory does not exist") from None
         except OSError as exc:
             raise RunDirectoryInUseError(f"cannot lock {self.path}: {exc.strerror or exc}") from None
-        try:
-            _flock_briefly(fd, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise RunDirectoryInUseError(
-                f"{self.out_dir} is in use by another training run: {holder}. Two runs never share a "
-                "directory: wait for it to finish, or use another train.out_dir"
-            ) from None
-        except OSError as exc:  # a filesystem without locks: refusing is safer than running unguarded
-            os.close(fd)
-            raise RunDirectoryInUseError(
-                f"cannot lock {self.path}: {exc.strerror or exc} (does this filesystem support file "
-                "locks?); use a train.out_dir on a local disk"
-            ) from None
-        if not self.shared:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(_holder()).encode(), 0)
-        self._fd = fd
-        return self
 
     def release(self) -> None:
         if self._fd is not None:
-            # The file stays: deleting a lock file lets a third process lock a fresh inode while a
-            # second still waits on the old one. Closing the fd releases the flock.
-            os.close(self._fd)
+            # Removed while still held, so a finished run leaves no lock file; whoever waits on this
+            # file finds it gone once it gets the lock and takes the new one (acquire). A probe's shared
+            # lock leaves the file to the holder.
+            if not self.shared and _is_the_file(self._fd, self.path):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+            os.close(self._fd)  # releases the flock
             self._fd = None
 
     def __enter__(self) -> RunLock:
@@ -130,6 +152,19 @@ class RunLock:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+_ATTEMPTS = 50
+
+
+def _is_the_file(fd: int, path: Path) -> bool:
+    """``fd`` is the file at ``path`` now (not one a holder has removed since it was opened)."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _flock_briefly(fd: int, kind: int, patience_s: float = 0.5) -> None:
