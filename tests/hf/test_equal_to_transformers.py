@@ -69,3 +69,24 @@ def test_rotary_tables_equal_transformers_bit_for_bit(hf_dir: Callable[[str], Pa
     theirs = model.model.rotary_emb.inv_freq
     assert torch.equal(rope.inv_freq(8), theirs.float())
     assert not torch.equal(Rope(500000.0).inv_freq(8), theirs.float())  # the scaling changed something
+
+
+@pytest.mark.parametrize("variant", ["llama-tied-mqa", "qwen3", "qwen2-tied"])
+def test_gradients_mapped_to_hugging_face_names(variant: str, hf_dir: Callable[[str], Path]) -> None:
+    """Anyone can check it themselves: te_assembly's gradients through te_assembly.hf.to_hf_state_dict
+    (keyed by named_parameters) equal transformers' own, parameter by parameter, by transformers' names."""
+    from te_assembly.hf import to_hf_state_dict
+    from te_assembly.jobs.hf.compare import next_token_loss
+
+    folder = hf_dir(variant)
+    mine = from_hf(folder, engine="reference", dtype=torch.float64).train()
+    theirs = load_transformers(folder, torch.float64).train()
+    ids = token_ids()
+    next_token_loss(mine(ids).y, ids).backward()
+    with float64_islands_removed(theirs):
+        next_token_loss(theirs(input_ids=ids).logits, ids).backward()
+    mapped = to_hf_state_dict(mine, {n: p.grad for n, p in mine.named_parameters()})
+    hf_grads = {n: p.grad for n, p in theirs.named_parameters()}
+    assert set(mapped) == set(hf_grads)
+    for name, grad in hf_grads.items():
+        torch.testing.assert_close(mapped[name], grad, rtol=0, atol=1e-10, msg=name)

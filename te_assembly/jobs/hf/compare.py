@@ -124,7 +124,10 @@ def compare(model: AssembledModel, hf_model: Any, token_ids: torch.Tensor) -> Co
     theirs = from_hf_state_dict(
         model, {n: p.grad for n, p in hf_model.named_parameters() if p.grad is not None}
     )
-    mine = {n: p.grad for n, p in model.named_parameters()}
+    from te_assembly.jobs.verify import state_dict_parameters
+
+    # By state-dict name: TE's own Linear also lists its weights under shorter names.
+    mine = {n: p.grad for n, p in state_dict_parameters(model).items()}
     tied = model.plan.tied_params
     for name in sorted(mine):
         key = tied.get(name, name)

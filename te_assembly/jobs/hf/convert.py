@@ -285,7 +285,12 @@ def to_hf_state_dict(
     weight appears once, as ``model.embed_tokens.weight``. ``UnexportableError`` for a model no family
     expresses."""
     _, table = _mapping(model)
-    source = dict(model.state_dict()) if tensors is None else dict(tensors)
+    if tensors is None:
+        return hub_tensors(table, dict(model.state_dict()))
+    # Keys may be named_parameters() names (TE's own Linear lists its weights under shorter ones too).
+    by_id = {id(t): k for k, t in model.state_dict(keep_vars=True).items()}
+    aliases = {n: by_id[id(p)] for n, p in model.named_parameters(remove_duplicate=False) if id(p) in by_id}
+    source = {aliases.get(k, k): v for k, v in tensors.items()}
     return hub_tensors(table, source)
 
 
