@@ -53,31 +53,12 @@ def rules(spec: HFSpec) -> list[Rule]:
         te, hf = f"steps.layers.{n}.", f"model.layers.{n}."
         attn = f"{hf}self_attn."
         out.append(_one(f"{te}attn_norm.weight", f"{hf}input_layernorm.weight", spec.hidden))
-        out.append(
-            Rule(
-                f"{te}qkv.basic_ops.0.weight",
-                (
-                    (
-                        Part(f"{attn}q_proj.weight", q),
-                        Part(f"{attn}k_proj.weight", kv),
-                        Part(f"{attn}v_proj.weight", kv),
-                    ),
-                ),
-            )
-        )
-        if spec.qkv_bias:
-            out.append(
-                Rule(
-                    f"{te}qkv.basic_ops.1.bias",
-                    (
-                        (
-                            Part(f"{attn}q_proj.bias", q),
-                            Part(f"{attn}k_proj.bias", kv),
-                            Part(f"{attn}v_proj.bias", kv),
-                        ),
-                    ),
-                )
-            )
+        # q_proj | k_proj | v_proj stacked by rows: the packed QKV Linear (and its bias, Qwen2's).
+        stacked = (("q_proj", q), ("k_proj", kv), ("v_proj", kv))
+        kinds = (("basic_ops.0", "weight"), *((("basic_ops.1", "bias"),) if spec.qkv_bias else ()))
+        for op, kind in kinds:
+            parts = tuple(Part(f"{attn}{proj}.{kind}", rows) for proj, rows in stacked)
+            out.append(Rule(f"{te}qkv.{op}.{kind}", (parts,)))
         if spec.qk_norm:
             out.append(_one(f"{te}attn.q_norm_weight", f"{attn}q_norm.weight", spec.head_dim))
             out.append(_one(f"{te}attn.k_norm_weight", f"{attn}k_norm.weight", spec.head_dim))
