@@ -74,12 +74,6 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
 
-    def dtype_name(self, name: str) -> str:
-        return str(self._handles[self._where[name]].get_slice(name).get_dtype())
-
-    def file_of(self, name: str) -> Path:
-        return self._where[name]
-
 
 def _shard_files(directory: Path) -> dict[str, Path]:
     """Tensor name -> shard, from the index; ``{}`` with every name in ``model.safetensors``."""
