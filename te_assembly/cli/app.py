@@ -68,10 +68,10 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "import-hf": ("source", "to"),
     "generate": ("prompt", "source"),
 }
-SECTION_OF = {"import-hf": "import_hf"}
-"""A command whose settings section is spelt otherwise (a key cannot hold a hyphen in an override)."""
 """Commands that take words after them: ``ls op GroupedLinear`` is ``ls ls.what=op ls.name=GroupedLinear``,
 ``export RUN_DIR OUT`` is ``export export.checkpoint=RUN_DIR export.to=OUT``."""
+SECTION_OF = {"import-hf": "import_hf"}
+"""A command whose settings section is spelt otherwise (a key cannot hold a hyphen in an override)."""
 DEFAULT_COMMAND = "run"
 PROG = "python -m te_assembly"
 

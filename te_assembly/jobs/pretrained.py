@@ -212,6 +212,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def weights_dtype(weights: Mapping[str, torch.Tensor]) -> str:
+    """The dtype a model's weights are saved in, by name (``float32`` with no float tensor)."""
+    floats = [w.dtype for w in weights.values() if w.is_floating_point()]
+    return str(floats[0] if floats else torch.float32).removeprefix("torch.")
+
+
 def check_finite(weights: Mapping[str, torch.Tensor], where: str) -> None:
     """``NonFiniteError`` naming the first weight with a NaN or an infinity: such weights are never saved
     or loaded (as training never checkpoints them)."""
@@ -250,8 +256,7 @@ def save_pretrained(
             "the training checkpoint and export it (python -m te_assembly export export.checkpoint=...), "
             "which gathers every rank's part"
         ) from None
-    floats = [w.dtype for w in weights.values() if w.is_floating_point()]
-    dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")
+    dtype = weights_dtype(weights)
     chosen = recipe if recipe is not None else getattr(model, "recipe", None)
     tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
     if tokenizer_file is not None and not tokenizer_file.is_file():
@@ -293,11 +298,10 @@ def _check_directory(folder: Path) -> None:
         )
 
 
-def _verified_weights(folder: Path, plan: Plan) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A pretrained directory's config and weights, every check ``from_pretrained`` makes done: the
-    weights fit ``plan``, the config matches its recorded checksum, nothing is NaN or inf."""
-    _check_directory(folder)
-    config = read_config(folder)
+def _verified_weights(folder: Path, plan: Plan) -> dict[str, torch.Tensor]:
+    """A pretrained directory's weights (the directory already checked by ``_check_directory``), every
+    check ``from_pretrained`` makes done: they fit ``plan``, ``config.yaml`` matches its recorded
+    checksum, nothing is NaN or inf."""
     if not (folder / WEIGHTS_FILE).exists():
         raise CheckpointError(f"{folder} is not a pretrained model directory: no {WEIGHTS_FILE}")
     header, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
@@ -309,13 +313,15 @@ def _verified_weights(folder: Path, plan: Plan) -> tuple[dict[str, Any], dict[st
             "or is corrupt (save or export the model again)"
         )
     check_finite(weights, str(folder / WEIGHTS_FILE))
-    return config, weights
+    return weights
 
 
 def load_pretrained_weights(model: AssembledModel, directory: str | os.PathLike[str]) -> None:
     """Load a pretrained directory's weights into ``model`` (``train.init_from``), every check of
     ``from_pretrained`` made; ``CheckpointError`` names each weight that does not fit the model."""
-    _load_weights(model, _verified_weights(Path(directory).expanduser(), model.plan)[1])
+    folder = Path(directory).expanduser()
+    _check_directory(folder)
+    _load_weights(model, _verified_weights(folder, model.plan))
 
 
 def from_pretrained(
@@ -343,7 +349,7 @@ def from_pretrained(
     config = read_config(folder)
     analysis = load({k: v for k, v in config.items() if k in ("model", "recipe")})
     plan = analysis.checked_plan()
-    config, weights = _verified_weights(folder, plan)
+    weights = _verified_weights(folder, plan)
     if dtype is None:
         saved = str(config.get("dtype") or "float32")
         dtype = (

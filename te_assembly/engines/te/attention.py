@@ -36,18 +36,12 @@ class TEAttention(torch.nn.Module):
         num_kv_heads: int | None = None,
         causal: bool = True,
         rotary: bool = False,
-        rotary_base: float = 10000.0,
-        rope_type: str = "default",
-        rope_factor: float = 1.0,
-        rope_low_freq_factor: float = 1.0,
-        rope_high_freq_factor: float = 4.0,
-        rope_original_max_positions: int = 8192,
-        qk_norm: bool = False,
-        qk_norm_eps: float = 1e-6,
-        sliding_window: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **options: Any,
     ) -> None:
+        """``options``: the reference module's other arguments (``rotary_base``, ``rope_type`` and its
+        knobs, ``qk_norm``, ``qk_norm_eps``, ``sliding_window``), read by it alone."""
         super().__init__()
         dev = torch.device(device) if device is not None else torch.device("cuda")
         if dev.type != "cuda" or not torch.cuda.is_available():
@@ -66,22 +60,7 @@ class TEAttention(torch.nn.Module):
         # Shapes, checks, the q | k | v split, qk_norm and the rotary angles are the reference module's;
         # its parameters are registered here under the same names, so state dicts match across engines.
         layout = Attention(
-            num_heads,
-            head_dim,
-            num_kv_heads,
-            causal,
-            rotary=False,
-            rotary_base=rotary_base,
-            rope_type=rope_type,
-            rope_factor=rope_factor,
-            rope_low_freq_factor=rope_low_freq_factor,
-            rope_high_freq_factor=rope_high_freq_factor,
-            rope_original_max_positions=rope_original_max_positions,
-            qk_norm=qk_norm,
-            qk_norm_eps=qk_norm_eps,
-            sliding_window=sliding_window,
-            device=dev,
-            dtype=dtype,
+            num_heads, head_dim, num_kv_heads, causal, rotary=False, device=dev, dtype=dtype, **options
         )
         self.__dict__["_layout"] = layout
         for name, param in layout.named_parameters():
@@ -96,7 +75,7 @@ class TEAttention(torch.nn.Module):
                 qkv_format="bshd",
                 attn_mask_type="causal" if causal else "no_mask",
                 # TE's window counts the positions before the query: w - 1 of them, and none after.
-                window_size=None if sliding_window is None else (sliding_window - 1, 0),
+                window_size=None if layout.sliding_window is None else (layout.sliding_window - 1, 0),
             )
         # A plain attribute, not a submodule (class docstring).
         self.__dict__["_te_attention"] = attention

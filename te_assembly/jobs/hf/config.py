@@ -161,6 +161,8 @@ METADATA_FIELDS = (
     "auto_map",
 )
 """Fields that describe the checkpoint, not its math: kept for export, never refused."""
+KEPT_FIELDS = (*METADATA_FIELDS, "max_position_embeddings")
+"""What an import keeps of its ``config.json`` for export (``HFSpec.metadata``)."""
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -429,7 +431,7 @@ def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
         qk_norm=family.qk_norm,
         init_std=r.number("initializer_range", 0.02),
         dtype=DTYPES[dtype_name],
-        metadata={k: data[k] for k in (*METADATA_FIELDS, "max_position_embeddings") if k in data},
+        metadata={k: data[k] for k in KEPT_FIELDS if k in data},
         **moe,
     )
     if r.problems:

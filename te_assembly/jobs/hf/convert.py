@@ -21,15 +21,18 @@ import torch
 import yaml
 
 from te_assembly.errors import ArgumentError, CheckpointError
-from te_assembly.jobs.hf.config import FAMILIES, METADATA_FIELDS, HFSpec, parse_config, read_config
+from te_assembly.jobs.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_config, read_config
 from te_assembly.jobs.hf.layout import BLOCKS, check_same_steps, model_config, spec_of_plan
-from te_assembly.jobs.hf.names import Rule, chosen_layout, hub_tensors, renamed, rules
+from te_assembly.jobs.hf.names import Rule, chosen_layout, gather, hub_tensors, renamed, rules
 from te_assembly.jobs.hf.shards import HFCheckpoint, write_shards
 from te_assembly.jobs.pretrained import (
+    CONFIG_FILE,
     TOKENIZER_FILE,
+    WEIGHTS_FILE,
     check_finite,
     config_of,
     expected_shapes,
+    weights_dtype,
     write_directory,
     write_pretrained,
 )
@@ -98,18 +101,12 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tup
         rest = wanted[rule.te][1:]
         for part in layout:
             used.add(part.name)
-            shape = checkpoint.shape(part.name)
-            expected = (part.rows, *rest) if part.index is None else None
-            if part.index is not None:
-                ok = (
-                    len(shape) == 2 + len(rest)
-                    and shape[0] > part.index
-                    and tuple(shape[1:]) == (part.rows, *rest)
-                )
-                expected_text = f"[>{part.index}, {', '.join(map(str, (part.rows, *rest)))}]"
-            else:
-                ok = tuple(shape) == expected
-                expected_text = str(expected)
+            shape, rows = checkpoint.shape(part.name), (part.rows, *rest)
+            if part.index is None:
+                ok, expected_text = tuple(shape) == rows, str(rows)
+            else:  # one expert's slice of a stacked tensor
+                ok = len(shape) == 1 + len(rows) and shape[0] > part.index and tuple(shape[1:]) == rows
+                expected_text = f"[>{part.index}, {', '.join(map(str, rows))}]"
             if not ok:
                 problems.append(f"{part.name} has shape {tuple(shape)}, config.json says {expected_text}")
         chosen.append((rule, layout))
@@ -124,12 +121,6 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tup
     return chosen
 
 
-def _read(rule: Rule, layout: tuple[Any, ...], checkpoint: HFCheckpoint, dtype: torch.dtype) -> torch.Tensor:
-    pieces = [checkpoint[p.name] if p.index is None else checkpoint[p.name][p.index] for p in layout]
-    tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
-    return tensor.to(dtype)
-
-
 def _stream(
     chosen: list[tuple[Rule, tuple[Any, ...]]],
     checkpoint: HFCheckpoint,
@@ -137,7 +128,7 @@ def _stream(
     progress: Progress | None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for done, (rule, layout) in enumerate(chosen, start=1):
-        tensor = _read(rule, layout, checkpoint, dtype)
+        tensor = gather(layout, checkpoint).to(dtype)
         if not torch.isfinite(tensor).all():
             raise CheckpointError(
                 f"{checkpoint.directory}: {', '.join(p.name for p in layout)} holds NaN or inf"
@@ -185,7 +176,6 @@ def import_hf(
     with HFCheckpoint(folder) as checkpoint:
         chosen = _tensor_plan(spec, plan, checkpoint)
         weights = dict(_stream(chosen, checkpoint, dtype, progress))
-    check_finite(weights, str(folder))
     from te_assembly.config.locations import configs_dir
     from te_assembly.jobs.training.run_record import model_record
 
@@ -301,18 +291,17 @@ def from_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor
     out = {}
     for rule in table:
         layout = chosen_layout(rule, tensors)
-        if layout is None:
-            continue
-        pieces = [tensors[p.name] if p.index is None else tensors[p.name][p.index] for p in layout]
-        out[rule.te] = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
+        if layout is not None:
+            out[rule.te] = gather(layout, tensors)
     return out
 
 
 def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
     """The ``config.json`` of ``spec``: the family's own fields, each one ``config.py`` reads back."""
     family = spec.family
-    kept_fields = set(METADATA_FIELDS) - {"architectures", "model_type", "dtype", "torch_dtype"}
-    keep = {k: v for k, v in spec.metadata.items() if k in kept_fields or k == "max_position_embeddings"}
+    # The family and the dtype are the model's own now; the rest of the import's metadata is kept.
+    written = {"architectures", "model_type", "dtype", "torch_dtype"}
+    keep = {k: v for k, v in spec.metadata.items() if k in KEPT_FIELDS and k not in written}
     out: dict[str, Any] = {
         "architectures": [family.architecture],
         "model_type": family.model_type,
@@ -398,8 +387,7 @@ def to_hf(
         k: v.detach().to("cpu") for k, v in model.state_dict().items() if not k.endswith("._extra_state")
     }
     check_finite(state, f"{model.plan.name}'s parameters")
-    floats = [t.dtype for t in state.values() if t.is_floating_point()]
-    dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")
+    dtype = weights_dtype(state)
     hf_tensors = hub_tensors(table, state)
     config = hf_config(spec, dtype)
     generation = {
@@ -446,8 +434,8 @@ def export_hf(
 
     folder = Path(source).expanduser()
     if (
-        (folder / "model.safetensors").is_file()
-        and (folder / "config.yaml").is_file()
+        (folder / WEIGHTS_FILE).is_file()
+        and (folder / CONFIG_FILE).is_file()
         and not any(folder.glob("ckpt-*.safetensors"))
     ):
         model = from_pretrained(folder, engine="reference", device="cpu")
@@ -478,7 +466,7 @@ def _source_metadata(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
-    return {k: data[k] for k in (*METADATA_FIELDS, "max_position_embeddings") if k in data}
+    return {k: data[k] for k in KEPT_FIELDS if k in data}
 
 
 __all__ = [

@@ -191,14 +191,7 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
     qkv_bias, o_bias = bool(qkv["bias"]), bool(proj["bias"])
     architecture = _architecture(kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], metadata)
     rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
-    if attn["rope_type"] in ("linear", "llama3"):
-        rope["rope_factor"] = attn["rope_factor"]
-    if attn["rope_type"] == "llama3":
-        rope.update(
-            rope_low_freq_factor=attn["rope_low_freq_factor"],
-            rope_high_freq_factor=attn["rope_high_freq_factor"],
-            rope_original_max_positions=attn["rope_original_max_positions"],
-        )
+    rope.update({knob: attn[knob] for knob in _ROPE_KNOBS.get(str(attn["rope_type"]), ())})
     embed_args = _args(embed)
     return HFSpec(
         architecture=architecture,

@@ -167,6 +167,12 @@ def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> d
     return out
 
 
+def gather(layout: tuple[Part, ...], source: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The te_assembly tensor ``layout``'s parts make, each read from ``source`` (stacked by rows)."""
+    pieces = [source[p.name] if p.index is None else source[p.name][p.index] for p in layout]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
+
+
 def chosen_layout(rule: Rule, available: set[str] | Mapping[str, object]) -> tuple[Part, ...] | None:
     """The first of the rule's layouts whose tensors all exist, or None."""
     for layout in rule.layouts:
