@@ -239,6 +239,7 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     diags.extend(present(step_diags, expansion))
     diags.extend(_sequence_checks(candidate, parsed))
     diags.extend(_dtype_range_checks(parsed))
+    diags.extend(_engine_option_checks(parsed, recipe))
     final = _finish(diags, resolved)
     steps_found = tuple(step_diags)
     if candidate is None or has_errors(final):
@@ -319,6 +320,51 @@ def _dtype_range_checks(parsed: Mapping[str, Any]) -> list[Diagnostic]:
                         f"choose a {section}.{key} below {largest:.4g}, or dtype=float64",
                     )
                 )
+    return out
+
+
+def _engine_option_checks(parsed: Mapping[str, Any], recipe: Recipe | None) -> list[Diagnostic]:
+    """What the TE engine cannot do yet, refused before anything is built: ``torch.compile`` of TE's
+    fusers (TE issue #2590), and FSDP2 or activation checkpointing of quantized weights (TE issue
+    #2713: ``te.ops`` has no FSDP2 support; FP8 scales would be recomputed from other amaxes)."""
+    common = parsed.get(COMMON)
+    if getattr(common, "engine", None) != "te":
+        return []
+    out = []
+    if getattr(common, "compile", False):
+        out.append(
+            error(
+                "compile",
+                "conflicting-settings",
+                "compile=true with engine=te: torch.compile does not trace TE's fusible ops yet (TE issue "
+                "#2590: graph breaks at every fuser)",
+                "use engine=reference with compile=true, or compile=false",
+            )
+        )
+    quantized = recipe is not None and recipe.kind != "none"
+    if quantized and getattr(parsed.get(PARALLEL), "shard", 1) > 1:
+        out.append(
+            error(
+                "parallel.shard",
+                "conflicting-settings",
+                f"parallel.shard with recipe {recipe.name if recipe else ''!r} on the TE engine: FSDP2 "
+                "would gather quantized (FP8) weights and their scales, which te.ops does not support "
+                "(TE issue #2713)",
+                "drop the recipe (recipe=null) for a sharded run, or use parallel.data instead",
+            )
+        )
+    checkpointing = getattr(parsed.get("train"), "activation_checkpointing", "none")
+    if quantized and checkpointing != "none":
+        out.append(
+            error(
+                "train.activation_checkpointing",
+                "conflicting-settings",
+                f"train.activation_checkpointing={checkpointing} with recipe "
+                f"{recipe.name if recipe else ''!r} on the TE engine: recomputing a quantized forward "
+                "would quantize again with scales the first forward already advanced",
+                "drop the recipe, or train.activation_checkpointing=none",
+            )
+        )
     return out
 
 

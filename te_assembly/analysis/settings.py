@@ -41,6 +41,11 @@ class CommonSettings:
         nonempty=True,
         doc="verify: a Hugging Face checkpoint directory, its te_assembly import compared with transformers",
     )
+    compile: bool = setting(
+        False,
+        doc="reference engine: torch.compile each block use (a model without blocks: the whole forward); "
+        "the first call compiles, then each call runs the compiled code",
+    )
 
 
 @dataclass(frozen=True)

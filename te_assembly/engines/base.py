@@ -7,7 +7,7 @@ import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -83,20 +83,59 @@ class Summary(str):
         return str(self)
 
 
-def add_step(steps: torch.nn.ModuleDict, name: str, module: torch.nn.Module) -> None:
+ACTIVATION_CHECKPOINTING = ("none", "blocks", "all")
+"""``train.activation_checkpointing``: keep every activation; recompute each block use's (each fuser's,
+TE engine) in backward; recompute every step's."""
+
+
+def checkpointed(run: Callable[..., Any], *args: Any) -> Any:
+    """``run(*args)``, its activations recomputed in backward instead of kept (the RNG state replayed,
+    so dropout draws the same mask)."""
+    import torch.utils.checkpoint
+
+    if not torch.is_grad_enabled():
+        return run(*args)
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)
+
+
+class BlockScope(torch.nn.ModuleDict):
+    """The steps of one block use (``layers.3``) as one module that can be called: the unit FSDP2 shards
+    by, activation checkpointing recomputes and ``torch.compile`` compiles. Its parameters keep their
+    names (``steps.layers.3.norm.weight``); the engine sets ``runner`` (``ReferenceModel.configure``),
+    which takes ``x`` and the tensors the use reads from outside and returns ``x`` and the tensors it
+    hands on."""
+
+    runner: Callable[..., tuple[torch.Tensor, ...]] | None = None
+
+    def forward(self, x: torch.Tensor, *reads: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        if self.runner is None:
+            raise ArgumentError("a block use runs as a unit only once its model is configured")
+        return self.runner(x, *reads)
+
+
+def add_step(
+    steps: torch.nn.ModuleDict, name: str, module: torch.nn.Module, units: frozenset[str] = frozenset()
+) -> None:
     """Register a step under its config name; a dotted name (a block use's ``layers.3.norm``) nests
-    ``ModuleDict``s, so its parameters are ``steps.layers.3.norm.*``. ``ModuleDict[name] = m`` refuses
-    names that shadow an ``nn.Module`` attribute (``half``, ``float``, ``train``...), which are valid step
-    names; writing ``_modules`` directly keeps parameter names and item access working."""
+    ``ModuleDict``s, so its parameters are ``steps.layers.3.norm.*``; a scope named in ``units`` (a block
+    use) is a ``BlockScope``. ``ModuleDict[name] = m`` refuses names that shadow an ``nn.Module``
+    attribute (``half``, ``float``, ``train``...), which are valid step names; writing ``_modules``
+    directly keeps parameter names and item access working."""
     *scopes, last = name.split(".")
     node: torch.nn.Module = steps
-    for key in scopes:
+    for depth, key in enumerate(scopes):
         child = node._modules.get(key)
         if child is None:
-            child = torch.nn.ModuleDict()
+            scope = ".".join(scopes[: depth + 1])
+            child = BlockScope() if scope in units else torch.nn.ModuleDict()
             node._modules[key] = child
         node = child
     node._modules[last] = module
+
+
+def block_use_scopes(plan: Plan) -> frozenset[str]:
+    """``layers.0``, ``layers.1``...: the scope of every use of every block step of ``plan``."""
+    return frozenset(f"{group.name}.{use.index}" for group in plan.blocks for use in group.uses)
 
 
 def tie_weights(steps: torch.nn.Module, plan: Plan) -> None:
@@ -172,6 +211,8 @@ class AssembledModel(torch.nn.Module):
     def __init__(self, plan: Plan) -> None:
         super().__init__()
         self.plan = plan
+        self.configured: dict[str, Any] = {}
+        """What ``configure`` was last asked (``activation_checkpointing``, ``compile``)."""
         self.steps = torch.nn.ModuleDict()
         self.row_changing_steps: tuple[str, ...] = tuple(
             f"{s.name} ({s.type})" for s in plan.steps if isinstance(s.spec, OpSpec) and s.spec.changes_rows
@@ -242,6 +283,19 @@ class AssembledModel(torch.nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The engine's forward, every tensor already checked."""
         raise NotImplementedError
+
+    def configure(
+        self, *, activation_checkpointing: str = "none", compile: bool = False, sharded: bool = False
+    ) -> None:
+        """How the forward runs, decided once before training: ``activation_checkpointing``
+        (``ACTIVATION_CHECKPOINTING``), ``compile`` (``torch.compile`` of each unit), ``sharded`` (FSDP2
+        is about to shard the model: ``engines/parallel/fsdp.py``). The same numbers in every case."""
+        raise ArgumentError(f"the {self.engine} engine cannot be configured")
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        """The modules FSDP2 shards one by one (each block use), after ``configure(sharded=True)``; the
+        rest of the model is sharded as one."""
+        return []
 
     def local_input_checks(self) -> None:
         """Check public inputs for layout and feature width only: for a rank of a parallel layout, whose
@@ -343,12 +397,16 @@ class AssembledModel(torch.nn.Module):
 
 
 __all__ = [
+    "ACTIVATION_CHECKPOINTING",
     "AssembledModel",
+    "BlockScope",
     "CallError",
     "InputShapeError",
     "ModelOutput",
     "Summary",
     "add_step",
+    "block_use_scopes",
+    "checkpointed",
     "loss_output_names",
     "loss_precision",
     "share_parameter",

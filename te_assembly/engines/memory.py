@@ -12,14 +12,16 @@ slack): a refusal means the work cannot fit, not that it might not.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from te_assembly.analysis.parallel.layout import ShardPlan, local_param_shapes
+from te_assembly.analysis.parallel.layout import ShardPlan, rank_elements
 from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import OpSpec
 from te_assembly.errors import ResourceError
@@ -84,26 +86,67 @@ def fused_attention(engine: str, kernels: str, device: torch.device, dtype: torc
     )
 
 
-def activation_bytes(
-    plan: Plan, tokens: int, dtype: torch.dtype, seq_len: int | None = None, fused: bool = False
-) -> int:
-    """What one forward keeps for backward: ``x``, each step's main output and each extra output, and
-    an attention step's heads and probabilities (sequences of ``seq_len`` rows; default: one sequence
-    of all ``tokens``; ``fused``: see ``attention_elements``)."""
-    size = dtype_bytes(dtype)
+def _input_bytes(plan: Plan, tokens: int, size: int) -> int:
     # A language model's x is int64 token ids, one per position (in_features is its vocabulary).
-    total = tokens * INT_BYTES if plan.takes_token_ids else tokens * plan.in_features * size
+    return tokens * INT_BYTES if plan.takes_token_ids else tokens * plan.in_features * size
+
+
+def step_activation_bytes(
+    plan: Plan, tokens: int, dtype: torch.dtype, seq_len: int | None = None, fused: bool = False
+) -> list[int]:
+    """What each step's forward keeps for backward: its main output and each extra output, and an
+    attention step's heads and probabilities (``attention_elements``)."""
+    size = dtype_bytes(dtype)
+    out = []
     for step, rows in zip(plan.steps, _rows_per_step(plan, tokens), strict=True):
         out_width = step.out_width or step.in_width or 0
-        total += rows * out_width * size
+        kept = rows * out_width * size
         for slot in step.output_slots:
             elements = _slot_elements(slot.shape, rows, step.in_width or 0, step.args)
-            total += elements * (INT_BYTES if slot.dtype == "int" else size)
+            kept += elements * (INT_BYTES if slot.dtype == "int" else size)
         if step.kind == "module" and step.type == "Attention":
             # computed in at least float32 (reference/attention.py)
             compute = max(size, 4)
-            total += attention_elements(step.args, rows, min(seq_len or rows, rows), fused) * compute
-    return total
+            kept += attention_elements(step.args, rows, min(seq_len or rows, rows), fused) * compute
+        out.append(kept)
+    return out
+
+
+def activation_bytes(
+    plan: Plan,
+    tokens: int,
+    dtype: torch.dtype,
+    seq_len: int | None = None,
+    fused: bool = False,
+    checkpointing: str = "none",
+) -> int:
+    """What one forward keeps for backward: ``x``, each step's main output and each extra output, and
+    an attention step's heads and probabilities (sequences of ``seq_len`` rows; default: one sequence
+    of all ``tokens``; ``fused``: see ``attention_elements``).
+
+    ``checkpointing`` (``train.activation_checkpointing``): a recomputed unit keeps only its input
+    between forward and backward, and in backward the largest one holds all it would have kept while
+    it is recomputed. ``blocks``: each block use (a model without blocks: the whole forward); ``all``:
+    each step."""
+    size = dtype_bytes(dtype)
+    per_step = step_activation_bytes(plan, tokens, dtype, seq_len, fused)
+    rows = _rows_per_step(plan, tokens)
+    total = _input_bytes(plan, tokens, size)
+    if checkpointing == "none":
+        return total + sum(per_step)
+    units = (
+        [range(len(plan.steps))]
+        if checkpointing == "blocks"
+        else [range(i, i + 1) for i in range(len(plan.steps))]
+    )
+    if checkpointing == "blocks" and plan.blocks:
+        units = [use.steps for g in plan.blocks for use in g.uses]
+    inside = {i for unit in units for i in unit}
+    total += sum(b for i, b in enumerate(per_step) if i not in inside)
+    for unit in units:
+        first = plan.steps[unit[0]]
+        total += rows[unit[0]] * (first.in_width or 0) * size  # the unit's input, kept to recompute from
+    return total + max((sum(per_step[i] for i in unit) for unit in units), default=0)
 
 
 @dataclass(frozen=True)
@@ -149,13 +192,23 @@ def estimate(
     optimizer: str | None = None,
     seq_len: int | None = None,
     fused_attention: bool = False,
+    checkpointing: str = "none",
 ) -> MemoryEstimate:
     """``models`` copies of the parameters (e.g. teacher and student), ``trained`` of them with
     gradients and ``optimizer`` state, and the activations of one forward+backward of ``tokens`` rows
     (in sequences of ``seq_len`` for attention; default: one sequence; ``fused_attention``: TE's fused
-    attention kernels, see ``attention_elements``)."""
+    attention kernels, see ``attention_elements``; ``checkpointing``: see ``activation_bytes``)."""
     return _footprint(
-        plan, parameter_count(plan), dtype, tokens, models, trained, optimizer, seq_len, fused_attention
+        plan,
+        parameter_count(plan),
+        dtype,
+        tokens,
+        models,
+        trained,
+        optimizer,
+        seq_len,
+        fused_attention,
+        checkpointing,
     )
 
 
@@ -169,16 +222,22 @@ def _footprint(
     optimizer: str | None,
     seq_len: int | None,
     fused: bool,
+    checkpointing: str = "none",
+    gathered: int = 0,
+    others: int | None = None,
 ) -> MemoryEstimate:
-    """``models`` copies of ``elements`` parameters, ``trained`` of them with gradients and optimizer
-    state, and one forward+backward of ``tokens`` rows."""
-    params = elements * dtype_bytes(dtype)
+    """``trained`` copies of ``elements`` parameters with gradients and optimizer state, ``models -
+    trained`` more of ``others`` (default ``elements``) without, one forward+backward of ``tokens`` rows,
+    and ``gathered`` elements FSDP2 holds whole (parameters and gradients) while a unit runs."""
+    size = dtype_bytes(dtype)
+    params = elements * size
+    untrained = (elements if others is None else others) * size * (models - trained)
     return MemoryEstimate(
-        parameters=params * models,
-        gradients=params * trained,
+        parameters=params * trained + untrained + gathered * size,
+        gradients=params * trained + gathered * size * trained,
         optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
         # Backward holds the gradient of the activation it is working on next to the saved ones.
-        activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused) if tokens else 0,
+        activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused, checkpointing) if tokens else 0,
         loss=loss_bytes(plan, tokens, dtype),
     )
 
@@ -202,25 +261,86 @@ def rank_estimate(
     optimizer: str | None = None,
     seq_len: int | None = None,
     fused_attention: bool = False,
+    checkpointing: str = "none",
+    models: int = 1,
 ) -> MemoryEstimate:
     """``estimate`` for the fullest rank of a parallel ``layout``: the parameters (with their gradients
     and optimizer state) the rank holding the most keeps, and the activations of its share of the
     ``tokens`` rows (data-parallel and sequence-parallel splits; what tensor parallelism saves in
-    activations is not counted, which errs safe)."""
+    activations is not counted, which errs safe). Under FSDP2 (``parallel.shard``) a rank keeps its
+    piece of everything, plus the largest unit gathered whole while it runs, with its gradient (a block
+    use; the whole model when it has no blocks). ``models - trained`` more models are held whole (the
+    teacher)."""
     settings = layout.settings
-    held = max(
-        (
-            sum(
-                math.prod(shape)
-                for step, shard in zip(plan.steps, layout.steps, strict=True)
-                for shape in local_param_shapes(step, shard, settings, expert).values()
-            )
-            for expert in range(settings.expert)
-        ),
-        default=0,
-    )
+    held = max((rank_elements(plan, layout, expert) for expert in range(settings.expert)), default=0)
+    gathered = _largest_unit(plan) if settings.is_sharded else 0
     rows = math.ceil(tokens / settings.row_shards) if tokens else 0
-    return _footprint(plan, held, dtype, rows, 1, trained, optimizer, seq_len, fused_attention)
+    return _footprint(
+        plan,
+        held,
+        dtype,
+        rows,
+        models,
+        trained,
+        optimizer,
+        seq_len,
+        fused_attention,
+        checkpointing,
+        gathered,
+        others=parameter_count(plan),
+    )
+
+
+def _largest_unit(plan: Plan) -> int:
+    """Parameter elements of the largest FSDP2 unit: a block use, or what lies outside them (all of a
+    model without blocks)."""
+    inside = {i for g in plan.blocks for u in g.uses for i in u.steps}
+    units = [sum(plan.steps[i].num_params for i in u.steps) for g in plan.blocks for u in g.uses]
+    units.append(sum(s.num_params for s in plan.steps if s.index not in inside))
+    return max(units)
+
+
+SHARD_SIZES = (2, 4, 8, 16, 32, 64)
+"""The ``parallel.shard`` sizes a refusal tries when it says what would fit."""
+
+
+def what_would_fit(
+    plan: Plan,
+    layout: ShardPlan,
+    dtype: torch.dtype,
+    available: int,
+    checkpointing: str = "none",
+    **kwargs: Any,
+) -> list[str]:
+    """The settings, each on its own, under which ``rank_estimate`` fits ``available`` bytes: the
+    smallest larger ``parallel.shard`` (tensor and expert parallelism cannot be sharded), the first
+    ``train.activation_checkpointing`` level that saves more than ``checkpointing``; else both."""
+    from te_assembly.analysis.parallel.layout import shard_plan
+
+    def fits(shard: int, level: str) -> bool:
+        other = layout
+        if shard != layout.settings.shard:
+            found, _ = shard_plan(plan, dataclasses.replace(layout.settings, shard=shard))
+            if found is None:
+                return False
+            other = found
+        return rank_estimate(plan, other, dtype, checkpointing=level, **kwargs).total <= available
+
+    settings = layout.settings
+    shards = [n for n in SHARD_SIZES if n > settings.shard] if settings.tensor == settings.expert == 1 else []
+    levels = {"none": ["blocks", "all"], "blocks": ["all"]}.get(checkpointing, [])
+    out: list[str] = []
+    shard = next((n for n in shards if fits(n, checkpointing)), None)
+    if shard is not None:
+        out.append(f"parallel.shard={shard}")
+    level = next((c for c in levels if fits(settings.shard, c)), None)
+    if level is not None:
+        out.append(f"train.activation_checkpointing={level}")
+    if not out and levels:
+        both = next((n for n in shards if fits(n, levels[-1])), None)
+        if both is not None:
+            out.append(f"parallel.shard={both} with train.activation_checkpointing={levels[-1]}")
+    return out
 
 
 def format_bytes(n: int) -> str:
@@ -322,4 +442,6 @@ __all__ = [
     "loss_bytes",
     "parameter_count",
     "rank_estimate",
+    "step_activation_bytes",
+    "what_would_fit",
 ]

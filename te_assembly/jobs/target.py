@@ -20,12 +20,19 @@ import torch
 from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.recipes import Recipe, checked_recipe
 from te_assembly.analysis.settings import CommonSettings
+from te_assembly.diagnostics import error
 from te_assembly.engines import build, check_device, check_dtype, resolve_engine
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import DEFAULT_SEQ_LEN, sample_public_inputs, sample_x
-from te_assembly.engines.memory import check_fits, estimate, fused_attention
+from te_assembly.engines.memory import (
+    available_bytes,
+    check_fits,
+    fused_attention,
+    rank_estimate,
+    what_would_fit,
+)
 from te_assembly.engines.parallel.context import ParallelContext
-from te_assembly.errors import VerificationError
+from te_assembly.errors import ConfigError, VerificationError
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -59,6 +66,8 @@ class Target:
     recipe: Recipe = field(default_factory=lambda: NO_RECIPE)
     seed: int = 0
     parallel: ParallelContext | None = None
+    compile: bool = False
+    """``torch.compile`` of each unit (reference engine; ``compile`` setting)."""
     reason: str = field(default="", compare=False)
     """Why this engine (``engine=auto`` says what it found), for the first line a command prints."""
 
@@ -74,10 +83,23 @@ class Target:
         recipe: Mapping[str, Any] | None = None,
         seed: int = 0,
         parallel: ParallelContext | None = None,
+        compile: bool = False,
     ) -> Target:
         """A target from Python values (``engine='auto'`` resolved here); ``ArgumentError`` or
         ``ConfigError`` for values no job could run with."""
         chosen, reason = resolve_engine(engine, kernels)
+        if compile and chosen == "te":
+            from te_assembly.engines.te.model import COMPILE_REFUSED
+
+            raise ConfigError(
+                [
+                    error(
+                        "compile",
+                        "conflicting-settings",
+                        f"engine=auto chose te ({reason}): {COMPILE_REFUSED}",
+                    )
+                ]
+            )
         return cls(
             engine=chosen,
             kernels=kernels,
@@ -86,6 +108,7 @@ class Target:
             recipe=checked_recipe(recipe) if recipe is not None else NO_RECIPE,
             seed=seed,
             parallel=parallel,
+            compile=compile,
             reason=reason,
         )
 
@@ -93,7 +116,15 @@ class Target:
     def from_settings(cls, common: CommonSettings, recipe: Mapping[str, Any] | None) -> Target:
         """The target the top-level settings (engine, kernels, device, dtype, seed) and the config's
         recipe describe."""
-        return cls.of(common.engine, common.kernels, common.device, DTYPES[common.dtype], recipe, common.seed)
+        return cls.of(
+            common.engine,
+            common.kernels,
+            common.device,
+            DTYPES[common.dtype],
+            recipe,
+            common.seed,
+            compile=common.compile,
+        )
 
     @contextlib.contextmanager
     def distributed(
@@ -168,34 +199,52 @@ class Target:
         optimizer: str | None = None,
         seq_len: int | None = None,
         fused: bool | None = None,
+        checkpointing: str = "none",
     ) -> None:
         """``ResourceError`` before anything is allocated when ``models`` copies of ``plan`` (``trained``
         of them with gradients and ``optimizer`` state) and one batch of ``tokens`` rows cannot fit the
-        target's device (``engines/memory.py``). ``fused``: whether attention runs in TE's fused kernels
-        (default: as the target does)."""
-        needed = estimate(
-            plan,
-            self.dtype,
-            tokens=tokens,
-            models=models,
-            trained=trained,
-            optimizer=optimizer,
-            seq_len=seq_len,
-            fused_attention=self.fused_attention if fused is None else fused,
-        )
-        check_fits(needed, self.device, what, hint)
+        target's device (``engines/memory.py``), for this rank of the target's parallel layout (its
+        slices, FSDP2 pieces and rows; ``checkpointing``: ``train.activation_checkpointing``). ``fused``:
+        whether attention runs in TE's fused kernels (default: as the target does). A refused training
+        run is told which ``parallel.shard`` or activation checkpointing would make it fit."""
+        layout = self.context(plan).layout
+        options: dict[str, Any] = {
+            "tokens": tokens,
+            "models": models,
+            "trained": trained,
+            "optimizer": optimizer,
+            "seq_len": seq_len,
+            "fused_attention": self.fused_attention if fused is None else fused,
+        }
+        needed = rank_estimate(plan, layout, self.dtype, checkpointing=checkpointing, **options)
+        have = available_bytes(self.device)
+        if have is None or needed.total <= have[0]:
+            return
+        if trained:
+            fixes = what_would_fit(plan, layout, self.dtype, have[0], checkpointing, **options)
+            if fixes:
+                hint = f"{hint}; it fits with {' or '.join(fixes)}"
+        check_fits(needed, self.device, what, hint, have)
 
     def build(
-        self, plan: Plan, *, seed: int | None = None, engine: str | None = None, split: bool = True
+        self,
+        plan: Plan,
+        *,
+        seed: int | None = None,
+        engine: str | None = None,
+        split: bool = True,
+        activation_checkpointing: str = "none",
     ) -> AssembledModel:
         """``plan`` as a model on this target. ``seed``: seeds torch's generator first (the weights);
         ``engine``: another engine on the same device and dtype (``verify`` builds both);
-        ``split=False``: the whole model even under a parallel layout (a teacher)."""
+        ``split=False``: the whole model even under a parallel layout (a teacher);
+        ``activation_checkpointing``: ``train.activation_checkpointing``. The target's ``compile`` applies
+        to the reference engine."""
         if seed is not None:
             torch.manual_seed(seed)
         chosen = engine or self.engine
         parallel = self.parallel if split and self.is_parallel else None
-        return build(
+        model = build(
             plan,
             engine=chosen,
             kernels=self.kernels,
@@ -204,6 +253,10 @@ class Target:
             recipe=self.recipe if chosen == "te" else None,
             parallel=parallel,
         )
+        compiled = self.compile and chosen == "reference"
+        if compiled or activation_checkpointing != "none":
+            model.configure(activation_checkpointing=activation_checkpointing, compile=compiled)
+        return model
 
     def sample(
         self,

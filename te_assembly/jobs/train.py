@@ -115,15 +115,23 @@ def _check_loss(step: int, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -
     raise NonFiniteError(step, culprit, f"non-finite {culprit} at step {step}: {loss.item()}")
 
 
-def _check_grads(step: int, model: torch.nn.Module) -> None:
-    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
-    if not named:
-        return
+def _check_grads(step: int, model: torch.nn.Module, par: ParallelContext) -> None:
+    """``NonFiniteError`` for a NaN/Inf gradient. Under FSDP2 each rank holds a piece of each gradient,
+    so the ranks agree on the answer (every rank raises, none waits at the next collective)."""
+    named = [(n, _local(p.grad)) for n, p in model.named_parameters() if p.grad is not None]
     # One device sync for the common, all-finite case; the culprit search only runs on failure.
-    if bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+    finite = not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all())
+    if par.is_sharded:
+        finite = par.all_agree(finite)
+    if finite:
         return
-    name = next(n for n, g in named if not bool(torch.isfinite(g).all()))
+    name = next((n for n, g in named if not bool(torch.isfinite(g).all())), "a parameter on another rank")
     raise NonFiniteError(step, f"grad of {name}", f"non-finite gradient of {name} at step {step}")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of an FSDP2 ``DTensor``; any other tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
 
 
 def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None:
@@ -166,6 +174,7 @@ def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None
         trained=1,
         optimizer=settings.optimizer,
         seq_len=settings.positions,
+        checkpointing=settings.activation_checkpointing,
     )
 
 
@@ -348,7 +357,7 @@ def _train_locked(
         teacher = target.build(plan, seed=seed + settings.teacher_seed_offset, split=False)
         perturb_constant_parameters(teacher)
         task = TeacherTask(plan, teacher, target, tokens=settings.tokens, seq_len=settings.positions)
-    student = target.build(plan, seed=seed)
+    student = target.build(plan, seed=seed, activation_checkpointing=settings.activation_checkpointing)
     student.train()
     model = par.wrap(student)
     optimizer = make_optimizer(student.parameters(), settings)
@@ -529,8 +538,8 @@ def _steps(
         par.finish_grads(student)
         if inject and settings.inject_nan_into == "grad":
             first = next(p for p in student.parameters() if p.grad is not None)
-            first.grad.view(-1)[0] = float("nan")  # type: ignore[union-attr]
-        _check_grads(step, student)
+            _local(first.grad).view(-1)[0] = float("nan")  # type: ignore[arg-type]
+        _check_grads(step, student, par)
         grad_norm = par.norm_of_grads(student)
         if settings.clip_grad_norm is not None and grad_norm > settings.clip_grad_norm:
             scale = settings.clip_grad_norm / (grad_norm + 1e-6)

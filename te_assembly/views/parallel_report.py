@@ -73,7 +73,7 @@ def layout_tables(plan: Plan, layout: ShardPlan) -> list[Table]:
     for col in ("rank", "data", "expert", "tensor", "rows per batch", "parameters", "of global"):
         ranks.add_column(col, justify="right")
     total = plan.num_params
-    for rank, d, e, t in rank_coordinates(s):
+    for rank, d, _z, e, t in rank_coordinates(s):
         held = sum(
             math.prod(shape)
             for planned, shard in zip(plan.steps, layout.steps, strict=True)

@@ -36,8 +36,8 @@ def launch_diagnostics(settings: ParallelSettings, launch: Launch, command: str 
                 f"torchrun started {launch.world_size} process(es) but the parallel sizes "
                 f"({settings.describe()}) "
                 f"need {needed}",
-                f"launch {torchrun_command(needed, command)}, or change parallel.data / tensor / expert so "
-                f"they multiply to {launch.world_size}",
+                f"launch {torchrun_command(needed, command)}, or change parallel.data / shard / tensor / "
+                f"expert so they multiply to {launch.world_size}",
             )
         ]
     if not launch.under_torchrun and needed > 1:
@@ -84,7 +84,7 @@ def tokens_diagnostics(
     unit = seq_len or 1
     if (tokens // unit) % shards == 0:
         return []
-    readers = f"{settings.data_shards} data/expert rank(s)" + (
+    readers = f"{settings.data_shards} data/shard/expert rank(s)" + (
         f" x {settings.tensor} sequence-parallel rank(s)" if settings.sequence_parallel else ""
     )
     what = f"rows ({tokens // unit} sequences of {unit})" if seq_len else "rows"

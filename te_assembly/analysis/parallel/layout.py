@@ -16,6 +16,7 @@ consecutive experts; Dispatch sends the rows to their expert's rank, Combine bri
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -272,12 +273,34 @@ def _pair_combines(plan: Plan, steps: list[StepShard], entries: dict[int, Shardi
     steps[:] = [by_index[s.index] for s in steps]
 
 
-def rank_coordinates(settings: ParallelSettings) -> Iterator[tuple[int, int, int, int]]:
-    """(rank, data rank, expert rank, tensor rank) of every rank, tensor-fastest."""
+def rank_coordinates(settings: ParallelSettings) -> Iterator[tuple[int, int, int, int, int]]:
+    """(rank, data rank, shard rank, expert rank, tensor rank) of every rank, tensor-fastest."""
     for d in range(settings.data):
-        for e in range(settings.expert):
-            for t in range(settings.tensor):
-                yield (d * settings.expert + e) * settings.tensor + t, d, e, t
+        for s in range(settings.shard):
+            for e in range(settings.expert):
+                for t in range(settings.tensor):
+                    yield ((d * settings.shard + s) * settings.expert + e) * settings.tensor + t, d, s, e, t
+
+
+def sharded_elements(shape: tuple[int, ...], shard: int) -> int:
+    """Elements of ``shape`` one FSDP2 rank of ``shard`` keeps: dimension 0 cut into ``shard`` equal
+    pieces, the last padded (``fully_shard`` allocates every rank's piece at the padded size)."""
+    if shard == 1 or not shape:
+        return math.prod(shape)
+    return -(-shape[0] // shard) * math.prod(shape[1:])
+
+
+def rank_elements(plan: Plan, layout: ShardPlan, expert_rank: int = 0) -> int:
+    """Parameter elements a rank of ``expert_rank`` keeps between steps: its tensor/expert slices, and
+    under FSDP2 its piece of each. A tied weight counts once."""
+    settings = layout.settings
+    tied = {alias.removeprefix("steps.") for alias in plan.tied_params}
+    return sum(
+        sharded_elements(shape, settings.shard)
+        for step, shard in zip(plan.steps, layout.steps, strict=True)
+        for name, shape in local_param_shapes(step, shard, settings, expert_rank).items()
+        if f"{step.name}.{name}" not in tied
+    )
 
 
 __all__ = [
@@ -290,6 +313,8 @@ __all__ = [
     "local_param_shapes",
     "local_shape",
     "rank_coordinates",
+    "rank_elements",
     "shard_plan",
+    "sharded_elements",
     "slice_rows",
 ]

@@ -1,8 +1,9 @@
 """The ``parallel:`` config section as a checked dataclass. Pure Python: no torch import.
 
-World size = ``data * tensor * expert`` processes. Ranks are laid out tensor-fastest:
-``rank = (data_rank * expert + expert_rank) * tensor + tensor_rank``, so the ranks of one tensor-parallel
-group are neighbours (one machine, NVLink) as Megatron-LM places them.
+World size = ``data * shard * tensor * expert`` processes. Ranks are laid out tensor-fastest:
+``rank = ((data_rank * shard + shard_rank) * expert + expert_rank) * tensor + tensor_rank``, so the ranks
+of one tensor-parallel group are neighbours (one machine, NVLink) as Megatron-LM places them, and so are
+the ranks of one FSDP2 shard group (HSDP shards within a machine and replicates across machines).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from te_assembly.errors import ConfigError
 from te_assembly.sections import read_section, setting
 
 BACKENDS = ("auto", "gloo", "nccl")
-SIZES = ("data", "tensor", "sequence", "expert")
+SIZES = ("data", "shard", "tensor", "sequence", "expert")
 MAX_TIMEOUT_S = 10**9
 """Longer is no timeout at all (and beyond about 8.6e13 s Python's ``timedelta`` overflows)."""
 
@@ -29,6 +30,12 @@ class ParallelSettings:
         1,
         minimum=1,
         doc="data-parallel replicas (DistributedDataParallel): each reads its own rows; gradients averaged",
+    )
+    shard: int = setting(
+        1,
+        minimum=1,
+        doc="FSDP2 ranks (torch fully_shard): parameters, gradients and optimizer state cut across them, "
+        "each reads its own rows; with data > 1, HSDP (shard within a group, replicate across groups)",
     )
     tensor: int = setting(
         1, minimum=1, doc="tensor-parallel ranks: Linear steps marked tensor_parallel_mode column/row split"
@@ -71,6 +78,22 @@ class ParallelSettings:
                     )
                 ]
             )
+        if self.shard > 1 and (self.tensor > 1 or self.expert > 1):
+            other = "tensor" if self.tensor > 1 else "expert"
+            raise ConfigError(
+                [
+                    error(
+                        "parallel.shard",
+                        "conflicting-settings",
+                        f"parallel.shard={self.shard} with parallel.{other}={getattr(self, other)}: FSDP2 "
+                        f"shards whole parameters here, while {other} parallelism already cuts them by hand "
+                        "(its slices are plain tensors, not the DTensors fully_shard would need to compose "
+                        "with), so the two cannot be combined yet",
+                        f"use parallel.shard with parallel.data only (HSDP), or parallel.{other} without "
+                        "parallel.shard",
+                    )
+                ]
+            )
         if self.fail_on_rank is not None and self.fail_on_rank >= self.world_size:
             raise ConfigError(
                 [
@@ -84,7 +107,12 @@ class ParallelSettings:
 
     @property
     def world_size(self) -> int:
-        return self.data * self.tensor * self.expert
+        return self.data * self.shard * self.tensor * self.expert
+
+    @property
+    def is_sharded(self) -> bool:
+        """FSDP2: parameters, gradients and optimizer state are cut across ``shard`` ranks."""
+        return self.shard > 1
 
     @property
     def sequence_parallel(self) -> bool:
@@ -92,9 +120,9 @@ class ParallelSettings:
 
     @property
     def data_shards(self) -> int:
-        """How many ranks read distinct rows of a batch: data and expert ranks (tensor-parallel ranks
-        share theirs, or split it further under sequence parallelism)."""
-        return self.data * self.expert
+        """How many ranks read distinct rows of a batch: data, shard and expert ranks (tensor-parallel
+        ranks share theirs, or split it further under sequence parallelism)."""
+        return self.data * self.shard * self.expert
 
     @property
     def row_shards(self) -> int:
@@ -107,7 +135,8 @@ class ParallelSettings:
         return self.world_size > 1
 
     def describe(self) -> str:
-        sizes = " x ".join(f"{name} {getattr(self, name)}" for name in ("data", "tensor", "expert"))
+        names = ("data", "shard", "tensor", "expert") if self.is_sharded else ("data", "tensor", "expert")
+        sizes = " x ".join(f"{name} {getattr(self, name)}" for name in names)
         seq = ", sequence parallel" if self.sequence_parallel else ""
         return f"{sizes} = {self.world_size} process(es){seq}"
 

@@ -58,7 +58,7 @@ class ParallelContext:
                 self.global_rules[prefix + name] = rule
                 self.global_shapes[prefix + name] = tuple(planned.param_shapes[name])
                 self._load_rules[prefix + name] = (prefix, name, rule, groups)
-                local = _local(name, rule, expert_rank, groups)
+                local = _local_name(name, rule, expert_rank, groups)
                 if local is not None:
                     self.local_to_global[prefix + local] = prefix + name
 
@@ -228,11 +228,13 @@ class ParallelContext:
         no rule is taken from rank 0."""
         rules = self.global_rules if rules is None else rules
         mesh = self.mesh
-        local = {k: v.detach().to("cpu") for k, v in tensors.items()}
+        local = {k: _whole(v).detach().to("cpu") for k, v in tensors.items()}
         if mesh is None or mesh.world_size == 1:
             return local
-        # Data-parallel replicas hold copies: only data rank 0's pieces travel.
-        sent = (mesh.expert_rank, mesh.tensor_rank, local) if mesh.data_rank == 0 else None
+        # Data-parallel replicas hold copies (FSDP2 pieces were made whole above): only data rank 0's
+        # pieces travel.
+        first = mesh.data_rank == 0 and mesh.shard_rank == 0
+        sent = (mesh.expert_rank, mesh.tensor_rank, local) if first else None
         received: list[Any] = [None] * mesh.world_size if mesh.is_main else []
         dist.gather_object(sent, received if mesh.is_main else None, dst=0)
         if not mesh.is_main:
@@ -282,12 +284,25 @@ class ParallelContext:
 
     # ---------------------------------------------------------------------------------------- training
 
+    @property
+    def is_sharded(self) -> bool:
+        """FSDP2 (``parallel.shard``): the model's parameters are ``DTensor`` pieces."""
+        return self.mesh is not None and self.settings.is_sharded
+
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` in ``DistributedDataParallel`` over the replicas of its non-expert weights (DDP
-        averages their gradients during backward); expert weights are left to ``finish_grads``."""
+        averages their gradients during backward); expert weights are left to ``finish_grads``. Under
+        ``parallel.shard``, sharded in place by FSDP2 instead (``fsdp.py``): make the optimizer after."""
         mesh = self.mesh
         wrapped = model
-        if (
+        if self.is_sharded and any(p.requires_grad for p in model.parameters()):
+            from te_assembly.engines.base import AssembledModel
+            from te_assembly.engines.parallel.fsdp import shard_model
+
+            assert isinstance(model, AssembledModel) and mesh is not None
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+            wrapped = shard_model(model, mesh, dtype)
+        elif (
             mesh is not None
             and group_size(mesh.replica_group) > 1
             and any(p.requires_grad for p in model.parameters())
@@ -363,7 +378,8 @@ class ParallelContext:
         world = self.mesh.world_size if self.mesh is not None else 1
         shards = {"tensor": self.settings.tensor, "expert": self.settings.expert}
         parts = [
-            p.grad.detach().double().square().sum() * (shards.get(self._rule(name).kind, 1) / world)
+            _local(p.grad).detach().double().square().sum()
+            * (shards.get(self._rule(name).kind, 1) * (self.settings.shard if _cut(p.grad) else 1) / world)
             for name, p in model.named_parameters()
             if p.grad is not None
         ]
@@ -374,6 +390,13 @@ class ParallelContext:
         if self.mesh is not None and world > 1:
             total = all_reduce(total.to(device), dist.group.WORLD)
         return float(total.item()) ** 0.5
+
+    def all_agree(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (each rank sees only its piece of a sharded gradient)."""
+        if self.mesh is None or self.mesh.world_size == 1:
+            return flag
+        t = torch.tensor([0.0 if flag else 1.0], dtype=torch.float64, device=self.mesh.device)
+        return float(all_reduce(t, dist.group.WORLD).item()) == 0.0
 
     def mean(self, value: float) -> float:
         """The mean of a per-rank number (a loss) over every rank."""
@@ -395,10 +418,25 @@ class ParallelContext:
             dist.barrier()
 
 
-def _local(name: str, rule: ParamShard, expert_rank: int, groups: int) -> str | None:
+def _local_name(name: str, rule: ParamShard, expert_rank: int, groups: int) -> str | None:
     from te_assembly.analysis.parallel.layout import local_name
 
     return local_name(name, rule, expert_rank, groups)
+
+
+def _cut(t: torch.Tensor) -> bool:
+    """An FSDP2 piece (a ``DTensor`` sharded over its mesh), not a whole tensor."""
+    return hasattr(t, "to_local") and any(p.is_shard() for p in t.placements)  # type: ignore[attr-defined]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s global value (a collective: every rank asks for the same tensors in the same
+    order); any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t  # type: ignore[operator]
 
 
 def _reduce_grads(params: list[torch.nn.Parameter], group: Any, scale: float) -> None:

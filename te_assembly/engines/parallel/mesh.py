@@ -23,6 +23,7 @@ class Mesh:
     settings: ParallelSettings
     rank: int
     data_rank: int
+    shard_rank: int
     expert_rank: int
     tensor_rank: int
     tensor_group: Group
@@ -32,10 +33,13 @@ class Mesh:
     data_group: Group
     """Same expert and tensor rank: replicas of the same expert slice."""
     replica_group: Group
-    """Same tensor rank: every replica of the non-expert weights (data x expert ranks); DDP averages
-    their gradients."""
+    """Same tensor rank: every replica of the non-expert weights (data x shard x expert ranks); DDP
+    averages their gradients (FSDP2 does under ``parallel.shard``)."""
     backend: str
     device: torch.device
+    device_mesh: Any = None
+    """Under ``parallel.shard``: the ``DeviceMesh`` ``fully_shard`` cuts over, ``(shard,)`` or, with
+    ``parallel.data``, ``(replicate, shard)`` for HSDP."""
 
     @property
     def world_size(self) -> int:
@@ -43,8 +47,9 @@ class Mesh:
 
     @property
     def shard_index(self) -> int:
-        """Which of the ``data * expert`` row shards of a batch this rank reads."""
-        return self.data_rank * self.settings.expert + self.expert_rank
+        """Which of the ``data * shard * expert`` row shards of a batch this rank reads."""
+        s = self.settings
+        return (self.data_rank * s.shard + self.shard_rank) * s.expert + self.expert_rank
 
     @property
     def is_main(self) -> bool:
@@ -96,12 +101,13 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
                 )
             ]
         )
-    data, expert, tensor = settings.data, settings.expert, settings.tensor
+    data, shard, expert, tensor = settings.data, settings.shard, settings.expert, settings.tensor
 
-    def at(d: int, e: int, t: int) -> int:
-        return (d * expert + e) * tensor + t
+    def at(d: int, e: int, t: int, s: int = 0) -> int:
+        return ((d * shard + s) * expert + e) * tensor + t
 
-    d, rest = divmod(rank, expert * tensor)
+    d, rest = divmod(rank, shard * expert * tensor)
+    sr, rest = divmod(rest, expert * tensor)
     e, t = divmod(rest, tensor)
     timeout = datetime.timedelta(seconds=settings.timeout_s)
 
@@ -115,14 +121,33 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
                 mine = group
         return mine
 
+    # Shard ranks (only with tensor = expert = 1, settings.py) join the data-parallel groups.
     tensor_group = groups([[at(a, b, c) for c in range(tensor)] for a in range(data) for b in range(expert)])
     expert_group = groups([[at(a, b, c) for b in range(expert)] for a in range(data) for c in range(tensor)])
-    data_group = groups([[at(a, b, c) for a in range(data)] for b in range(expert) for c in range(tensor)])
-    replica_group = groups([[at(a, b, c) for a in range(data) for b in range(expert)] for c in range(tensor)])
+    data_group = groups(
+        [
+            [at(a, b, c, z) for a in range(data) for z in range(shard)]
+            for b in range(expert)
+            for c in range(tensor)
+        ]
+    )
+    replica_group = groups(
+        [
+            [at(a, b, c, z) for a in range(data) for z in range(shard) for b in range(expert)]
+            for c in range(tensor)
+        ]
+    )
+    device_mesh = None
+    if settings.is_sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape, names = ((shard,), ("shard",)) if data == 1 else ((data, shard), ("replicate", "shard"))
+        device_mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     return Mesh(
         settings,
         rank,
         d,
+        sr,
         e,
         t,
         tensor_group,
@@ -131,6 +156,7 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
         replica_group,
         dist.get_backend(),
         device,
+        device_mesh,
     )
 
 

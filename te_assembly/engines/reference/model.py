@@ -6,6 +6,8 @@ of every consumer (and the caller's, for a public channel) into the producer, as
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,7 +15,17 @@ import torch
 
 from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import ModuleSpec, OpSpec, load_object
-from te_assembly.engines.base import AssembledModel, add_step, step_module, tie_weights
+from te_assembly.engines.base import (
+    ACTIVATION_CHECKPOINTING,
+    AssembledModel,
+    BlockScope,
+    add_step,
+    block_use_scopes,
+    checkpointed,
+    step_module,
+    tie_weights,
+)
+from te_assembly.errors import ArgumentError
 
 if TYPE_CHECKING:
     from te_assembly.engines.parallel.context import ParallelContext
@@ -42,17 +54,88 @@ class ReferenceModel(AssembledModel):
         self, plan: Plan, device: torch.device, dtype: torch.dtype, parallel: ParallelContext | None = None
     ) -> None:
         super().__init__(plan)
+        units = block_use_scopes(plan)
         for step in plan.steps:
             split = parallel.reference_module(step, device, dtype) if parallel is not None else None
-            add_step(self.steps, step.name, split if split is not None else _instantiate(step, device, dtype))
+            module = split if split is not None else _instantiate(step, device, dtype)
+            add_step(self.steps, step.name, module, units)
         tie_weights(self.steps, plan)
         self._program, self._num_registers, self._input_registers, self._output_registers = _compile(
             plan, self.steps
         )
         self._recording = False
+        self._segments: tuple[_Segment, ...] = ()
         self.channel_tensors: dict[str, torch.Tensor] = {}
         """With ``record_channels()``: each channel's tensor from the last forward (float ones retain
         their gradient after backward: the sum over all consumers, plus the caller's if public)."""
+
+    def configure(
+        self, *, activation_checkpointing: str = "none", compile: bool = False, sharded: bool = False
+    ) -> None:
+        """Run the program as units: each block use one (a ``BlockScope`` called as a module, so FSDP2's
+        hooks see it), the steps between them another, a model without blocks one in all. ``blocks``
+        recomputes each block use in backward (a model without blocks: the whole forward), ``all`` every
+        step; ``compile`` compiles each unit. The default (nothing asked) keeps the flat program."""
+        if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise ArgumentError(
+                f"activation_checkpointing={activation_checkpointing!r}: one of "
+                f"{', '.join(ACTIVATION_CHECKPOINTING)}"
+            )
+        self.configured = {"activation_checkpointing": activation_checkpointing, "compile": compile}
+        self.__dict__.pop("_forward_positional", None)
+        self._segments = ()
+        if activation_checkpointing == "none" and not compile and not sharded:
+            return
+        if self._recording:
+            raise ArgumentError(
+                "record_channels() needs the flat program: configure the model without options"
+            )
+        segments = _segments(self.plan, self._program, self._output_registers, self.steps)
+        has_blocks = any(seg.scope is not None for seg in segments)
+        for seg in segments:
+            whole = activation_checkpointing == "blocks" and (seg.scope is not None or not has_blocks)
+            run: Callable[..., tuple[torch.Tensor, ...]] = _Unit(
+                seg.instructions, seg.reads, seg.writes, activation_checkpointing == "all"
+            )
+            if compile:
+                run = torch.compile(run)
+            if whole:
+                run = functools.partial(checkpointed, run)
+            if seg.scope is not None:
+                scope = seg.scope
+                scope.runner = run
+                seg.call = scope
+            else:
+                seg.call = run
+        self._segments = tuple(segments)
+        self.__dict__["_forward_positional"] = self._forward_units
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        # A tied weight must belong to one FSDP2 unit: a block use holding one is sharded with the rest.
+        tied = {name.removeprefix("steps.") for pair in self.plan.tied_params.items() for name in pair}
+        units: list[torch.nn.Module] = []
+        for seg in self._segments:
+            if seg.scope is None:
+                continue
+            prefix = seg.name + "."
+            if not any(name.startswith(prefix) for name in tied):
+                units.append(seg.scope)
+        return units
+
+    def _forward_units(
+        self, x: torch.Tensor, *extra_inputs: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        registers: list[torch.Tensor | None] = [None] * self._num_registers
+        for register, value in zip(self._input_registers, extra_inputs, strict=True):
+            registers[register] = value
+        for seg in self._segments:
+            assert seg.call is not None
+            x, *written = seg.call(x, *(registers[i] for i in seg.reads))
+            for register, value in zip(seg.writes, written, strict=True):
+                registers[register] = value
+        if not self._output_registers:
+            return x
+        return (x, *(registers[i] for i in self._output_registers))  # type: ignore[misc,arg-type]
 
     def record_channels(self, enabled: bool = True) -> ReferenceModel:
         """Opt in to keeping every channel tensor of the next forwards in ``channel_tensors``.
@@ -60,6 +143,10 @@ class ReferenceModel(AssembledModel):
         Each float channel that requires grad is replaced by a view of itself that retains its
         gradient, so ``channel_tensors[name].grad`` is exactly d loss / d channel, summed over its
         consumers (and the caller), separate from the main path the producer also feeds."""
+        if enabled and self._segments:
+            raise ArgumentError(
+                "record_channels() needs the flat program: configure the model without options"
+            )
         self._recording = enabled
         if not enabled:
             self.channel_tensors = {}
@@ -103,6 +190,69 @@ class ReferenceModel(AssembledModel):
                 tensor.retain_grad()
                 registers[register] = tensor
             self.channel_tensors[name] = tensor
+
+
+class _Unit:
+    """A run of instructions as one callable: ``x`` and the registers it reads from outside in, ``x``
+    and the registers later units (or the caller) read out. ``per_step``: each step recomputed in
+    backward (``activation_checkpointing=all``)."""
+
+    def __init__(
+        self, program: list[_Instruction], reads: tuple[int, ...], writes: tuple[int, ...], per_step: bool
+    ) -> None:
+        self.program, self.reads, self.writes, self.per_step = program, reads, writes, per_step
+
+    def __call__(self, x: torch.Tensor, *values: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        registers: dict[int, torch.Tensor | None] = dict(zip(self.reads, values, strict=True))
+        for ins in self.program:
+            if not ins.is_op:
+                x = checkpointed(ins.module, x) if self.per_step else ins.module(x)
+                continue
+            inputs = [registers[i] for i in ins.inputs]
+            x, extra = checkpointed(ins.module, x, inputs) if self.per_step else ins.module(x, inputs)
+            for register, value in zip(ins.outputs, extra, strict=True):
+                registers[register] = value
+        return (x, *(registers[r] for r in self.writes))  # type: ignore[arg-type]
+
+
+@dataclass
+class _Segment:
+    """Consecutive steps run as one unit: a block use's (``scope``, its ``BlockScope``) or the steps
+    between block uses."""
+
+    name: str
+    scope: BlockScope | None
+    instructions: list[_Instruction]
+    reads: tuple[int, ...] = ()
+    writes: tuple[int, ...] = ()
+    call: Callable[..., tuple[torch.Tensor, ...]] | None = None
+
+
+def _segments(
+    plan: Plan, program: list[_Instruction], returned: tuple[int, ...], steps: torch.nn.Module
+) -> list[_Segment]:
+    """The program cut at block-use boundaries, with the registers each piece reads from before it and
+    writes for after it (or for the caller)."""
+    scope_of: dict[int, str] = {}
+    for group in plan.blocks:
+        for use in group.uses:
+            for index in use.steps:
+                scope_of[index] = f"{group.name}.{use.index}"
+    segments: list[_Segment] = []
+    for step, ins in zip(plan.steps, program, strict=True):
+        name = scope_of.get(step.index, "")
+        if not segments or segments[-1].name != name:
+            scope = step_module(steps, name) if name else None
+            segments.append(_Segment(name, scope if isinstance(scope, BlockScope) else None, []))
+        segments[-1].instructions.append(ins)
+    later_reads: set[int] = set(returned)
+    for seg in reversed(segments):
+        written = {r for ins in seg.instructions for r in ins.outputs}
+        read = {r for ins in seg.instructions for r in ins.inputs}
+        seg.writes = tuple(sorted(written & later_reads))
+        seg.reads = tuple(sorted(read - written))
+        later_reads |= read
+    return segments
 
 
 def _instantiate(step: PlannedStep, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:

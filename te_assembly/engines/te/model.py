@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from transformer_engine.pytorch.ops.fuser import OperationFuser
 
 from te_assembly.analysis.plan import Plan
-from te_assembly.engines.base import AssembledModel, CallError
+from te_assembly.engines.base import ACTIVATION_CHECKPOINTING, AssembledModel, CallError, checkpointed
 from te_assembly.engines.te.routing import FuserIO, fuser_io
+from te_assembly.errors import ArgumentError
 
 
 def _autocast(te_recipe: object) -> contextlib.AbstractContextManager[Any]:
@@ -22,6 +24,31 @@ def _autocast(te_recipe: object) -> contextlib.AbstractContextManager[Any]:
     if autocast is not None:
         return autocast(enabled=enabled, recipe=te_recipe)
     return te.fp8_autocast(enabled=enabled, fp8_recipe=te_recipe)  # TE before 2.9
+
+
+COMPILE_REFUSED = (
+    "compile=true is for the reference engine: torch.compile does not trace TE's fusible ops yet "
+    "(TE issue #2590: graph breaks at every fuser, and their custom autograd functions); use "
+    "engine=reference with compile=true, or compile=false"
+)
+
+
+class _FreshParams:
+    """An ``OperationFuser`` call that hands autograd its basic ops' parameters as they are now.
+
+    TE's fuser lists them once, when it is built (``_flat_basic_op_params``), and passes that list to
+    its autograd function on every call; FSDP2 swaps other Parameter objects in for each forward (the
+    gathered ones) and reduces the gradients those receive. Listed again on each call, the fuser's
+    gradients land where FSDP2 looks for them (TE issue #2713: no FSDP2 support in ``te.ops`` yet)."""
+
+    def __init__(self, fuser: OperationFuser) -> None:
+        self.fuser = fuser
+
+    def __call__(self, x: torch.Tensor, *extra_inputs: torch.Tensor) -> Any:
+        fuser = self.fuser
+        fuser._basic_op_params = [list(op.parameters()) for op in fuser._basic_ops]
+        fuser._flat_basic_op_params = [p for params in fuser._basic_op_params for p in params]
+        return fuser(x, *extra_inputs)
 
 
 class TEModel(AssembledModel):
@@ -49,8 +76,8 @@ class TEModel(AssembledModel):
 
         self.token_rule = token_multiple(plan.steps, recipe) if te_recipe is not None else None
         """(multiple, step): the recipe quantizes a GEMM over the caller's token rows."""
-        self._program: tuple[tuple[OperationFuser | torch.nn.Module, int], ...] = ()
-        self._routed: tuple[tuple[OperationFuser | torch.nn.Module, FuserIO | None], ...] = ()
+        self._program: tuple[tuple[Callable[..., Any], int], ...] = ()
+        self._routed: tuple[tuple[Callable[..., Any], FuserIO | None], ...] = ()
         # Without a GPU and without a recipe, even ``autocast(enabled=False)`` asks the GPU for TE's
         # default recipe; and asking torch for the GPU on every call costs time, so decide once.
         self._autocast = te_recipe is not None or torch.cuda.is_available()
@@ -71,6 +98,32 @@ class TEModel(AssembledModel):
             # One fuser and nothing around it (the common case on CPU): a checked call goes straight to
             # the fuser, exactly what a hand-built OperationFuser caller runs.
             self.__dict__["_forward_positional"] = groups[0]
+
+    def configure(
+        self, *, activation_checkpointing: str = "none", compile: bool = False, sharded: bool = False
+    ) -> None:
+        """``activation_checkpointing``: ``blocks`` and ``all`` both recompute each fuser (and module
+        step) in backward: a fuser is the smallest unit TE runs. ``sharded``: each fuser lists its
+        parameters again on every call (``_FreshParams``). ``compile`` is refused (TE issue #2590)."""
+        if compile:
+            raise ArgumentError(COMPILE_REFUSED)
+        if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise ArgumentError(
+                f"activation_checkpointing={activation_checkpointing!r}: one of "
+                f"{', '.join(ACTIVATION_CHECKPOINTING)}"
+            )
+        self.configured = {"activation_checkpointing": activation_checkpointing, "compile": compile}
+        self.attach(self.groups)
+        if activation_checkpointing == "none" and not sharded:
+            return
+        self.__dict__.pop("_forward_positional", None)
+
+        def wrapped(group: Any) -> Any:
+            call = _FreshParams(group) if sharded and isinstance(group, OperationFuser) else group
+            return functools.partial(checkpointed, call) if activation_checkpointing != "none" else call
+
+        self._program = tuple((wrapped(g), count) for g, count in self._program)
+        self._routed = tuple((wrapped(g), io) for g, io in self._routed)
 
     @property
     def fusers(self) -> list[OperationFuser]:

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from safetensors.torch import save_file
 
 from te_assembly import outputs
 from te_assembly.errors import CheckpointError, NonFiniteError
+from te_assembly.jobs.training import sharded_checkpoint
 
 FORMAT = "te_assembly.train/2"
 SUFFIX = ".safetensors"
@@ -220,7 +222,11 @@ def _checked_meta(path: Path, metadata: dict[str, Any]) -> dict[str, Any]:
 def read_header(path: Path, fmt: str = FORMAT) -> Header:
     """The checked header of ``path``; ``CheckpointError`` for anything that is not a readable
     te_assembly checkpoint (a directory, a FIFO, a truncated or corrupt file, another format). ``fmt``:
-    the format expected (training checkpoints by default; ``pretrained.py``'s weights files)."""
+    the format expected (training checkpoints by default; ``pretrained.py``'s weights files). A sharded
+    run's checkpoint directory (``sharded_checkpoint.py``) has its manifest read."""
+    if fmt == FORMAT and sharded_checkpoint.is_sharded_checkpoint(path):
+        meta = sharded_checkpoint.read_manifest(path)
+        return Header(path, meta["step"], meta, {})
     with _safe_open(path) as handle:
         return _header(path, handle, fmt)
 
@@ -244,12 +250,20 @@ def read_verified(path: Path, fmt: str = FORMAT) -> tuple[Header, dict[str, torc
 
 
 def verify(path: Path, fmt: str = FORMAT) -> Header:
-    """Check ``path`` completely: header and every tensor's checksum."""
+    """Check ``path`` completely: header and every tensor's checksum (a sharded checkpoint: every
+    file's)."""
+    if fmt == FORMAT and sharded_checkpoint.is_sharded_checkpoint(path):
+        header = read_header(path)
+        sharded_checkpoint.verify_files(path, header.meta)
+        return header
     return read_verified(path, fmt)[0]
 
 
 def model_state(path: Path) -> tuple[Header, dict[str, torch.Tensor]]:
-    """A training checkpoint's model state dict (the ``model/`` tensors under their plain names), verified."""
+    """A training checkpoint's model state dict (the ``model/`` tensors under their plain names), verified
+    (a sharded checkpoint's gathered whole)."""
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        return verify(path), sharded_checkpoint.model_tensors(path)
     header, tensors = read_verified(path)
     return header, {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
 
@@ -271,13 +285,14 @@ class Found:
 
 
 def scan(out_dir: Path) -> list[Found]:
-    """Every ``*.safetensors`` entry of ``out_dir`` (hidden temp files aside), its header read and
-    checked; readable ones first, by the step stored inside (not the file name), then the rest."""
+    """Every ``*.safetensors`` entry of ``out_dir`` and every sharded checkpoint directory (``*.dcp``),
+    hidden temp files aside, its header read and checked; readable ones first, by the step stored inside
+    (not the file name), then the rest."""
     if not out_dir.is_dir():
         return []
     found = []
     for path in out_dir.iterdir():
-        if path.name.startswith(".") or not path.name.endswith(SUFFIX):
+        if path.name.startswith(".") or not path.name.endswith((SUFFIX, sharded_checkpoint.DIR_SUFFIX)):
             continue
         try:
             found.append(Found(path, read_header(path), None))
@@ -298,9 +313,17 @@ def remove_stale_temp(out_dir: Path) -> list[Path]:
         return []
     stale = [p for p in out_dir.iterdir() if p.name.startswith(".") and p.name.endswith(_TEMP_SUFFIX)]
     for p in stale:
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            p.unlink()
+        remove_entry(p)
     return stale
+
+
+def remove_entry(path: Path) -> None:
+    """Delete a checkpoint file, or a sharded checkpoint's (or a temporary) directory; gone is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 # --- writing -------------------------------------------------------------------------------------
@@ -485,8 +508,7 @@ def prune(out_dir: Path, keep: int, latest: Path | None = None, run_sha256: str 
     older = [f for f in ours if f.path != latest and (limit is None or (f.step or 0) < limit)]
     doomed = [f.path for f in older[: max(0, len(older) - max(keep - 1, 0))]]
     for p in doomed:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+        remove_entry(p)
     return doomed
 
 

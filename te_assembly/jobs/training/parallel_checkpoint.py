@@ -23,16 +23,18 @@ import torch.distributed as dist
 from te_assembly.analysis.parallel.layout import REPLICATED, ParamShard
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.sharding import take_slice
+from te_assembly.jobs.training import sharded_checkpoint
 from te_assembly.jobs.training.checkpoint import (
     Checkpoint,
     CheckpointError,
     load_checkpoint,
     read_meta,
     save_checkpoint,
+    verify,
 )
 
-SINGLE = {"data": 1, "tensor": 1, "sequence": 1, "expert": 1}
-RESHARDABLE = ("data",)
+SINGLE = {"data": 1, "shard": 1, "tensor": 1, "sequence": 1, "expert": 1}
+RESHARDABLE = ("data", "shard")
 
 
 class _Frozen:
@@ -114,7 +116,10 @@ def save(
     meta: dict[str, Any],
 ) -> Path | None:
     """Every rank calls this; rank 0 writes ``ckpt-<step>`` atomically and returns its path, the others
-    None once it is written."""
+    None once it is written. A sharded run (``parallel.shard``) writes a DCP directory
+    (``sharded_checkpoint.py``) instead, every rank its own pieces."""
+    if par.is_sharded:
+        return sharded_checkpoint.save(par, out_dir, step, model, optimizer, meta)
     if not par.is_parallel:
         return save_checkpoint(out_dir, step, model, optimizer, meta)
     state = _global_state(par, model)
@@ -144,19 +149,22 @@ def check_layout(path: Path, meta: Mapping[str, Any], par: ParallelContext) -> s
         return None
     changed = [k for k in SINGLE if recorded[k] != now[k]]
     shown = ", ".join(f"parallel.{k}: checkpoint {recorded[k]}, now {now[k]}" for k in changed)
-    if any(k not in RESHARDABLE for k in changed):
+    if any(k not in RESHARDABLE for k in changed) or (
+        "shard" in changed and (now["tensor"] > 1 or now["expert"] > 1)
+    ):
         sizes = (
             " ".join(f"parallel.{k}={recorded[k]}" for k in SINGLE if recorded[k] != 1) or "no parallel sizes"
         )
         world = recorded["data"] * recorded["tensor"] * recorded["expert"]
         raise CheckpointError(
-            f"cannot resume from {path} with another parallel layout ({shown}): only parallel.data may "
-            "change "
-            f"on resume (its state is the same on every data-parallel replica); tensor, sequence and expert "
-            f"sizes cut the weights and fix the order of every sum. Resume with {sizes} "
-            f"(torchrun --nproc_per_node={world} for one machine), or start over in another train.out_dir"
+            f"cannot resume from {path} with another parallel layout ({shown}): only parallel.data and "
+            "parallel.shard may change on resume (the checkpoint holds whole tensors, or DCP pieces it "
+            "reshards); tensor, sequence and expert sizes cut the weights by hand and fix the order of "
+            f"every sum. Resume with {sizes} (torchrun --nproc_per_node={world} for one machine), or start "
+            "over in another train.out_dir"
         )
-    return f"resumed with another data-parallel size ({shown}): RNG streams restart from rank 0's"
+    what = "FSDP2 shard" if "shard" in changed else "data-parallel"
+    return f"resumed with another {what} size ({shown}): RNG streams restart from rank 0's"
 
 
 class _GlobalView:
@@ -232,6 +240,8 @@ def load(
     is the one that wrote the checkpoint. Returns the checkpoint and a note for the user, if any."""
     meta = read_meta(path)
     note = check_layout(path, meta, par)
+    if par.is_sharded or sharded_checkpoint.is_sharded_checkpoint(path):
+        return _load_resharded(par, path, model, optimizer, note)
     if not par.is_parallel:
         return load_checkpoint(path, model, optimizer), note
     ckpt = load_checkpoint(path, _GlobalView(par, model), _LocalOptimizer(par, model, optimizer))  # type: ignore[arg-type]
@@ -240,6 +250,32 @@ def load(
         raw = base64.b64decode(states[par.rank])
         torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
     return ckpt, note
+
+
+def _load_resharded(
+    par: ParallelContext,
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    note: str | None,
+) -> tuple[Checkpoint, str | None]:
+    """Through DCP: a sharded checkpoint on any layout without tensor or expert cuts, or a
+    single-process checkpoint onto a sharded run. Rank 0 verifies every checksum first."""
+    problem = None
+    header = None
+    if par.is_main:
+        try:
+            header = verify(path)
+        except CheckpointError as exc:
+            problem = str(exc)
+    problem = par.from_main(problem)
+    if problem is not None:
+        raise CheckpointError(problem)
+    meta = par.from_main(header.meta if header is not None else None)
+    sharded_checkpoint.load_into(path, model, optimizer)
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        sharded_checkpoint.restore_rng(meta, par)
+    return Checkpoint(path, int(meta["step"]), meta), note
 
 
 __all__ = ["check_layout", "layout_of", "load", "save"]

@@ -32,7 +32,15 @@ from types import TracebackType
 from typing import Any
 
 from te_assembly.errors import RunDirectoryInUseError
-from te_assembly.jobs.training.checkpoint import CheckpointError, Found, Header, name_step, scan, verify
+from te_assembly.jobs.training.checkpoint import (
+    CheckpointError,
+    Found,
+    Header,
+    name_step,
+    remove_entry,
+    scan,
+    verify,
+)
 from te_assembly.outputs import not_regular, prepare_out_dir
 
 try:
@@ -339,7 +347,7 @@ def _mtime(path: Path) -> float:
 
 def previous_run(out_dir: Path) -> list[Path]:
     """An earlier run's files: every checkpoint-like entry and the run files next to them."""
-    entries = [f.path for f in scan(out_dir) if f.path.is_file() or f.path.is_symlink()]
+    entries = [f.path for f in scan(out_dir) if f.path.is_file() or f.path.is_symlink() or f.path.is_dir()]
     events = sorted((out_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"))
     return entries + [out_dir / name for name in RUN_FILES if (out_dir / name).is_file()] + events
 
@@ -351,8 +359,8 @@ def remove_previous_run(paths: Iterable[Path], keep: Iterable[Path]) -> list[Pat
     for p in paths:
         if p.resolve() in kept:
             continue
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+        if p.exists() or p.is_symlink():
+            remove_entry(p)
             removed.append(p)
     return removed
 

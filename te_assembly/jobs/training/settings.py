@@ -90,6 +90,12 @@ class TrainSettings:
         doc="start from the weights of this pretrained directory (save_pretrained, export, import-hf) "
         "instead of a random init; its model must be this one",
     )
+    activation_checkpointing: str = setting(
+        "none",
+        choices=("none", "blocks", "all"),
+        doc="recompute activations in backward instead of keeping them: blocks, each block use (TE "
+        "engine: each fuser; a model without blocks: the whole forward); all, every step",
+    )
     plot: bool = setting(True, doc="write loss_curve.png")
     tensorboard: bool | None = setting(
         None,
@@ -165,6 +171,7 @@ class TrainSettings:
 
 RESUMABLE = (
     "steps",
+    "activation_checkpointing",
     "stop_after",
     "checkpoint_every",
     "keep_checkpoints",

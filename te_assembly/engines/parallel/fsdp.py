@@ -1,0 +1,47 @@
+"""``parallel.shard``: a built model's parameters, gradients and optimizer state cut across ranks by
+PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``), as torchtitan and torchtune apply it.
+
+Each block use (``layers.3``) is one FSDP2 unit: its parameters are gathered just before it runs and
+freed after, in backward again, and its gradients reduce-scattered as soon as they are complete. What
+is outside block uses (embeddings, the final norm, the vocabulary head, a model without blocks) is one
+more unit, the root. The TE engine shards the whole model as its root: a fuser can span block uses, and
+TE's fusers take their parameters through ``TEModel.configure(sharded=True)`` (TE issue #2713).
+
+With ``parallel.data`` too, the mesh is ``(replicate, shard)``: HSDP, gradients reduce-scattered within
+each shard group and all-reduced across the groups. The gradient is the mean over all ranks' rows, as
+under DDP, so a sharded run's losses and weights are the single-process run's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.parallel.mesh import Mesh
+
+
+def mixed_precision(dtype: torch.dtype) -> Any:
+    """The model's dtype for the gathered parameters; gradients reduced in float32 at least (bfloat16
+    sums over ranks lose too much), float64 kept."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.promote_types(dtype, torch.float32))
+
+
+def shard_model(model: AssembledModel, mesh: Mesh, dtype: torch.dtype) -> AssembledModel:
+    """``model`` sharded in place over ``mesh.device_mesh``: each of ``model.shard_units()``, then the
+    rest as the root. Make the optimizer afterwards: it must hold the sharded parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    assert mesh.device_mesh is not None
+    model.configure(**{**model.configured, "sharded": True})
+    policy = mixed_precision(dtype)
+    for unit in model.shard_units():
+        fully_shard(unit, mesh=mesh.device_mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh.device_mesh, mp_policy=policy)
+    return model
+
+
+__all__ = ["mixed_precision", "shard_model"]
