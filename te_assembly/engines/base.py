@@ -292,6 +292,11 @@ class AssembledModel(torch.nn.Module):
         is about to shard the model: ``engines/parallel/fsdp.py``). The same numbers in every case."""
         raise ArgumentError(f"the {self.engine} engine cannot be configured")
 
+    @property
+    def runs_as_units(self) -> bool:
+        """Whether ``configure`` cut the forward into units (checkpointed, compiled or sharded)."""
+        return False
+
     def shard_units(self) -> list[torch.nn.Module]:
         """The modules FSDP2 shards one by one (each block use), after ``configure(sharded=True)``; the
         rest of the model is sharded as one."""

@@ -332,7 +332,8 @@ def what_would_fit(
     out: list[str] = []
     shard = next((n for n in shards if fits(n, checkpointing)), None)
     if shard is not None:
-        out.append(f"parallel.shard={shard}")
+        world = settings.world_size // settings.shard * shard
+        out.append(f"parallel.shard={shard} (torchrun --nproc_per_node={world})")
     level = next((c for c in levels if fits(settings.shard, c)), None)
     if level is not None:
         out.append(f"train.activation_checkpointing={level}")

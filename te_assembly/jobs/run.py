@@ -226,7 +226,14 @@ def run(
     )
     model = target.build(plan, seed=target.seed)
     on_event(Built(model))
+    notes = []
     record = getattr(model, "record_channels", None)
+    if model.runs_as_units:  # compiled units: no retained channel tensors inside a compiled graph
+        record = None
+        notes.append(
+            "compile=true: step 1 includes torch.compile's tracing and code generation, later steps run the "
+            "compiled units; channel gradients are not recorded"
+        )
     if record is not None:
         record(True)
     results = run_steps(
@@ -251,6 +258,7 @@ def run(
         channel_grads=grads,
         grad_norm=par.grad_norm(model) if par.is_parallel else parameter_grad_norm(model),
         step_seconds=median_step_time(results),
+        notes=notes,
     )
 
 

@@ -230,10 +230,10 @@ def tables(
     local shapes and parameter counts, and the TE fusions for ``fusions`` (default: a CPU, float32, no
     recipe)."""
     out = plan_tables(plan, expand)
+    target = fusions or FusionTarget.of(None, recipe=None, dtype="float32")
     if layout is not None and layout.settings.is_parallel:
         from te_assembly.views.parallel_report import layout_tables
 
-        out.extend(layout_tables(plan, layout))
-    target = fusions or FusionTarget.of(None, recipe=None, dtype="float32")
+        out.extend(layout_tables(plan, layout, str(getattr(target, "dtype", "float32"))))
     out.append(fusion_table(plan, target, expand))
     return out

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 from rich.table import Table
 
-from te_assembly.analysis.parallel.layout import ShardPlan, local_param_shapes, rank_coordinates
+from te_assembly.analysis.parallel.layout import ShardPlan, rank_coordinates, rank_elements
 from te_assembly.analysis.plan import Plan
 
 _TENSOR_ROLE = {
@@ -27,9 +25,22 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(n) for n in shape) or "scalar"
 
 
-def layout_tables(plan: Plan, layout: ShardPlan) -> list[Table]:
-    """Per step: each parameter's global and local shape and how it is cut; per rank: its coordinates
-    and the parameters it holds."""
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+def _bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list[Table]:
+    """Per step: each parameter's global and local shape and how it is cut; per rank: its coordinates,
+    the parameters it holds, and their bytes with their gradients and AdamW's two moments in ``dtype``
+    (what stays between steps: FSDP2 gathers one unit at a time on top of it)."""
     s = layout.settings
     title = f"parallel layout: {s.describe()}"
     steps = Table(title=title, title_justify="left")
@@ -48,7 +59,10 @@ def layout_tables(plan: Plan, layout: ShardPlan) -> list[Table]:
         groups = shard.local_groups
         for name, shape in shapes.items():
             rule = shard.params[name]
-            if rule.kind == "tensor":
+            if s.is_sharded:
+                piece = (-(-shape[0] // s.shard), *shape[1:]) if shape else shape
+                steps.add_row(shard.name, role, name, _shape(shape), _shape(piece), "dim 0 FSDP2-sharded")
+            elif rule.kind == "tensor":
                 local = list(shape)
                 local[rule.dim] //= s.tensor
                 how = f"dim {rule.dim} split" + (
@@ -69,19 +83,33 @@ def layout_tables(plan: Plan, layout: ShardPlan) -> list[Table]:
             else:
                 steps.add_row(shard.name, role, name, _shape(shape), _shape(shape), "every rank")
             role = ""
-    ranks = Table(title="parameters per rank", title_justify="left")
-    for col in ("rank", "data", "expert", "tensor", "rows per batch", "parameters", "of global"):
+    title = f"parameters per rank ({dtype}; AdamW state: two moments)"
+    ranks = Table(title=title, title_justify="left")
+    coordinates = ("data", "shard", "expert", "tensor") if s.is_sharded else ("data", "expert", "tensor")
+    columns = ("rank", *coordinates, "rows per batch", "parameters", "of global")
+    for col in (*columns, "parameter bytes", "gradient bytes", "AdamW state"):
         ranks.add_column(col, justify="right")
     total = plan.num_params
-    for rank, d, _z, e, t in rank_coordinates(s):
-        held = sum(
-            math.prod(shape)
-            for planned, shard in zip(plan.steps, layout.steps, strict=True)
-            for shape in local_param_shapes(planned, shard, s, e).values()
-        )
+    size = DTYPE_BYTES.get(dtype, 4)
+    for rank, d, z, e, t in rank_coordinates(s):
+        held = rank_elements(plan, layout, e)
         share = f"{held / total:.0%}" if total else "-"
         rows = f"1/{s.row_shards}"
-        ranks.add_row(str(rank), str(d), str(e), str(t), rows, f"{held:,}", share)
+        where = (d, z, e, t) if s.is_sharded else (d, e, t)
+        ranks.add_row(
+            str(rank),
+            *map(str, where),
+            rows,
+            f"{held:,}",
+            share,
+            _bytes(held * size),
+            _bytes(held * size),
+            _bytes(2 * held * size),
+        )
+    if s.is_sharded:
+        ranks.caption = (
+            "FSDP2 cuts each parameter's first dimension across the shard ranks (the last piece padded)"
+        )
     return [steps, ranks]
 
 

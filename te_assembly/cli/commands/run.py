@@ -110,10 +110,12 @@ def _report(session: Session, result: RunResult, console: Console) -> None:
             note = _normalised_output_note(session.plan)
             if note:
                 console.print(note, markup=False, soft_wrap=True)
-        else:
+        elif not result.notes:
             console.print(
                 f"per-channel gradients are recorded by the reference engine only ({result.engine})"
             )
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
     console.print(
         f"engine {result.engine}: loss {result.loss:.6g}, parameter-gradient norm "
         f"{result.grad_norm:.6g}, step time {result.step_seconds * 1e3:.2f} ms "

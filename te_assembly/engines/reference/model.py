@@ -110,6 +110,10 @@ class ReferenceModel(AssembledModel):
         self._segments = tuple(segments)
         self.__dict__["_forward_positional"] = self._forward_units
 
+    @property
+    def runs_as_units(self) -> bool:
+        return bool(self._segments)
+
     def shard_units(self) -> list[torch.nn.Module]:
         # A tied weight must belong to one FSDP2 unit: a block use holding one is sharded with the rest.
         tied = {name.removeprefix("steps.") for pair in self.plan.tied_params.items() for name in pair}

@@ -163,8 +163,11 @@ def check_layout(path: Path, meta: Mapping[str, Any], par: ParallelContext) -> s
             f"every sum. Resume with {sizes} (torchrun --nproc_per_node={world} for one machine), or start "
             "over in another train.out_dir"
         )
-    what = "FSDP2 shard" if "shard" in changed else "data-parallel"
-    return f"resumed with another {what} size ({shown}): RNG streams restart from rank 0's"
+    if "shard" in changed:
+        return (
+            f"resumed with another FSDP2 layout ({shown}): DCP resharded the state; RNG streams start afresh"
+        )
+    return f"resumed with another data-parallel size ({shown}): RNG streams restart from rank 0's"
 
 
 class _GlobalView:
