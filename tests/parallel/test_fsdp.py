@@ -165,3 +165,23 @@ def test_te_fusers_train_sharded_equal_to_one_process(baseline: Path, tmp_path: 
     _ok(torchrun([*args, "engine=te", "kernels=reference"], tmp_path, timeout=300))
     torch.testing.assert_close(_losses(tmp_path / "te"), _losses(baseline), **TOL)
     _same_weights(_weights(tmp_path / "te", 6), _weights(baseline, 6))
+
+
+def test_kill_9_during_a_sharded_save_leaves_the_last_checkpoint(tmp_path: Path) -> None:
+    from te_assembly.jobs.training.checkpoint import remove_stale_temp, verify
+    from te_assembly.jobs.training.run_dir import resume_point
+    from tests.parallel._fsdp_worlds import save_then_die
+    from tests.parallel._worlds import spawn_world
+
+    with pytest.raises(Exception, match="signal|SIGKILL|exit"):
+        spawn_world(2, save_then_die, str(tmp_path), timeout=120)
+    entries = sorted(p.name for p in tmp_path.iterdir())
+    assert entries[1:] == ["ckpt-0000001.dcp"], entries
+    assert entries[0].startswith(".ckpt-0000002.dcp.") and entries[0].endswith(".tmp")
+    assert (tmp_path / entries[0] / "checkpoint.json").is_file()  # complete, but never renamed into place
+    assert verify(tmp_path / "ckpt-0000001.dcp").step == 1
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [1]
+    path, _ = resume_point(tmp_path)
+    assert path == tmp_path / "ckpt-0000001.dcp"
+    assert remove_stale_temp(tmp_path) == [tmp_path / entries[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0000001.dcp"]
