@@ -173,7 +173,7 @@ def test_kill_9_during_a_sharded_save_leaves_the_last_checkpoint(tmp_path: Path)
     from tests.parallel._fsdp_worlds import save_then_die
     from tests.parallel._worlds import spawn_world
 
-    with pytest.raises(Exception, match="signal|SIGKILL|exit"):
+    with pytest.raises(Exception, match="SIGKILL"):
         spawn_world(2, save_then_die, str(tmp_path), timeout=120)
     entries = sorted(p.name for p in tmp_path.iterdir())
     assert entries[1:] == ["ckpt-0000001.dcp"], entries
