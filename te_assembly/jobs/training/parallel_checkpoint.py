@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from te_assembly.analysis.parallel.layout import REPLICATED, ParamShard
 from te_assembly.engines.parallel.context import ParallelContext
@@ -99,14 +98,6 @@ def _state_rule(
     return par.global_rules[key] if tuple(value.shape) == tuple(params[local].shape) else REPLICATED
 
 
-def _rng_states(par: ParallelContext) -> list[str] | None:
-    mine = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
-    assert par.mesh is not None
-    gathered: list[Any] = [None] * par.mesh.world_size if par.is_main else []
-    dist.gather_object(mine, gathered if par.is_main else None, dst=0)
-    return [str(s) for s in gathered] if par.is_main else None
-
-
 def save(
     par: ParallelContext,
     out_dir: Path,
@@ -124,7 +115,7 @@ def save(
         return save_checkpoint(out_dir, step, model, optimizer, meta)
     state = _global_state(par, model)
     optim_state = _global_optimizer_state(par, model, optimizer)
-    rng = _rng_states(par)
+    rng = sharded_checkpoint.rng_states(par)
     path = None
     if par.is_main:
         assert state is not None and optim_state is not None

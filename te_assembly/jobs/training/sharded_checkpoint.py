@@ -183,7 +183,8 @@ def verify_files(path: Path, meta: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------- saving
 
 
-def _rng_states(par: ParallelContext) -> list[str]:
+def rng_states(par: ParallelContext) -> list[str]:
+    """Every rank's torch RNG state (base64), on every rank."""
     mine = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
     if not par.is_parallel:
         return [mine]
@@ -212,7 +213,7 @@ def save(
     temp = out_dir / par.from_main(
         f".ckpt-{step:07d}{DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{outputs.TEMP_SUFFIX}"
     )
-    rng = _rng_states(par)
+    rng = rng_states(par)
     problem: str | None = None
     try:
         dcp.save(flat, storage_writer=HuggingFaceStorageWriter(str(temp), save_distributed=True))
@@ -354,6 +355,7 @@ __all__ = [
     "model_tensors",
     "read_manifest",
     "restore_rng",
+    "rng_states",
     "save",
     "verify_files",
 ]
