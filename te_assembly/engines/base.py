@@ -83,6 +83,13 @@ class Summary(str):
         return str(self)
 
 
+COMPILE_REFUSED = (
+    "compile=true is for the reference engine: torch.compile does not trace TE's fusible ops yet "
+    "(TE issue #2590: graph breaks at every fuser, and their custom autograd functions); use "
+    "engine=reference with compile=true, or compile=false"
+)
+"""Why ``compile=true`` is refused for the TE engine (here, so that saying it never imports TE)."""
+
 ACTIVATION_CHECKPOINTING = ("none", "blocks", "all")
 """``train.activation_checkpointing``: keep every activation; recompute each block use's (each fuser's,
 TE engine) in backward; recompute every step's."""

@@ -89,7 +89,7 @@ class Target:
         ``ConfigError`` for values no job could run with."""
         chosen, reason = resolve_engine(engine, kernels)
         if compile and chosen == "te":
-            from te_assembly.engines.te.model import COMPILE_REFUSED
+            from te_assembly.engines.base import COMPILE_REFUSED
 
             raise ConfigError(
                 [

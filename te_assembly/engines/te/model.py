@@ -11,7 +11,13 @@ import torch
 from transformer_engine.pytorch.ops.fuser import OperationFuser
 
 from te_assembly.analysis.plan import Plan
-from te_assembly.engines.base import ACTIVATION_CHECKPOINTING, AssembledModel, CallError, checkpointed
+from te_assembly.engines.base import (
+    ACTIVATION_CHECKPOINTING,
+    COMPILE_REFUSED,
+    AssembledModel,
+    CallError,
+    checkpointed,
+)
 from te_assembly.engines.te.routing import FuserIO, fuser_io
 from te_assembly.errors import ArgumentError
 
@@ -24,13 +30,6 @@ def _autocast(te_recipe: object) -> contextlib.AbstractContextManager[Any]:
     if autocast is not None:
         return autocast(enabled=enabled, recipe=te_recipe)
     return te.fp8_autocast(enabled=enabled, fp8_recipe=te_recipe)  # TE before 2.9
-
-
-COMPILE_REFUSED = (
-    "compile=true is for the reference engine: torch.compile does not trace TE's fusible ops yet "
-    "(TE issue #2590: graph breaks at every fuser, and their custom autograd functions); use "
-    "engine=reference with compile=true, or compile=false"
-)
 
 
 class _FreshParams:
