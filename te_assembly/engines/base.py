@@ -95,6 +95,14 @@ ACTIVATION_CHECKPOINTING = ("none", "blocks", "all")
 TE engine) in backward; recompute every step's."""
 
 
+def check_checkpointing(level: str) -> None:
+    """``ArgumentError`` unless ``level`` is one of ``ACTIVATION_CHECKPOINTING``."""
+    if level not in ACTIVATION_CHECKPOINTING:
+        raise ArgumentError(
+            f"activation_checkpointing={level!r}: one of {', '.join(ACTIVATION_CHECKPOINTING)}"
+        )
+
+
 def checkpointed(run: Callable[..., Any], *args: Any) -> Any:
     """``run(*args)``, its activations recomputed in backward instead of kept (the RNG state replayed,
     so dropout draws the same mask)."""
@@ -418,6 +426,7 @@ __all__ = [
     "Summary",
     "add_step",
     "block_use_scopes",
+    "check_checkpointing",
     "checkpointed",
     "loss_output_names",
     "loss_precision",

@@ -134,13 +134,12 @@ def activation_bytes(
     total = _input_bytes(plan, tokens, size)
     if checkpointing == "none":
         return total + sum(per_step)
-    units = (
-        [range(len(plan.steps))]
-        if checkpointing == "blocks"
-        else [range(i, i + 1) for i in range(len(plan.steps))]
-    )
-    if checkpointing == "blocks" and plan.blocks:
+    if checkpointing == "all":
+        units = [range(i, i + 1) for i in range(len(plan.steps))]
+    elif plan.blocks:
         units = [use.steps for g in plan.blocks for use in g.uses]
+    else:
+        units = [range(len(plan.steps))]
     inside = {i for unit in units for i in unit}
     total += sum(b for i, b in enumerate(per_step) if i not in inside)
     for unit in units:

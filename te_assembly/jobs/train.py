@@ -17,7 +17,7 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.recipes import checked_recipe
 from te_assembly.diagnostics import error
 from te_assembly.engines.base import AssembledModel, loss_output_names
-from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.engines.parallel.context import ParallelContext, local_piece
 from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError
 from te_assembly.jobs import objective
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
@@ -118,7 +118,7 @@ def _check_loss(step: int, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -
 def _check_grads(step: int, model: torch.nn.Module, par: ParallelContext) -> None:
     """``NonFiniteError`` for a NaN/Inf gradient. Under FSDP2 each rank holds a piece of each gradient,
     so the ranks agree on the answer (every rank raises, none waits at the next collective)."""
-    named = [(n, _local(p.grad)) for n, p in model.named_parameters() if p.grad is not None]
+    named = [(n, local_piece(p.grad)) for n, p in model.named_parameters() if p.grad is not None]
     # One device sync for the common, all-finite case; the culprit search only runs on failure.
     finite = not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all())
     if par.is_sharded:
@@ -127,11 +127,6 @@ def _check_grads(step: int, model: torch.nn.Module, par: ParallelContext) -> Non
         return
     name = next((n for n, g in named if not bool(torch.isfinite(g).all())), "a parameter on another rank")
     raise NonFiniteError(step, f"grad of {name}", f"non-finite gradient of {name} at step {step}")
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's piece of an FSDP2 ``DTensor``; any other tensor as it is."""
-    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
 
 
 def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None:
@@ -538,7 +533,7 @@ def _steps(
         par.finish_grads(student)
         if inject and settings.inject_nan_into == "grad":
             first = next(p for p in student.parameters() if p.grad is not None)
-            _local(first.grad).view(-1)[0] = float("nan")  # type: ignore[arg-type]
+            local_piece(first.grad).view(-1)[0] = float("nan")  # type: ignore[arg-type]
         _check_grads(step, student, par)
         grad_norm = par.norm_of_grads(student)
         if settings.clip_grad_norm is not None and grad_norm > settings.clip_grad_norm:

@@ -378,7 +378,7 @@ class ParallelContext:
         world = self.mesh.world_size if self.mesh is not None else 1
         shards = {"tensor": self.settings.tensor, "expert": self.settings.expert}
         parts = [
-            _local(p.grad).detach().double().square().sum()
+            local_piece(p.grad).detach().double().square().sum()
             * (shards.get(self._rule(name).kind, 1) * (self.settings.shard if _cut(p.grad) else 1) / world)
             for name, p in model.named_parameters()
             if p.grad is not None
@@ -429,7 +429,8 @@ def _cut(t: torch.Tensor) -> bool:
     return hasattr(t, "to_local") and any(p.is_shard() for p in t.placements)  # type: ignore[attr-defined]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_piece(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of an FSDP2 ``DTensor``; any other tensor as it is."""
     return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
 
 
@@ -463,4 +464,4 @@ def _fail(rank: int) -> Any:
     return hook
 
 
-__all__ = ["ParallelContext"]
+__all__ = ["ParallelContext", "local_piece"]

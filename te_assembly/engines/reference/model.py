@@ -16,11 +16,11 @@ import torch
 from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import ModuleSpec, OpSpec, load_object
 from te_assembly.engines.base import (
-    ACTIVATION_CHECKPOINTING,
     AssembledModel,
     BlockScope,
     add_step,
     block_use_scopes,
+    check_checkpointing,
     checkpointed,
     step_module,
     tie_weights,
@@ -76,20 +76,14 @@ class ReferenceModel(AssembledModel):
         hooks see it), the steps between them another, a model without blocks one in all. ``blocks``
         recomputes each block use in backward (a model without blocks: the whole forward), ``all`` every
         step; ``compile`` compiles each unit. The default (nothing asked) keeps the flat program."""
-        if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
-            raise ArgumentError(
-                f"activation_checkpointing={activation_checkpointing!r}: one of "
-                f"{', '.join(ACTIVATION_CHECKPOINTING)}"
-            )
+        check_checkpointing(activation_checkpointing)
         self.configured = {"activation_checkpointing": activation_checkpointing, "compile": compile}
         self.__dict__.pop("_forward_positional", None)
         self._segments = ()
         if activation_checkpointing == "none" and not compile and not sharded:
             return
         if self._recording:
-            raise ArgumentError(
-                "record_channels() needs the flat program: configure the model without options"
-            )
+            raise ArgumentError(_FLAT_ONLY)
         segments = _segments(self.plan, self._program, self._output_registers, self.steps)
         has_blocks = any(seg.scope is not None for seg in segments)
         for seg in segments:
@@ -102,11 +96,8 @@ class ReferenceModel(AssembledModel):
             if whole:
                 run = functools.partial(checkpointed, run)
             if seg.scope is not None:
-                scope = seg.scope
-                scope.runner = run
-                seg.call = scope
-            else:
-                seg.call = run
+                seg.scope.runner = run
+            seg.call = seg.scope if seg.scope is not None else run
         self._segments = tuple(segments)
         self.__dict__["_forward_positional"] = self._forward_units
 
@@ -148,9 +139,7 @@ class ReferenceModel(AssembledModel):
         gradient, so ``channel_tensors[name].grad`` is exactly d loss / d channel, summed over its
         consumers (and the caller), separate from the main path the producer also feeds."""
         if enabled and self._segments:
-            raise ArgumentError(
-                "record_channels() needs the flat program: configure the model without options"
-            )
+            raise ArgumentError(_FLAT_ONLY)
         self._recording = enabled
         if not enabled:
             self.channel_tensors = {}
@@ -194,6 +183,9 @@ class ReferenceModel(AssembledModel):
                 tensor.retain_grad()
                 registers[register] = tensor
             self.channel_tensors[name] = tensor
+
+
+_FLAT_ONLY = "record_channels() needs the flat program: configure the model without options"
 
 
 class _Unit:

@@ -12,10 +12,10 @@ from transformer_engine.pytorch.ops.fuser import OperationFuser
 
 from te_assembly.analysis.plan import Plan
 from te_assembly.engines.base import (
-    ACTIVATION_CHECKPOINTING,
     COMPILE_REFUSED,
     AssembledModel,
     CallError,
+    check_checkpointing,
     checkpointed,
 )
 from te_assembly.engines.te.routing import FuserIO, fuser_io
@@ -106,11 +106,7 @@ class TEModel(AssembledModel):
         parameters again on every call (``_FreshParams``). ``compile`` is refused (TE issue #2590)."""
         if compile:
             raise ArgumentError(COMPILE_REFUSED)
-        if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
-            raise ArgumentError(
-                f"activation_checkpointing={activation_checkpointing!r}: one of "
-                f"{', '.join(ACTIVATION_CHECKPOINTING)}"
-            )
+        check_checkpointing(activation_checkpointing)
         self.configured = {"activation_checkpointing": activation_checkpointing, "compile": compile}
         self.attach(self.groups)
         if activation_checkpointing == "none" and not sharded:

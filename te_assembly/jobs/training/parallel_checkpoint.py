@@ -235,7 +235,7 @@ def load(
     meta = read_meta(path)
     note = check_layout(path, meta, par)
     if par.is_sharded or sharded_checkpoint.is_sharded_checkpoint(path):
-        return _load_resharded(par, path, model, optimizer, note)
+        return _load_resharded(par, path, meta, model, optimizer), note
     if not par.is_parallel:
         return load_checkpoint(path, model, optimizer), note
     ckpt = load_checkpoint(path, _GlobalView(par, model), _LocalOptimizer(par, model, optimizer))  # type: ignore[arg-type]
@@ -249,27 +249,26 @@ def load(
 def _load_resharded(
     par: ParallelContext,
     path: Path,
+    meta: Mapping[str, Any],
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    note: str | None,
-) -> tuple[Checkpoint, str | None]:
+) -> Checkpoint:
     """Through DCP: a sharded checkpoint on any layout without tensor or expert cuts, or a
-    single-process checkpoint onto a sharded run. Rank 0 verifies every checksum first."""
+    single-process checkpoint onto a sharded run (``meta``: its header's). Rank 0 verifies every
+    checksum first."""
     problem = None
-    header = None
     if par.is_main:
         try:
-            header = verify(path)
+            verify(path)
         except CheckpointError as exc:
             problem = str(exc)
     problem = par.from_main(problem)
     if problem is not None:
         raise CheckpointError(problem)
-    meta = par.from_main(header.meta if header is not None else None)
     sharded_checkpoint.load_into(path, model, optimizer)
     if sharded_checkpoint.is_sharded_checkpoint(path):
         sharded_checkpoint.restore_rng(meta, par)
-    return Checkpoint(path, int(meta["step"]), meta), note
+    return Checkpoint(path, int(meta["step"]), dict(meta))
 
 
 __all__ = ["check_layout", "layout_of", "load", "save"]

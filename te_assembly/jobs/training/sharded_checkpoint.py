@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from te_assembly import outputs
-from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.engines.parallel.context import ParallelContext, local_piece
 from te_assembly.errors import CheckpointError, NonFiniteError
 
 DIR_SUFFIX = ".dcp"
@@ -94,17 +94,15 @@ def _restore(
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)  # type: ignore[arg-type]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
-
-
 def _check_finite(par: ParallelContext, step: int, flat: Mapping[str, torch.Tensor]) -> None:
     """``NonFiniteError`` on every rank when any rank's piece of a parameter is NaN/Inf."""
     bad = next(
         (
             k.removeprefix("model/")
             for k, v in flat.items()
-            if k.startswith("model/") and v.is_floating_point() and not bool(torch.isfinite(_local(v)).all())
+            if k.startswith("model/")
+            and v.is_floating_point()
+            and not bool(torch.isfinite(local_piece(v)).all())
         ),
         None,
     )
