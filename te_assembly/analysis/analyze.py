@@ -24,7 +24,11 @@ from te_assembly.analysis.fusions import FusionTarget, near_miss_warnings, predi
 from te_assembly.analysis.layouts import check_layouts
 from te_assembly.analysis.origins import present
 from te_assembly.analysis.parallel.layout import ShardPlan, shard_plan
-from te_assembly.analysis.parallel.settings import ParallelSettings
+from te_assembly.analysis.parallel.settings import (
+    TE_SHARDED_EXPERTS,
+    TE_SHARDED_EXPERTS_HINT,
+    ParallelSettings,
+)
 from te_assembly.analysis.plan import BlockGroup, FuserGroup, Plan, PlannedStep
 from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
 from te_assembly.analysis.recipes import Recipe, validate_recipe
@@ -352,6 +356,11 @@ def _engine_option_checks(parsed: Mapping[str, Any], recipe: Recipe | None) -> l
                 "(TE issue #2713)",
                 "drop the recipe (recipe=null) for a sharded run, or use parallel.data instead",
             )
+        )
+    parallel = parsed.get(PARALLEL)
+    if getattr(parallel, "shard", 1) > 1 and getattr(parallel, "expert", 1) > 1:
+        out.append(
+            error("parallel.shard", "conflicting-settings", TE_SHARDED_EXPERTS, TE_SHARDED_EXPERTS_HINT)
         )
     checkpointing = getattr(parsed.get("train"), "activation_checkpointing", "none")
     if quantized and checkpointing != "none":

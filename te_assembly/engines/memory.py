@@ -272,7 +272,7 @@ def rank_estimate(
     teacher)."""
     settings = layout.settings
     held = max((rank_elements(plan, layout, expert) for expert in range(settings.expert)), default=0)
-    gathered = _largest_unit(plan) if settings.is_sharded else 0
+    gathered = _largest_unit(plan, layout) if settings.is_sharded else 0
     rows = math.ceil(tokens / settings.row_shards) if tokens else 0
     return _footprint(
         plan,
@@ -290,12 +290,21 @@ def rank_estimate(
     )
 
 
-def _largest_unit(plan: Plan) -> int:
-    """Parameter elements of the largest FSDP2 unit: a block use, or what lies outside them (all of a
-    model without blocks)."""
+def _largest_unit(plan: Plan, layout: ShardPlan) -> int:
+    """Parameter elements of the largest FSDP2 unit gathered on a rank: a block use, or what lies
+    outside them (all of a model without blocks); of its experts, the rank's own slice."""
+    expert = layout.settings.expert
+
+    def held(index: int) -> int:
+        rules = layout.steps[index].params
+        return sum(
+            math.prod(shape) // (expert if rules[name].kind == "expert" else 1)
+            for name, shape in plan.steps[index].param_shapes.items()
+        )
+
     inside = {i for g in plan.blocks for u in g.uses for i in u.steps}
-    units = [sum(plan.steps[i].num_params for i in u.steps) for g in plan.blocks for u in g.uses]
-    units.append(sum(s.num_params for s in plan.steps if s.index not in inside))
+    units = [sum(held(i) for i in u.steps) for g in plan.blocks for u in g.uses]
+    units.append(sum(held(s.index) for s in plan.steps if s.index not in inside))
     return max(units)
 
 
@@ -312,7 +321,7 @@ def what_would_fit(
     **kwargs: Any,
 ) -> list[str]:
     """The settings, each on its own, under which ``rank_estimate`` fits ``available`` bytes: the
-    smallest larger ``parallel.shard`` (tensor and expert parallelism cannot be sharded), the first
+    smallest larger ``parallel.shard`` (tensor parallelism cannot be sharded), the first
     ``train.activation_checkpointing`` level that saves more than ``checkpointing``; else both."""
     from te_assembly.analysis.parallel.layout import shard_plan
 
@@ -326,7 +335,7 @@ def what_would_fit(
         return rank_estimate(plan, other, dtype, checkpointing=level, **kwargs).total <= available
 
     settings = layout.settings
-    shards = [n for n in SHARD_SIZES if n > settings.shard] if settings.tensor == settings.expert == 1 else []
+    shards = [n for n in SHARD_SIZES if n > settings.shard] if settings.tensor == 1 else []
     levels = {"none": ["blocks", "all"], "blocks": ["all"]}.get(checkpointing, [])
     out: list[str] = []
     shard = next((n for n in shards if fits(n, checkpointing)), None)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from te_assembly.analysis.parallel.settings import TE_SHARDED_EXPERTS, TE_SHARDED_EXPERTS_HINT
 from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.recipes import Recipe, checked_recipe
 from te_assembly.analysis.settings import CommonSettings
@@ -143,6 +144,19 @@ class Target:
         takes ``[batch, seq, features]``. One process: a single-process context, nothing started."""
         from te_assembly.engines.parallel.runtime import parallel_run
 
+        if self.engine == "te" and settings.shard > 1 and settings.expert > 1:
+            asked = not self.reason or self.reason.endswith("(asked for)")
+            why = "" if asked else f"engine=auto chose te ({self.reason}): "
+            raise ConfigError(
+                [
+                    error(
+                        "parallel.shard",
+                        "conflicting-settings",
+                        why + TE_SHARDED_EXPERTS,
+                        TE_SHARDED_EXPERTS_HINT,
+                    )
+                ]
+            )
         sequences = seq_len if plan.takes_sequences else None
         with parallel_run(
             plan, settings, self.device, command=command, tokens=tokens, layout=layout, seq_len=sequences

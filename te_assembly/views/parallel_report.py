@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from te_assembly.analysis.parallel.layout import ShardPlan, rank_coordinates, rank_elements
+from te_assembly.analysis.parallel.layout import ShardPlan, fsdp_ranks, rank_coordinates, rank_elements
 from te_assembly.analysis.plan import Plan
 
 _TENSOR_ROLE = {
@@ -59,9 +59,11 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
         groups = shard.local_groups
         for name, shape in shapes.items():
             rule = shard.params[name]
-            if s.is_sharded:
-                piece = (-(-shape[0] // s.shard), *shape[1:]) if shape else shape
-                steps.add_row(shard.name, role, name, _shape(shape), _shape(piece), "dim 0 FSDP2-sharded")
+            cut = fsdp_ranks(rule, s)
+            fsdp = f"dim 0 FSDP2-sharded over {cut} ranks" if s.is_sharded else ""
+            if s.is_sharded and rule.kind != "expert":
+                piece = (-(-shape[0] // cut), *shape[1:]) if shape else shape
+                steps.add_row(shard.name, role, name, _shape(shape), _shape(piece), fsdp)
             elif rule.kind == "tensor":
                 local = list(shape)
                 local[rule.dim] //= s.tensor
@@ -72,13 +74,14 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
             elif rule.kind == "expert":
                 owner = rule.group // groups if groups else 0
                 local_index = rule.group - owner * groups
+                piece = (-(-shape[0] // cut), *shape[1:]) if shape else shape
                 steps.add_row(
                     shard.name,
                     role,
                     name,
                     _shape(shape),
-                    _shape(shape),
-                    f"expert rank {owner} as {rule.prefix}{local_index}",
+                    _shape(piece),
+                    "; ".join(filter(None, (f"expert rank {owner} as {rule.prefix}{local_index}", fsdp))),
                 )
             else:
                 steps.add_row(shard.name, role, name, _shape(shape), _shape(shape), "every rank")
@@ -108,7 +111,9 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
         )
     if s.is_sharded:
         ranks.caption = (
-            "FSDP2 cuts each parameter's first dimension across the shard ranks (the last piece padded)"
+            "FSDP2 cuts each parameter's first dimension across the shard ranks"
+            + (", and the expert ranks for all but the experts" if s.expert > 1 else "")
+            + " (the last piece padded)"
         )
     return [steps, ranks]
 

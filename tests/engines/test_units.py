@@ -158,7 +158,7 @@ def _diagnostics(overrides: list[str], name: str = "dense_transformer") -> list[
     ("overrides", "path", "words"),
     [
         (["parallel.shard=2", "parallel.tensor=2"], "parallel.shard", "cannot be combined yet"),
-        (["parallel.shard=2", "parallel.expert=2"], "parallel.shard", "cannot be combined yet"),
+        (["engine=te", "parallel.shard=2", "parallel.expert=2"], "parallel.shard", "FSDP2 unit of its own"),
         (["engine=te", "compile=true"], "compile", "TE issue #2590"),
         (["engine=te", "recipe=fp8_current", "parallel.shard=2"], "parallel.shard", "TE issue #2713"),
         (["parallel.shard=0"], "parallel.shard", ""),
@@ -167,6 +167,63 @@ def _diagnostics(overrides: list[str], name: str = "dense_transformer") -> list[
 def test_config_refusals(overrides: list[str], path: str, words: str) -> None:
     errors = [d for d in _diagnostics(overrides) if d.is_error]
     assert any(d.path == path and words in d.message for d in errors), [d.format() for d in errors]
+
+
+def test_expert_parallelism_shards_with_the_reference_engine() -> None:
+    overrides = ["parallel.shard=2", "parallel.expert=2", "parallel.data=2"]
+    assert not [d.format() for d in load("moe_block", overrides).diagnostics if d.is_error]
+
+
+def test_auto_engine_choosing_te_refuses_sharded_experts() -> None:
+    from te_assembly.jobs.target import Target
+
+    plan = load("moe_block").checked_plan()
+    target = Target("te", reason="engine=te: Transformer Engine and a CUDA GPU are present")
+    with (
+        pytest.raises(ConfigError, match=r"engine=auto chose te .*FSDP2 unit of its own"),
+        target.distributed(
+            plan, ParallelSettings(shard=2, expert=2), command="run", tokens=("run.tokens", 64)
+        ),
+    ):
+        pass
+
+
+def test_sharded_expert_layout_counts_pieces() -> None:
+    """Experts are cut across the shard ranks of their expert rank, everything else across the shard and
+    expert ranks together: each of the 4 ranks holds a quarter of this model."""
+    plan = load("moe_block").checked_plan()
+    layout, diags = shard_plan(plan, ParallelSettings(shard=2, expert=2))
+    assert layout is not None, diags
+    for expert_rank in (0, 1):
+        expected = 0
+        for step in plan.steps:
+            groups = int(step.args.get("num_groups") or 0)
+            for name, shape in step.param_shapes.items():
+                if step.type != "GroupedLinear":
+                    expected += sharded_elements(tuple(shape), 4)
+                elif (
+                    expert_rank * groups // 2
+                    <= int(name.removeprefix("weight").removeprefix("bias"))
+                    < (expert_rank + 1) * groups // 2
+                ):
+                    expected += sharded_elements(tuple(shape), 2)
+        assert rank_elements(plan, layout, expert_rank) == expected
+    assert rank_elements(plan, layout) * 4 == pytest.approx(plan.num_params, rel=0.01)
+
+
+def test_memory_refusal_of_an_expert_parallel_run_suggests_sharding() -> None:
+    plan = load("moe_block").checked_plan()
+    experts, _ = shard_plan(plan, ParallelSettings(expert=2))
+    both, _ = shard_plan(plan, ParallelSettings(expert=2, shard=2))
+    assert experts is not None and both is not None
+    kw: dict[str, Any] = {"tokens": 64, "trained": 1, "optimizer": "adamw"}
+    alone = rank_estimate(plan, experts, torch.float32, **kw)
+    sharded = rank_estimate(plan, both, torch.float32, **kw)
+    assert sharded.optimizer == pytest.approx(alone.optimizer / 2, rel=0.02)
+    budget = (alone.total + sharded.total) // 2
+    assert sharded.total <= budget < alone.total
+    fixes = what_would_fit(plan, experts, torch.float32, budget, **kw)
+    assert fixes[0] == "parallel.shard=2 (torchrun --nproc_per_node=4)"
 
 
 def test_sharded_layout_counts_pieces() -> None:

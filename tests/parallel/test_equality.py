@@ -1,4 +1,5 @@
-"""Parallel runs equal the single process: real multi-process gloo worlds on CPU, float64.
+"""Parallel runs equal the single process: real multi-process gloo worlds on CPU, float64 (FSDP2's
+``parallel.shard`` too: alone, with expert parallelism, and as HSDP).
 
 Each case builds the single-process model and the parallel one from the same weights (randomized, so
 zero biases and unit norm scales hide nothing), runs the same global batch (each rank its rows), and
@@ -146,6 +147,7 @@ TWO_PROCESSES: list[Case] = [
         {"tokens": 12, **_RANDOM},
     ),
     ("data: residual_mlp", _mlp, {"data": 2}, {"tokens": 12, **_RANDOM}),
+    ("shard: moe_block (FSDP2)", _moe, {"shard": 2}, {"tokens": 16, **_RANDOM}),
     ("data: moe_block", _moe, {"data": 2}, {"tokens": 16, **_RANDOM}),
     ("expert: moe_block, an expert with no tokens", _moe, {"expert": 2}, {"tokens": 16, **_STARVED}),
     ("expert: moe_block, uneven splits", _moe, {"expert": 2}, {"tokens": 10, **_RANDOM}),
@@ -167,11 +169,29 @@ FOUR_PROCESSES: list[Case] = [
         {"tokens": 16, **_STARVED},
     ),
     ("data x tensor: residual_mlp", _mlp, {"data": 2, "tensor": 2}, {"tokens": 12, **_RANDOM}),
+    ("shard x expert: moe_block", _moe, {"shard": 2, "expert": 2}, {"tokens": 16, **_RANDOM}),
+    ("shard x expert: an expert with no tokens", _moe, {"shard": 2, "expert": 2}, {"tokens": 16, **_STARVED}),
+    (
+        "shard x expert: scale_bias and a channel among expert rows",
+        lambda: inline(MOE_SCALED),
+        {"shard": 2, "expert": 2},
+        {"tokens": 16, **_RANDOM},
+    ),
     (
         "tensor x expert: split MLP, then MoE",
         lambda: inline(MLP_THEN_MOE),
         {"tensor": 2, "expert": 2},
         {"tokens": 16, **_RANDOM},
+    ),
+]
+
+
+EIGHT_PROCESSES: list[Case] = [
+    (
+        "data x shard x expert (HSDP): moe_block",
+        _moe,
+        {"data": 2, "shard": 2, "expert": 2},
+        {"tokens": 32, **_RANDOM},
     ),
 ]
 
@@ -211,5 +231,12 @@ def test_two_process_layouts_equal_the_single_process() -> None:
 
 @pytest.mark.slow
 def test_four_process_layouts_equal_the_single_process() -> None:
-    """DP x EP, DP x TP, TP x EP and one expert per rank, four processes."""
+    """DP x EP, DP x TP, TP x EP, FSDP2 x EP and one expert per rank, four processes."""
     spawn_world(4, _world, "FOUR_PROCESSES", timeout=300)
+
+
+@pytest.mark.slow
+def test_hsdp_with_expert_parallelism_equals_the_single_process() -> None:
+    """FSDP2 within pairs, replicated across pairs, and experts split: eight processes, every mesh
+    dimension of ``fsdp_meshes`` larger than one."""
+    spawn_world(8, _world, "EIGHT_PROCESSES", timeout=400)

@@ -185,3 +185,57 @@ def test_kill_9_during_a_sharded_save_leaves_the_last_checkpoint(tmp_path: Path)
     assert path == tmp_path / "ckpt-0000001.dcp"
     assert remove_stale_temp(tmp_path) == [tmp_path / entries[0]]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0000001.dcp"]
+
+
+MOE = ["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=16"]
+MOE_TRAIN = ["train.steps=6", "train.batch_tokens=64", "train.checkpoint_every=3", "train.plot=false"]
+
+
+def _moe_train(out: str, *extra: str) -> list[str]:
+    return ["train", *MOE, *COMMON, *MOE_TRAIN, "train.warmup_steps=2", f"train.out_dir={out}", *extra]
+
+
+def _grad_norms(run: Path) -> list[float]:
+    from te_assembly.jobs.training.metrics import read_records
+
+    return [float(r["grad_norm"]) for r in read_records(run / "metrics.jsonl")]
+
+
+def test_fsdp2_with_expert_parallelism_trains_resumes_and_reshards(tmp_path: Path) -> None:
+    """``parallel.shard=2 parallel.expert=2`` on four processes equals ``parallel.data=2
+    parallel.expert=2`` (the same four row shards, so the same per-shard router losses): losses, gradient
+    norms and final weights. Its DCP checkpoints hold every expert under its global name, so a stopped
+    sharded run resumes exactly on its own layout and onto the unsharded one, and exports whole."""
+    import shutil
+
+    _ok(torchrun(_moe_train("dp", "parallel.data=2", "parallel.expert=2"), tmp_path, nproc=4, timeout=300))
+    sharded = ["parallel.shard=2", "parallel.expert=2"]
+    cut = torchrun(_moe_train("fsdp", *sharded, "train.stop_after=3"), tmp_path, nproc=4, timeout=300)
+    _ok(cut)
+    assert "data 1 x shard 2 x tensor 1 x expert 2 = 4 process(es)" in cut.stdout
+    assert "returned a view tensor" not in cut.stderr
+    shutil.copytree(tmp_path / "fsdp", tmp_path / "moved")
+    resumed = torchrun(_moe_train("fsdp", *sharded, "train.resume=true"), tmp_path, nproc=4, timeout=300)
+    _ok(resumed)
+    assert "another FSDP2 layout" not in resumed.stdout
+    dp = tmp_path / "dp"
+    torch.testing.assert_close(_losses(tmp_path / "fsdp"), _losses(dp), **TOL)
+    torch.testing.assert_close(_grad_norms(tmp_path / "fsdp"), _grad_norms(dp), **TOL)
+    _same_weights(_weights(tmp_path / "fsdp", 6), _weights(dp, 6))
+
+    moved = torchrun(
+        _moe_train("moved", "parallel.data=2", "parallel.expert=2", "train.resume=true"),
+        tmp_path,
+        nproc=4,
+        timeout=300,
+    )
+    _ok(moved)
+    assert "parallel.shard: checkpoint 2, now 1" in moved.stdout
+    torch.testing.assert_close(_losses(tmp_path / "moved"), _losses(dp), **TOL)
+    _same_weights(_weights(tmp_path / "moved", 6), _weights(dp, 6))
+
+    _ok(single(["export", str(tmp_path / "fsdp"), str(tmp_path / "pretrained")], tmp_path))
+    from te_assembly import from_pretrained
+
+    model = from_pretrained(tmp_path / "pretrained", engine="reference")
+    _same_weights({k: v.double() for k, v in model.state_dict().items()}, _weights(dp, 6))

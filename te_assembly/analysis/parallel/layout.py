@@ -145,20 +145,6 @@ def slice_rows(size: int, rule: ParamShard, tensor_rank: int, tensor_size: int) 
     ]
 
 
-def local_param_shapes(
-    plan_step: PlannedStep, shard: StepShard, settings: ParallelSettings, expert_rank: int
-) -> dict[str, tuple[int, ...]]:
-    """Local parameter name -> local shape on a rank of this expert rank (every tensor rank holds the
-    same shapes: splits are even)."""
-    out: dict[str, tuple[int, ...]] = {}
-    for name, shape in plan_step.param_shapes.items():
-        rule = shard.params.get(name, REPLICATED)
-        local = local_name(name, rule, expert_rank, shard.local_groups)
-        if local is not None:
-            out[local] = local_shape(shape, rule, settings.tensor)
-    return out
-
-
 REPLICATED = ParamShard("replicated")
 
 
@@ -290,17 +276,31 @@ def sharded_elements(shape: tuple[int, ...], shard: int) -> int:
     return -(-shape[0] // shard) * math.prod(shape[1:])
 
 
+def fsdp_ranks(rule: ParamShard, settings: ParallelSettings) -> int:
+    """Across how many ranks FSDP2 cuts a parameter laid out by ``rule``: an expert's across the shard
+    ranks of its expert rank; any other across the shard and expert ranks together, which all hold it
+    alike (``engines/parallel/mesh.fsdp_meshes``). 1 without ``parallel.shard``."""
+    if settings.shard == 1:
+        return 1
+    return settings.shard if rule.kind == "expert" else settings.shard * settings.expert
+
+
 def rank_elements(plan: Plan, layout: ShardPlan, expert_rank: int = 0) -> int:
     """Parameter elements a rank of ``expert_rank`` keeps between steps: its tensor/expert slices, and
     under FSDP2 its piece of each. A tied weight counts once."""
     settings = layout.settings
     tied = {alias.removeprefix("steps.") for alias in plan.tied_params}
-    return sum(
-        sharded_elements(shape, settings.shard)
-        for step, shard in zip(plan.steps, layout.steps, strict=True)
-        for name, shape in local_param_shapes(step, shard, settings, expert_rank).items()
-        if f"{step.name}.{name}" not in tied
-    )
+    total = 0
+    for step, shard in zip(plan.steps, layout.steps, strict=True):
+        groups = shard.local_groups
+        for name, shape in step.param_shapes.items():
+            rule = shard.params.get(name, REPLICATED)
+            local = local_name(name, rule, expert_rank, groups)
+            if local is None or f"{step.name}.{local}" in tied:
+                continue
+            piece = local_shape(tuple(shape), rule, settings.tensor)
+            total += sharded_elements(piece, fsdp_ranks(rule, settings))
+    return total
 
 
 __all__ = [
@@ -309,8 +309,8 @@ __all__ = [
     "PublicRows",
     "ShardPlan",
     "StepShard",
+    "fsdp_ranks",
     "local_name",
-    "local_param_shapes",
     "local_shape",
     "rank_coordinates",
     "rank_elements",

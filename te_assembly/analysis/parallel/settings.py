@@ -22,6 +22,18 @@ MAX_TIMEOUT_S = 10**9
 """Longer is no timeout at all (and beyond about 8.6e13 s Python's ``timedelta`` overflows)."""
 
 
+TE_SHARDED_EXPERTS = (
+    "parallel.shard with parallel.expert on the TE engine: each step holding experts must be an FSDP2 unit "
+    "of its own (its weights are cut over other ranks than the rest), and TE's fusers run their ops "
+    "without calling them as modules, so FSDP2 cannot gather them"
+)
+"""Why the TE engine refuses FSDP2 with expert parallelism (the config check and the engine say it)."""
+TE_SHARDED_EXPERTS_HINT = (
+    "use engine=reference for a sharded expert-parallel run, or parallel.data with parallel.expert on the "
+    "TE engine"
+)
+
+
 @dataclass(frozen=True)
 class ParallelSettings:
     """``parallel:``: how ``torchrun``'s processes split the model (README: "Parallel runs")."""
@@ -35,7 +47,8 @@ class ParallelSettings:
         1,
         minimum=1,
         doc="FSDP2 ranks (torch fully_shard): parameters, gradients and optimizer state cut across them, "
-        "each reads its own rows; with data > 1, HSDP (shard within a group, replicate across groups)",
+        "each reads its own rows; with data > 1, HSDP (shard within a group, replicate across groups); "
+        "with expert > 1, expert weights cut across the shard ranks of their expert rank",
     )
     tensor: int = setting(
         1, minimum=1, doc="tensor-parallel ranks: Linear steps marked tensor_parallel_mode column/row split"
@@ -78,19 +91,18 @@ class ParallelSettings:
                     )
                 ]
             )
-        if self.shard > 1 and (self.tensor > 1 or self.expert > 1):
-            other = "tensor" if self.tensor > 1 else "expert"
+        if self.shard > 1 and self.tensor > 1:
             raise ConfigError(
                 [
                     error(
                         "parallel.shard",
                         "conflicting-settings",
-                        f"parallel.shard={self.shard} with parallel.{other}={getattr(self, other)}: FSDP2 "
-                        f"shards whole parameters here, while {other} parallelism already cuts them by hand "
-                        "(its slices are plain tensors, not the DTensors fully_shard would need to compose "
-                        "with), so the two cannot be combined yet",
-                        f"use parallel.shard with parallel.data only (HSDP), or parallel.{other} without "
-                        "parallel.shard",
+                        f"parallel.shard={self.shard} with parallel.tensor={self.tensor}: tensor parallelism "
+                        "cuts each weight inside itself by hand (plain tensors, not the DTensors that "
+                        "fully_shard would need to cut a slice again and a checkpoint to place it), so the "
+                        "two cannot be combined yet",
+                        "use parallel.shard with parallel.data (HSDP) and parallel.expert, or "
+                        "parallel.tensor without parallel.shard",
                     )
                 ]
             )
@@ -149,4 +161,4 @@ class ParallelSettings:
         return read_section(cls, raw, prefix)
 
 
-__all__ = ["BACKENDS", "SIZES", "ParallelSettings"]
+__all__ = ["BACKENDS", "SIZES", "TE_SHARDED_EXPERTS", "TE_SHARDED_EXPERTS_HINT", "ParallelSettings"]

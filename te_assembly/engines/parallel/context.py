@@ -257,6 +257,14 @@ class ParallelContext:
         order = {k: i for i, k in enumerate(self.global_rules)}
         return sorted(keys, key=lambda k: (order.get(k.split("/")[0], len(order)), k))
 
+    def optimizer_index(self) -> dict[str, int]:
+        """Global parameter key -> its index in a single process's optimizer (its ``named_parameters``
+        order, where a tied weight counts once, at its first name; both names map to it): how every
+        checkpoint keys optimizer state, so that state moves between layouts."""
+        tied = self.plan.tied_params
+        first: dict[str, int] = {}
+        return {key: first.setdefault(tied.get(key, key), len(first)) for key in self.global_rules}
+
     def global_named(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """``model``'s parameters keyed by global key (for ``gather_global``)."""
         return {self.local_to_global[n]: p for n, p in model.named_parameters()}
@@ -301,7 +309,7 @@ class ParallelContext:
 
             assert isinstance(model, AssembledModel) and mesh is not None
             dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-            wrapped = shard_model(model, mesh, dtype)
+            wrapped = shard_model(model, mesh, dtype, self.expert_steps())
         elif (
             mesh is not None
             and group_size(mesh.replica_group) > 1
@@ -333,6 +341,12 @@ class ParallelContext:
             wrapped.register_forward_pre_hook(_fail(self.rank))
         return wrapped
 
+    def expert_steps(self) -> list[str]:
+        """The steps holding experts (``experts`` role) under ``parallel.expert``; none otherwise."""
+        if self.settings.expert == 1:
+            return []
+        return [s.name for s in self.layout.steps if s.expert_role == "experts"]
+
     def _expert_params(self, model: torch.nn.Module) -> list[str]:
         return [n for n, _ in model.named_parameters() if self._rule(n).kind == "expert"]
 
@@ -341,14 +355,15 @@ class ParallelContext:
 
     def finish_grads(self, model: torch.nn.Module) -> None:
         """After backward (and DDP's averaging): expert gradients averaged over their data-parallel
-        replicas and the expert ranks that fed them; under sequence parallelism, the partial gradients of
+        replicas and the expert ranks that fed them (FSDP2 does that itself under ``parallel.shard``:
+        ``fsdp.py``); under sequence parallelism, the partial gradients of
         unsplit weights summed over the tensor ranks and every gradient divided by their number (each
         rank's loss covered 1/tensor of the rows)."""
         mesh, s = self.mesh, self.settings
         if mesh is None:
             return
         named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
-        if s.expert > 1:
+        if s.expert > 1 and not s.is_sharded:  # FSDP2 reduced them (``fsdp.py``)
             experts = [p for n, p in named if self._rule(n).kind == "expert"]
             _reduce_grads(experts, mesh.data_group, 1.0 / s.data_shards)
         if s.sequence_parallel:
@@ -374,12 +389,13 @@ class ParallelContext:
         """``grad_norm`` with one all-reduce of one number instead of a gather: each rank adds the
         squared norms of its gradients, each weighted by 1 / the number of ranks holding the same slice
         (a replicated parameter is on every rank, a tensor-parallel slice on ``world / tensor``, an
-        expert on ``world / expert``). For every step of a training run."""
+        expert on ``world / expert``, an FSDP2 piece on its mesh's replicas). For every step of a
+        training run."""
         world = self.mesh.world_size if self.mesh is not None else 1
         shards = {"tensor": self.settings.tensor, "expert": self.settings.expert}
         parts = [
             local_piece(p.grad).detach().double().square().sum()
-            * (shards.get(self._rule(name).kind, 1) * (self.settings.shard if _cut(p.grad) else 1) / world)
+            / (_holders(p.grad) if _cut(p.grad) else world / shards.get(self._rule(name).kind, 1))
             for name, p in model.named_parameters()
             if p.grad is not None
         ]
@@ -427,6 +443,17 @@ def _local_name(name: str, rule: ParamShard, expert_rank: int, groups: int) -> s
 def _cut(t: torch.Tensor) -> bool:
     """An FSDP2 piece (a ``DTensor`` sharded over its mesh), not a whole tensor."""
     return hasattr(t, "to_local") and any(p.is_shard() for p in t.placements)  # type: ignore[attr-defined]
+
+
+def _holders(t: Any) -> int:
+    """How many ranks hold the same piece of the FSDP2 ``DTensor`` ``t``: its mesh's ranks over the
+    pieces its shard dimensions cut (the replicas of HSDP)."""
+    mesh = t.device_mesh
+    pieces = 1
+    for dim, placement in enumerate(t.placements):
+        if placement.is_shard():
+            pieces *= mesh.size(dim)
+    return int(mesh.size()) // pieces
 
 
 def local_piece(t: torch.Tensor) -> torch.Tensor:

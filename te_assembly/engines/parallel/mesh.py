@@ -38,8 +38,12 @@ class Mesh:
     backend: str
     device: torch.device
     device_mesh: Any = None
-    """Under ``parallel.shard``: the ``DeviceMesh`` ``fully_shard`` cuts over, ``(shard,)`` or, with
-    ``parallel.data``, ``(replicate, shard)`` for HSDP."""
+    """Under ``parallel.shard``: the ``DeviceMesh`` ``fully_shard`` cuts every parameter over but the
+    experts': the shard and expert ranks together (every one of them holds the same copy), ``(shard,)``
+    or, with ``parallel.data``, ``(replicate, shard)`` for HSDP."""
+    expert_device_mesh: Any = None
+    """Under ``parallel.shard`` with ``parallel.expert``: the ``DeviceMesh`` of the ranks holding this
+    rank's experts (same expert rank), over which ``fully_shard`` cuts the expert weights."""
 
     @property
     def world_size(self) -> int:
@@ -121,9 +125,14 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
                 mine = group
         return mine
 
-    # Shard ranks (only with tensor = expert = 1, settings.py) join the data-parallel groups.
-    tensor_group = groups([[at(a, b, c) for c in range(tensor)] for a in range(data) for b in range(expert)])
-    expert_group = groups([[at(a, b, c) for b in range(expert)] for a in range(data) for c in range(tensor)])
+    # A shard rank is one more data-parallel coordinate for every group but FSDP2's own meshes.
+    replicas = [(a, z) for a in range(data) for z in range(shard)]
+    tensor_group = groups(
+        [[at(a, b, c, z) for c in range(tensor)] for a, z in replicas for b in range(expert)]
+    )
+    expert_group = groups(
+        [[at(a, b, c, z) for b in range(expert)] for a, z in replicas for c in range(tensor)]
+    )
     data_group = groups(
         [
             [at(a, b, c, z) for a in range(data) for z in range(shard)]
@@ -137,12 +146,7 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
             for c in range(tensor)
         ]
     )
-    device_mesh = None
-    if settings.is_sharded:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        shape, names = ((shard,), ("shard",)) if data == 1 else ((data, shard), ("replicate", "shard"))
-        device_mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+    device_mesh, expert_device_mesh = fsdp_meshes(settings, device) if settings.is_sharded else (None, None)
     return Mesh(
         settings,
         rank,
@@ -157,7 +161,32 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
         dist.get_backend(),
         device,
         device_mesh,
+        expert_device_mesh,
     )
+
+
+def fsdp_meshes(settings: ParallelSettings, device: torch.device) -> tuple[Any, Any]:
+    """FSDP2's meshes (every rank builds both, in the same order): one over which the weights every
+    rank holds alike are cut, ``(replicate=data, shard=shard x expert)``; and, with ``parallel.expert``,
+    one over the ranks of this rank's expert slice, ``(replicate=data, shard=shard)``. A mesh with
+    ``data == 1`` drops its replicate dimension. ``tensor`` is 1 here (``settings.py``)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    data, shard, expert = settings.data, settings.shard, settings.expert
+    ranks = torch.arange(settings.world_size).reshape(data, shard, expert)  # the rank order above
+
+    def over(members: torch.Tensor, leading: tuple[str, ...] = ()) -> Any:
+        """A mesh of ``members`` whose last two dims are (replicate, shard), cut to this rank's part."""
+        names = (*leading, "replicate", "shard")
+        if data == 1:
+            members, names = members.squeeze(-2), (*leading, "shard")
+        built = DeviceMesh(device.type, members, mesh_dim_names=names)
+        return built[names[len(leading) :]] if leading else built
+
+    dense = over(ranks.reshape(data, shard * expert))
+    if expert == 1:
+        return dense, None
+    return dense, over(ranks.permute(2, 0, 1), leading=("expert",))
 
 
 def group_size(group: Group) -> int:
@@ -168,4 +197,13 @@ def group_rank(group: Group) -> int:
     return 0 if group is None else dist.get_rank(group)
 
 
-__all__ = ["Group", "Mesh", "build_mesh", "group_rank", "group_size", "init_default_group", "resolve_backend"]
+__all__ = [
+    "Group",
+    "Mesh",
+    "build_mesh",
+    "fsdp_meshes",
+    "group_rank",
+    "group_size",
+    "init_default_group",
+    "resolve_backend",
+]

@@ -5,9 +5,10 @@ and format, atomic write) plus, in its metadata, the layout that wrote it and ev
 Every rank takes part in the gather; rank 0 alone writes; the others wait for it.
 
 Resuming: with the same layout everything is restored exactly, each rank's RNG state included. Only
-``parallel.data`` may change (the state is the same on every data-parallel replica; the RNG streams then
-restart from rank 0's). A change of ``tensor``, ``sequence`` or ``expert`` is refused: it would change
-how every weight is cut and in which order each sum is taken mid-run.
+``parallel.data`` (the state is the same on every data-parallel replica; the RNG streams then restart
+from rank 0's) and ``parallel.shard`` (DCP reshards: ``sharded_checkpoint.py``) may change. A change of
+``tensor``, ``sequence`` or ``expert`` is refused: it would change how every weight is cut and in which
+order each sum is taken mid-run.
 """
 
 from __future__ import annotations
@@ -51,10 +52,6 @@ def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def _global_order(par: ParallelContext) -> dict[str, int]:
-    return {key: i for i, key in enumerate(par.global_rules)}
-
-
 def _global_state(par: ParallelContext, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     named = {par.local_to_global.get(k, k): v for k, v in model.state_dict().items()}
     return par.gather_global(named)
@@ -86,7 +83,7 @@ def _global_optimizer_state(
         return None
     for key, entry in scalars.items():
         out.setdefault(key, {}).update(entry)
-    order = _global_order(par)
+    order = par.optimizer_index()
     return {order[key]: entry for key, entry in out.items()}
 
 
@@ -140,13 +137,11 @@ def check_layout(path: Path, meta: Mapping[str, Any], par: ParallelContext) -> s
         return None
     changed = [k for k in SINGLE if recorded[k] != now[k]]
     shown = ", ".join(f"parallel.{k}: checkpoint {recorded[k]}, now {now[k]}" for k in changed)
-    if any(k not in RESHARDABLE for k in changed) or (
-        "shard" in changed and (now["tensor"] > 1 or now["expert"] > 1)
-    ):
+    if any(k not in RESHARDABLE for k in changed) or ("shard" in changed and now["tensor"] > 1):
         sizes = (
             " ".join(f"parallel.{k}={recorded[k]}" for k in SINGLE if recorded[k] != 1) or "no parallel sizes"
         )
-        world = recorded["data"] * recorded["tensor"] * recorded["expert"]
+        world = recorded["data"] * recorded["shard"] * recorded["tensor"] * recorded["expert"]
         raise CheckpointError(
             f"cannot resume from {path} with another parallel layout ({shown}): only parallel.data and "
             "parallel.shard may change on resume (the checkpoint holds whole tensors, or DCP pieces it "
@@ -196,7 +191,7 @@ class _LocalOptimizer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         par, mesh = self.par, self.par.mesh
         assert mesh is not None
-        order = _global_order(par)
+        order = par.optimizer_index()
         local: dict[int, dict[str, Any]] = {}
         for index, (name, param) in enumerate(_trainable(self.model)):
             key = par.local_to_global[name]
@@ -265,7 +260,7 @@ def _load_resharded(
     problem = par.from_main(problem)
     if problem is not None:
         raise CheckpointError(problem)
-    sharded_checkpoint.load_into(path, model, optimizer)
+    sharded_checkpoint.load_into(par, path, model, optimizer)
     if sharded_checkpoint.is_sharded_checkpoint(path):
         sharded_checkpoint.restore_rng(meta, par)
     return Checkpoint(path, int(meta["step"]), dict(meta))

@@ -52,32 +52,29 @@ def is_sharded_checkpoint(path: Path) -> bool:
 # ---------------------------------------------------------------------------------------- the state
 
 
-def _trainable_names(model: torch.nn.Module) -> list[str]:
-    """The optimizer's parameters by name, in its order (``train.optim.make_optimizer``)."""
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
 def flat_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    par: ParallelContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Model and optimizer state as DCP sees them (``DTensor`` pieces under FSDP2, whole tensors
-    otherwise) under a single-process checkpoint's names; and the optimizer's state dict by parameter
-    name (``torch.distributed.checkpoint.state_dict``), to load into."""
+    otherwise) under a single-process checkpoint's names (an expert rank's ``weight0`` is its first
+    expert's global name); and the optimizer's state dict by parameter name
+    (``torch.distributed.checkpoint.state_dict``), to load into."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
     optim_state = dict(optim_state)  # parameter name -> {slot: value}, and param_groups
-    index = {name: i for i, name in enumerate(_trainable_names(model))}
-    flat = {f"model/{k}": v for k, v in model_state.items() if isinstance(v, torch.Tensor)}
+    names, index = par.local_to_global, par.optimizer_index()
+    flat = {f"model/{names.get(k, k)}": v for k, v in model_state.items() if isinstance(v, torch.Tensor)}
     states: dict[str, dict[str, Any]] = optim_state["state"]  # type: ignore[assignment]
     for name, entry in states.items():
         for slot, value in entry.items():
             if isinstance(value, torch.Tensor):
-                flat[f"optim/{index[name]}/{slot}"] = value
+                flat[f"optim/{index[names.get(name, name)]}/{slot}"] = value
     return flat, optim_state
 
 
 def _restore(
+    par: ParallelContext,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     flat: Mapping[str, torch.Tensor],
@@ -85,12 +82,17 @@ def _restore(
 ) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    names = _trainable_names(model)
-    model_state = {k.removeprefix("model/"): v for k, v in flat.items() if k.startswith("model/")}
+    local = {key: name for name, key in par.local_to_global.items()}
+    index = par.optimizer_index()
+    by_index = {index[par.local_to_global.get(n, n)]: n for n in optim_state["state"]}
+    model_state = {}
     for key, value in flat.items():
-        if key.startswith("optim/"):
-            _, index, slot = key.split("/", 2)
-            optim_state["state"].setdefault(names[int(index)], {})[slot] = value
+        if key.startswith("model/"):
+            name = key.removeprefix("model/")
+            model_state[local.get(name, name)] = value
+        elif key.startswith("optim/"):
+            _, i, slot = key.split("/", 2)
+            optim_state["state"][by_index[int(i)]][slot] = value
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)  # type: ignore[arg-type]
 
 
@@ -206,7 +208,7 @@ def save(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-    flat, _ = flat_state(model, optimizer)
+    flat, _ = flat_state(par, model, optimizer)
     _check_finite(par, step, flat)
     temp = out_dir / par.from_main(
         f".ckpt-{step:07d}{DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{outputs.TEMP_SUFFIX}"
@@ -285,16 +287,18 @@ def _reader(path: Path) -> Iterator[Any]:
         yield HuggingFaceStorageReader(view)
 
 
-def load_into(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_into(
+    par: ParallelContext, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
     """Restore model and optimizer state from ``path`` (a verified sharded checkpoint, or a verified
     single-process checkpoint file), resharded by DCP onto this run's layout. Every rank calls it."""
     import torch.distributed.checkpoint as dcp
 
-    flat, optim_state = flat_state(model, optimizer)
+    flat, optim_state = flat_state(par, model, optimizer)
     try:
         with _reader(path) as reader, _quiet():
             dcp.load(flat, storage_reader=reader)
-        _restore(model, optimizer, flat, optim_state)
+        _restore(par, model, optimizer, flat, optim_state)
     except (KeyError, ValueError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path} does not fit this model and optimizer ({first[:300]})") from None

@@ -135,7 +135,8 @@ class GroupedLinear(ReferenceOp):
         biases = [getattr(self, f"bias{g}") for g in range(self.num_groups)] if self.use_bias else []
         scales = extra_inputs[1].reshape(-1) if self.scale_bias else None
         y = _GroupedMatmul.apply(rows.contiguous(), scales, sizes, len(biases), *weights, *biases)
-        return y.reshape(*lead, self.out_features), ()
+        # Rows in, rows out: y itself, not a view of it (FSDP2 warns of views an expert unit returns).
+        return (y if len(lead) == 1 else y.reshape(*lead, self.out_features)), ()
 
 
 class _GroupedMatmul(torch.autograd.Function):
