@@ -262,17 +262,18 @@ def rank_estimate(
     fused_attention: bool = False,
     checkpointing: str = "none",
     models: int = 1,
+    one_unit: bool = False,
 ) -> MemoryEstimate:
     """``estimate`` for the fullest rank of a parallel ``layout``: the parameters (with their gradients
     and optimizer state) the rank holding the most keeps, and the activations of its share of the
     ``tokens`` rows (data-parallel and sequence-parallel splits; what tensor parallelism saves in
     activations is not counted, which errs safe). Under FSDP2 (``parallel.shard``) a rank keeps its
     piece of everything, plus the largest unit gathered whole while it runs, with its gradient (a block
-    use; the whole model when it has no blocks). ``models - trained`` more models are held whole (the
-    teacher)."""
+    use; the whole model when it has no blocks, or with ``one_unit``: the TE engine shards it so).
+    ``models - trained`` more models are held whole (the teacher)."""
     settings = layout.settings
     held = max((rank_elements(plan, layout, expert) for expert in range(settings.expert)), default=0)
-    gathered = _largest_unit(plan, layout) if settings.is_sharded else 0
+    gathered = _largest_unit(plan, layout, one_unit) if settings.is_sharded else 0
     rows = math.ceil(tokens / settings.row_shards) if tokens else 0
     return _footprint(
         plan,
@@ -290,9 +291,10 @@ def rank_estimate(
     )
 
 
-def _largest_unit(plan: Plan, layout: ShardPlan) -> int:
+def _largest_unit(plan: Plan, layout: ShardPlan, one_unit: bool = False) -> int:
     """Parameter elements of the largest FSDP2 unit gathered on a rank: a block use, or what lies
-    outside them (all of a model without blocks); of its experts, the rank's own slice."""
+    outside them (all of a model without blocks, or ``one_unit``); of its experts, the rank's own
+    slice."""
     expert = layout.settings.expert
 
     def held(index: int) -> int:
@@ -302,6 +304,8 @@ def _largest_unit(plan: Plan, layout: ShardPlan) -> int:
             for name, shape in plan.steps[index].param_shapes.items()
         )
 
+    if one_unit:
+        return sum(held(s.index) for s in plan.steps)
     inside = {i for g in plan.blocks for u in g.uses for i in u.steps}
     units = [sum(held(i) for i in u.steps) for g in plan.blocks for u in g.uses]
     units.append(sum(held(s.index) for s in plan.steps if s.index not in inside))

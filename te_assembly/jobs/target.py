@@ -229,6 +229,7 @@ class Target:
             "optimizer": optimizer,
             "seq_len": seq_len,
             "fused_attention": self.fused_attention if fused is None else fused,
+            "one_unit": self.engine == "te",  # the TE engine is sharded as one FSDP2 unit (fsdp.py)
         }
         needed = rank_estimate(plan, layout, self.dtype, checkpointing=checkpointing, **options)
         have = available_bytes(self.device)

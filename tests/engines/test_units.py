@@ -118,6 +118,26 @@ def test_compile_runs_the_same_math(name: str, tolerance: float) -> None:
         torch.testing.assert_close(g[key], g0[key], rtol=tolerance * 10, atol=tolerance * 1e-2)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is about machines without a GPU")
+def test_compile_on_cpu_does_not_warn_of_a_missing_cuda_runtime() -> None:
+    """Inductor imports ``torch.utils.cpp_extension``, which logs "No CUDA runtime is found" on a CPU
+    machine whose torch is a CUDA build; ``configure(compile=True)`` imports it first, quietly."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, te_assembly\n"
+        "from te_assembly.engines import build\n"
+        "assert 'torch.utils.cpp_extension' not in sys.modules\n"
+        "model = build(te_assembly.load('residual_mlp').checked_plan(), engine='reference')\n"
+        "model.configure(compile=True)\n"
+        "assert 'torch.utils.cpp_extension' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "No CUDA runtime is found" not in done.stdout + done.stderr
+
+
 @pytest.mark.te
 def test_te_engine_checkpoints_each_fuser_and_refuses_compile() -> None:
     pytest.importorskip("transformer_engine.pytorch", reason="needs Transformer Engine")
@@ -251,6 +271,9 @@ def test_memory_estimate_accounts_for_sharding_and_checkpointing() -> None:
     assert four.optimizer == pytest.approx(one.optimizer / 4, rel=0.01)
     # Each rank keeps its quarter, plus the largest unit gathered whole while it runs.
     assert four.parameters == rank_elements(plan, sharded) * 4 + layer
+    # The TE engine is one unit: the whole model is gathered at once.
+    te = rank_estimate(plan, sharded, torch.float32, one_unit=True, **kw)
+    assert te.parameters == rank_elements(plan, sharded) * 4 + plan.num_params * 4
     assert four.activations == one.activations / 4
     # blocks: each use keeps its input; backward recomputes one use at a time.
     per_step = step_activation_bytes(plan, 256, torch.float32, 32)

@@ -84,6 +84,8 @@ class ReferenceModel(AssembledModel):
             return
         if self._recording:
             raise ArgumentError(_FLAT_ONLY)
+        if compile:
+            _import_quietly_without_cuda()
         segments = _segments(self.plan, self._program, self._output_registers, self.steps)
         has_blocks = any(seg.scope is not None for seg in segments)
         for seg in segments:
@@ -186,6 +188,24 @@ class ReferenceModel(AssembledModel):
 
 
 _FLAT_ONLY = "record_channels() needs the flat program: configure the model without options"
+
+
+def _import_quietly_without_cuda() -> None:
+    """Import ``torch.utils.cpp_extension`` (inductor does, at the first compiled call) with its "No CUDA
+    runtime is found" warning held back: on a machine without a GPU it says nothing the run's first
+    line did not (device cpu), and it says it once per process, mid progress bar."""
+    import importlib
+    import logging
+
+    if torch.cuda.is_available():
+        return
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        importlib.import_module("torch.utils.cpp_extension")
+    finally:
+        logger.setLevel(level)
 
 
 class _Unit:
