@@ -392,7 +392,7 @@ def run_command(command: str, hydra_args: list[str], io: Consoles) -> int:
     try:
         from te_assembly.config.composition import CONFIG_NAME, create_hydra
 
-        hydra = create_hydra(command, config_dirs, args.config_path)
+        hydra = create_hydra(command, config_dirs, args.config_path, writes_files=writes_run_dir(command))
         config_name = args.config_name or CONFIG_NAME
         if args.hydra_help:
             hydra.hydra_help(config_name=config_name, args_parser=_parser(), args=args)

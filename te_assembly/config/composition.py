@@ -47,7 +47,7 @@ from te_assembly.config.locations import (
     recipes_dir,
     shipped_config,
 )
-from te_assembly.config.no_code import code_in_config
+from te_assembly.config.no_code import LOGGING, code_in_config, drop_file_handlers
 from te_assembly.config.overrides import held_back
 
 STUB_KEYS = ("_group_", "_choice_", "_source_")
@@ -135,9 +135,12 @@ def _is_shipped(root: Path) -> bool:
 class GroupConfigLoader(ConfigLoaderImpl):
     """Hydra's config loader with ``GroupRepository``, holding back file-group value overrides."""
 
-    def __init__(self, config_search_path: Any) -> None:
+    def __init__(self, config_search_path: Any, writes_files: bool = True) -> None:
         super().__init__(config_search_path=config_search_path)
         self.repository = GroupRepository(config_search_path=config_search_path)
+        self.writes_files = writes_files
+        """False for a command that writes nothing: Hydra's log file (``hydra/job_logging=default``)
+        is dropped, since its run directory is the folder the command runs in."""
 
     def load_configuration(
         self,
@@ -167,6 +170,10 @@ class GroupConfigLoader(ConfigLoaderImpl):
             from te_assembly.errors import ConfigError
 
             raise ConfigError(refused)
+        if not self.writes_files:
+            with open_dict(cfg.hydra):
+                for section in LOGGING:
+                    drop_file_handlers(OmegaConf.select(cfg, section))
         if held:
             app = [o for o in parsed if not o.is_hydra_override()]
             with open_dict(cfg.hydra):
@@ -205,10 +212,14 @@ def search_path(config_dirs: Sequence[str | os.PathLike[str]] = (), config_path:
 
 
 def create_hydra(
-    task_name: str, config_dirs: Sequence[str | os.PathLike[str]] = (), config_path: str | None = None
+    task_name: str,
+    config_dirs: Sequence[str | os.PathLike[str]] = (),
+    config_path: str | None = None,
+    writes_files: bool = True,
 ) -> Hydra:
     """A ``Hydra`` instance with ``GroupConfigLoader``, installed as the global one (clear it with
-    ``GlobalHydra.instance().clear()`` when done)."""
+    ``GlobalHydra.instance().clear()`` when done). ``writes_files=False``: a command that writes nothing,
+    so no log file either."""
     from hydra import version
 
     for folder in config_dirs:
@@ -219,7 +230,8 @@ def create_hydra(
     register_resolvers()
     version.setbase("1.3")
     GlobalHydra.instance().clear()
-    hydra = Hydra(task_name=task_name, config_loader=GroupConfigLoader(search_path(config_dirs, config_path)))
+    loader = GroupConfigLoader(search_path(config_dirs, config_path), writes_files)
+    hydra = Hydra(task_name=task_name, config_loader=loader)
     GlobalHydra.instance().initialize(hydra)
     return hydra
 

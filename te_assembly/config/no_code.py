@@ -11,7 +11,7 @@ Hydra's default log file (``hydra/job_logging=default``: a ``FileHandler`` appen
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from te_assembly.diagnostics import Diagnostic, error
@@ -92,6 +92,26 @@ def _logging(section: str, config: Any) -> list[Diagnostic]:
     return out
 
 
+def drop_file_handlers(config: Any) -> None:
+    """Remove every ``FileHandler`` (Hydra's own log file: the only kind ``_logging`` lets through) from
+    a logging section in place, and the loggers' references to them."""
+    handlers = config.get("handlers") if isinstance(config, MutableMapping) else None
+    if not isinstance(handlers, MutableMapping):
+        return
+    files = [
+        name
+        for name, h in handlers.items()
+        if isinstance(h, Mapping) and h.get("class") == "logging.FileHandler"
+    ]
+    for name in files:
+        del handlers[name]
+    loggers = [config.get("root"), *(config.get("loggers") or {}).values()]
+    for logger in loggers:
+        names = logger.get("handlers") if isinstance(logger, MutableMapping) else None
+        if isinstance(names, Sequence) and not isinstance(names, str):
+            logger["handlers"] = [h for h in names if h not in files]  # type: ignore[index]
+
+
 def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic]:
     """Every place the composed config (as plain data, unresolved) asks Hydra to build an object, and
     (``jobs``: a command will run) to write its own copies of the config."""
@@ -130,4 +150,4 @@ def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic
     return out
 
 
-__all__ = ["ALLOWED_TARGETS", "HANDLER_CLASSES", "code_in_config"]
+__all__ = ["ALLOWED_TARGETS", "HANDLER_CLASSES", "LOGGING", "code_in_config", "drop_file_handlers"]

@@ -112,6 +112,16 @@ def test_state_dict_names_and_shapes_follow_the_catalog(name: str) -> None:
     assert sum(v.numel() for v in state.values()) == model.plan.num_params
 
 
+@pytest.mark.parametrize("name", available_models())
+def test_parameters_come_in_the_plan_order(name: str) -> None:
+    """A single process's optimizer order (``named_parameters``) is the plan's order of its parameters:
+    what an expert-parallel checkpoint keys optimizer state by (``ParallelContext.optimizer_index``)."""
+    model = build(name, engine="reference")
+    params = [n for n, _ in model.named_parameters()]
+    in_plan = [f"steps.{step.name}.{param}" for step in model.plan.steps for param in step.param_shapes]
+    assert params == [key for key in in_plan if key in set(params)]
+
+
 def test_module_steps_come_from_the_allowlist() -> None:
     model = _model()
     for step in model.plan.steps:

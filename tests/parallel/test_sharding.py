@@ -63,3 +63,70 @@ def test_the_communication_clock_counts_overlapping_collectives_once() -> None:
     assert timer.seconds == pytest.approx(2.5) and timer.calls == 4
     timer.reset()
     assert timer.seconds == 0.0
+
+
+ROUTER_WITH_BUFFER = """
+name: moe_expert_bias
+in_features: 8
+ops:
+  - {name: norm, op: RMSNorm, args: {normalized_shape: 8}}
+  - name: router
+    op: TopKRouter
+    args: {in_features: 8, num_experts: 4, top_k: 2, enable_expert_bias: true}
+    extra_outputs:
+      probs: {channel: probs, public: false}
+      routing_map: {channel: routing_map, public: false}
+      aux_loss: {channel: aux_loss, public: true}
+  - name: dispatch
+    op: Dispatch
+    args: {num_experts: 4, top_k: 2}
+    extra_inputs: {probs: probs, routing_map: routing_map}
+    extra_outputs:
+      split_sizes: {channel: split_sizes, public: false}
+      row_probs: {channel: row_probs, public: false}
+      row_map: {channel: row_map, public: false}
+  - name: fc1
+    op: GroupedLinear
+    args: {num_groups: 4, in_features: 8, out_features: 8}
+    extra_inputs: {split_sizes: split_sizes}
+  - {name: combine, op: Combine, args: {top_k: 2}, extra_inputs: {row_map: row_map}}
+  - {name: out, op: Linear, args: {in_features: 8, out_features: 8}}
+"""
+
+
+class _Holds(torch.nn.Module):
+    """Stands for an expert rank's model: just its parameters' names, in its order."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()
+        self.held = [(name, torch.nn.Parameter(torch.zeros(1))) for name in names]
+
+    def named_parameters(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def,override]
+        return iter(self.held)
+
+
+def test_checkpoints_key_optimizer_state_by_one_process_order_on_every_expert_rank() -> None:
+    """``optimizer_index`` with the experts split: a router's expert-bias buffer (listed with the plan's
+    parameters, but no parameter) takes no index, and each expert rank's ``weight0`` is its first
+    expert's index in a single process's optimizer."""
+    from types import SimpleNamespace
+
+    from te_assembly.analysis.parallel.layout import shard_plan
+    from te_assembly.analysis.parallel.settings import ParallelSettings
+    from te_assembly.engines import build
+    from te_assembly.engines.parallel.context import ParallelContext
+    from tests.parallel._worlds import inline
+
+    plan = inline(ROUTER_WITH_BUFFER)
+    single = [name for name, _ in build(plan, engine="reference").named_parameters()]
+    assert "steps.router.expert_bias" not in single and "steps.out.basic_ops.1.bias" in single
+    layout, _ = shard_plan(plan, ParallelSettings(expert=2, shard=2))
+    assert layout is not None
+    for expert_rank in (0, 1):
+        ctx = ParallelContext(plan, layout, SimpleNamespace(expert_rank=expert_rank))  # type: ignore[arg-type]
+        mine = [local for local, key in ctx.local_to_global.items() if key in single]
+        index = ctx.optimizer_index(_Holds(mine))
+        assert "steps.router.expert_bias" not in index
+        for local in mine:
+            assert index[ctx.local_to_global[local]] == single.index(ctx.local_to_global[local]), local
+    assert ctx.local_to_global["steps.fc1.weight0"] == "steps.fc1.weight2"

@@ -257,3 +257,19 @@ def test_hydra_settings(
     monkeypatch.chdir(tmp_path)
     _validate(capsys, "model=channel_demo", f"{key}={value}")
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("command", ["validate", "explain", "run"])
+def test_hydra_default_log_file_is_not_written_by_commands_that_write_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """``hydra/job_logging=default`` adds a log file in the run directory, which is the current folder for
+    a command that writes nothing: the file is left out there (found by ``test_hydra_settings``), and kept
+    where a run directory is made (``graph``)."""
+    monkeypatch.chdir(tmp_path)
+    extra = ["run.steps=1"] if command == "run" else []
+    assert cli_main([command, "model=residual_mlp", "hydra/job_logging=default", *extra]) == 0
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert cli_main(["graph", "model=residual_mlp", "hydra/job_logging=default", "hydra.run.dir=g"]) == 0
+    assert (tmp_path / "g" / "graph.log").is_file()
+    capsys.readouterr()

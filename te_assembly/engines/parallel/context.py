@@ -257,13 +257,29 @@ class ParallelContext:
         order = {k: i for i, k in enumerate(self.global_rules)}
         return sorted(keys, key=lambda k: (order.get(k.split("/")[0], len(order)), k))
 
-    def optimizer_index(self) -> dict[str, int]:
-        """Global parameter key -> its index in a single process's optimizer (its ``named_parameters``
-        order, where a tied weight counts once, at its first name; both names map to it): how every
-        checkpoint keys optimizer state, so that state moves between layouts."""
+    def optimizer_index(self, model: torch.nn.Module) -> dict[str, int]:
+        """Global parameter key -> its index in a single process's optimizer, how every checkpoint keys
+        optimizer state so that it moves between layouts. ``model``'s own order (``named_parameters``,
+        a tied weight once, at its first name) when every rank holds every parameter or a piece of it;
+        with the experts split, the plan's order, which a single process's model follows, with the
+        other ranks' experts in place (``tests/engines/test_model_api.py`` checks the two agree). A
+        tied weight's two names map to one index."""
         tied = self.plan.tied_params
-        first: dict[str, int] = {}
-        return {key: first.setdefault(tied.get(key, key), len(first)) for key in self.global_rules}
+        mine = [self.local_to_global.get(n, n) for n, p in model.named_parameters() if p.requires_grad]
+        if self.settings.expert == 1:
+            index = {key: i for i, key in enumerate(mine)}
+        else:
+            held = set(mine) | {k for k, rule in self.global_rules.items() if rule.kind == "expert"}
+            first: dict[str, int] = {}
+            index = {
+                key: first.setdefault(tied.get(key, key), len(first))
+                for key in self.global_rules
+                if key in held
+            }
+        for alias, owner in tied.items():
+            if owner in index or alias in index:
+                index[alias] = index[owner] = index[owner] if owner in index else index[alias]
+        return index
 
     def global_named(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """``model``'s parameters keyed by global key (for ``gather_global``)."""

@@ -83,7 +83,7 @@ def _global_optimizer_state(
         return None
     for key, entry in scalars.items():
         out.setdefault(key, {}).update(entry)
-    order = par.optimizer_index()
+    order = par.optimizer_index(model)
     return {order[key]: entry for key, entry in out.items()}
 
 
@@ -191,7 +191,7 @@ class _LocalOptimizer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         par, mesh = self.par, self.par.mesh
         assert mesh is not None
-        order = par.optimizer_index()
+        order = par.optimizer_index(self.model)
         local: dict[int, dict[str, Any]] = {}
         for index, (name, param) in enumerate(_trainable(self.model)):
             key = par.local_to_global[name]

@@ -63,7 +63,7 @@ def flat_state(
 
     model_state, optim_state = get_state_dict(model, optimizer)
     optim_state = dict(optim_state)  # parameter name -> {slot: value}, and param_groups
-    names, index = par.local_to_global, par.optimizer_index()
+    names, index = par.local_to_global, par.optimizer_index(model)
     flat = {f"model/{names.get(k, k)}": v for k, v in model_state.items() if isinstance(v, torch.Tensor)}
     states: dict[str, dict[str, Any]] = optim_state["state"]  # type: ignore[assignment]
     for name, entry in states.items():
@@ -83,7 +83,7 @@ def _restore(
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     local = {key: name for name, key in par.local_to_global.items()}
-    index = par.optimizer_index()
+    index = par.optimizer_index(model)
     by_index = {index[par.local_to_global.get(n, n)]: n for n in optim_state["state"]}
     model_state = {}
     for key, value in flat.items():
