@@ -234,6 +234,9 @@ def run(
             "compile=true: step 1 includes torch.compile's tracing and code generation, later steps run the "
             "compiled units; channel gradients are not recorded"
         )
+    elif target.parallel is not None and target.parallel.is_sharded:  # FSDP2 runs it as units too
+        record = None
+        notes.append("parallel.shard: FSDP2 runs the model in units; channel gradients are not recorded")
     if record is not None:
         record(True)
     results = run_steps(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.analysis.plan import Plan
@@ -171,6 +172,12 @@ FOUR_PROCESSES: list[Case] = [
     ("data x tensor: residual_mlp", _mlp, {"data": 2, "tensor": 2}, {"tokens": 12, **_RANDOM}),
     ("shard x expert: moe_block", _moe, {"shard": 2, "expert": 2}, {"tokens": 16, **_RANDOM}),
     ("shard x expert: an expert with no tokens", _moe, {"shard": 2, "expert": 2}, {"tokens": 16, **_STARVED}),
+    (
+        "shard x expert: float32 (no reduce op NCCL alone has)",
+        _moe,
+        {"shard": 2, "expert": 2},
+        {"tokens": 16, **_RANDOM, "dtype": torch.float32, "tolerance": {"rtol": 1e-4, "atol": 1e-5}},
+    ),
     (
         "shard x expert: scale_bias and a channel among expert rows",
         lambda: inline(MOE_SCALED),

@@ -155,6 +155,21 @@ def test_a_model_refused_for_memory_on_one_process_trains_sharded(
     assert [step for step, _ in list_checkpoints(tmp_path / "big")] == [1, 2]
 
 
+def test_run_under_fsdp2_says_what_it_cannot_record_and_equals_one_process(tmp_path: Path) -> None:
+    """``run`` shows each channel's gradient from a flat forward; a sharded model runs in units, so it
+    says so instead of failing, and its loss and gradient norm are one process's."""
+    import re
+
+    args = ["run", *MODEL, *COMMON, "run.tokens=64", "run.seq_len=16", "run.steps=2"]
+    one, two = single(args, tmp_path), torchrun([*args, "parallel.shard=2"], tmp_path)
+    _ok(one)
+    _ok(two)
+    assert "channel gradients are not recorded" in two.stdout
+    summary = re.compile(r"engine reference: loss (\S+), parameter-gradient norm (\S+),")
+    found = [summary.search(" ".join(r.stdout.split())) for r in (one, two)]
+    assert all(found) and found[0].groups() == found[1].groups()  # type: ignore[union-attr]
+
+
 @pytest.mark.te
 def test_te_fusers_train_sharded_equal_to_one_process(baseline: Path, tmp_path: Path) -> None:
     """TE's real fusers (``kernels=reference``) under FSDP2: each fuser takes the gathered parameters
