@@ -55,10 +55,10 @@ def shard_model(
     model.configure(**{**model.configured, "sharded": True})
     policy = mixed_precision(dtype)
     for name in expert_steps:  # innermost first: a unit takes only parameters no inner unit took
-        unit = fully_shard(model.step_module(name), mesh=mesh.expert_device_mesh, mp_policy=policy)
-        unit.set_gradient_divide_factor(float(mesh.settings.data_shards))
+        experts = fully_shard(model.step_module(name), mesh=mesh.expert_device_mesh, mp_policy=policy)
+        experts.set_gradient_divide_factor(float(mesh.settings.data_shards))
         if mesh.backend == "gloo":  # FSDP2 would pick PREMUL_SUM for float32 and bfloat16: NCCL's only
-            unit.set_force_sum_reduction_for_comms(True)  # sum, then divide
+            experts.set_force_sum_reduction_for_comms(True)  # sum, then divide
     for unit in model.shard_units():
         fully_shard(unit, mesh=mesh.device_mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh.device_mesh, mp_policy=policy)
