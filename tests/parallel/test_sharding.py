@@ -65,35 +65,6 @@ def test_the_communication_clock_counts_overlapping_collectives_once() -> None:
     assert timer.seconds == 0.0
 
 
-ROUTER_WITH_BUFFER = """
-name: moe_expert_bias
-in_features: 8
-ops:
-  - {name: norm, op: RMSNorm, args: {normalized_shape: 8}}
-  - name: router
-    op: TopKRouter
-    args: {in_features: 8, num_experts: 4, top_k: 2, enable_expert_bias: true}
-    extra_outputs:
-      probs: {channel: probs, public: false}
-      routing_map: {channel: routing_map, public: false}
-      aux_loss: {channel: aux_loss, public: true}
-  - name: dispatch
-    op: Dispatch
-    args: {num_experts: 4, top_k: 2}
-    extra_inputs: {probs: probs, routing_map: routing_map}
-    extra_outputs:
-      split_sizes: {channel: split_sizes, public: false}
-      row_probs: {channel: row_probs, public: false}
-      row_map: {channel: row_map, public: false}
-  - name: fc1
-    op: GroupedLinear
-    args: {num_groups: 4, in_features: 8, out_features: 8}
-    extra_inputs: {split_sizes: split_sizes}
-  - {name: combine, op: Combine, args: {top_k: 2}, extra_inputs: {row_map: row_map}}
-  - {name: out, op: Linear, args: {in_features: 8, out_features: 8}}
-"""
-
-
 class _Holds(torch.nn.Module):
     """Stands for an expert rank's model: just its parameters' names, in its order."""
 
@@ -109,17 +80,24 @@ def test_checkpoints_key_optimizer_state_by_one_process_order_on_every_expert_ra
     """``optimizer_index`` with the experts split: a router's expert-bias buffer (listed with the plan's
     parameters, but no parameter) takes no index, and each expert rank's ``weight0`` is its first
     expert's index in a single process's optimizer."""
+    import textwrap
     from types import SimpleNamespace
 
+    import yaml
+
+    from te_assembly import load
     from te_assembly.analysis.parallel.layout import shard_plan
     from te_assembly.analysis.parallel.settings import ParallelSettings
     from te_assembly.engines import build
     from te_assembly.engines.parallel.context import ParallelContext
-    from tests.parallel._worlds import inline
+    from tests.parallel.test_equality import MOE_SCALED
 
-    plan = inline(ROUTER_WITH_BUFFER)
+    model = yaml.safe_load(textwrap.dedent(MOE_SCALED))
+    assert model["ops"][2]["op"] == "TopKRouter"
+    model["ops"][2]["args"]["enable_expert_bias"] = True
+    plan = load(model).checked_plan()
     single = [name for name, _ in build(plan, engine="reference").named_parameters()]
-    assert "steps.router.expert_bias" not in single and "steps.out.basic_ops.1.bias" in single
+    assert "steps.router.expert_bias" not in single and single[-1] == "steps.fc2.bias3"
     layout, _ = shard_plan(plan, ParallelSettings(expert=2, shard=2))
     assert layout is not None
     for expert_rank in (0, 1):
