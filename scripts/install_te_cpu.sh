@@ -3,13 +3,25 @@
 # TE's PyTorch extension ships only as an sdist that compiles against the installed CUDA build of torch
 # (~13 min on 2 cores), so the built wheel is cached outside the checkout, keyed by TE, torch and Python
 # versions, and reused on later runs (seconds). docs/te-on-cpu.md says why each variable is set.
+#
+# --build-only: only put the compiled wheel in the cache, built in a venv of its own beside the cache
+# (torch==$TE_TORCH, by default 2.14.1, the version the README installs), leaving the active environment
+# as it is. .ci/run starts it in the background, at the lowest priority, while the tests run.
 set -euo pipefail
 
 TE_VERSION="${TE_VERSION:-2.20.2}"
 PY=${PYTHON:-python}
 CACHE_ROOT="${TE_ASSEMBLY_CACHE:-$HOME/.cache/te_assembly}"
+BUILD_ONLY=0
+if [ "${1:-}" = "--build-only" ]; then
+  BUILD_ONLY=1
+  BUILD_VENV="$CACHE_ROOT/build-venv"
+  [ -x "$BUILD_VENV/bin/python" ] || python3 -m venv "$BUILD_VENV"
+  PY="$BUILD_VENV/bin/python"
+  $PY -m pip install -q --disable-pip-version-check "torch==${TE_TORCH:-2.14.1}"
+fi
 
-if $PY - <<PYEOF 2>/dev/null
+if [ "$BUILD_ONLY" = 0 ] && $PY - <<PYEOF 2>/dev/null
 import torch, transformer_engine, transformer_engine.pytorch  # noqa: F401
 assert transformer_engine.__version__ == "$TE_VERSION"
 PYEOF
@@ -22,6 +34,9 @@ PY_TAG=$($PY -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]
 case "$TORCH_VERSION" in *+cu*) ;; *) echo "[install_te_cpu] torch $TORCH_VERSION is not a CUDA build; TE's extension needs one" >&2; exit 1;; esac
 CACHE="$CACHE_ROOT/te-wheels/te${TE_VERSION}-torch${TORCH_VERSION}-${PY_TAG}"
 mkdir -p "$CACHE"
+if [ "$BUILD_ONLY" = 1 ] && ls "$CACHE"/transformer_engine_torch-*.whl >/dev/null 2>&1; then
+  echo "[install_te_cpu] a compiled extension is already cached in $CACHE"; exit 0
+fi
 
 echo "[install_te_cpu] TE core + Python package + runtime deps"
 $PY -m pip install -q "transformer-engine==$TE_VERSION" "transformer-engine-cu13==$TE_VERSION" \
@@ -37,6 +52,9 @@ if ! ls "$CACHE"/transformer_engine_torch-*.whl >/dev/null 2>&1; then
   # Move into place only when complete, so an interrupted build never leaves a broken cache entry.
   mv "$TMP"/transformer_engine_torch-*.whl "$CACHE"/
   rm -rf "$TMP"
+fi
+if [ "$BUILD_ONLY" = 1 ]; then
+  echo "[install_te_cpu] compiled extension cached in $CACHE"; exit 0
 fi
 $PY -m pip install -q --no-deps "$CACHE"/transformer_engine_torch-*.whl
 $PY -c 'import torch, transformer_engine, transformer_engine.pytorch as te; print("[install_te_cpu] transformer_engine", transformer_engine.__version__, "ready")'
