@@ -15,6 +15,11 @@ CACHE_ROOT="${TE_ASSEMBLY_CACHE:-$HOME/.cache/te_assembly}"
 BUILD_ONLY=0
 if [ "${1:-}" = "--build-only" ]; then
   BUILD_ONLY=1
+  TAG=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  if ls "$CACHE_ROOT/te-wheels/te${TE_VERSION}-torch${TE_TORCH:-2.14.1}+"*"-$TAG"/transformer_engine_torch-*.whl \
+      >/dev/null 2>&1; then
+    echo "[install_te_cpu] a compiled extension is already cached under $CACHE_ROOT/te-wheels"; exit 0
+  fi
   BUILD_VENV="$CACHE_ROOT/build-venv"
   [ -x "$BUILD_VENV/bin/python" ] || python3 -m venv "$BUILD_VENV"
   PY="$BUILD_VENV/bin/python"
