@@ -346,7 +346,8 @@ def _engine_option_checks(parsed: Mapping[str, Any], recipe: Recipe | None) -> l
             )
         )
     quantized = recipe is not None and recipe.kind != "none"
-    if quantized and getattr(parsed.get(PARALLEL), "shard", 1) > 1:
+    sharded = getattr(parsed.get(PARALLEL), "shard", 1) > 1
+    if quantized and sharded:
         out.append(
             error(
                 "parallel.shard",
@@ -357,8 +358,7 @@ def _engine_option_checks(parsed: Mapping[str, Any], recipe: Recipe | None) -> l
                 "drop the recipe (recipe=null) for a sharded run, or use parallel.data instead",
             )
         )
-    parallel = parsed.get(PARALLEL)
-    if getattr(parallel, "shard", 1) > 1 and getattr(parallel, "expert", 1) > 1:
+    if sharded and getattr(parsed.get(PARALLEL), "expert", 1) > 1:
         out.append(
             error("parallel.shard", "conflicting-settings", TE_SHARDED_EXPERTS, TE_SHARDED_EXPERTS_HINT)
         )
