@@ -24,7 +24,7 @@ from te_assembly.jobs.events import Advanced, OnEvent, ignore
 from te_assembly.jobs.pretrained import TOKENIZER_FILE
 from te_assembly.jobs.target import NO_RECIPE, Target
 from te_assembly.jobs.text.settings import DataSettings
-from te_assembly.jobs.training import parallel_checkpoint
+from te_assembly.jobs.training import parallel_checkpoint, stopping
 from te_assembly.jobs.training.checkpoint import (
     CheckpointError,
     prune,
@@ -482,6 +482,50 @@ class _Training:
     notes: list[str]
 
 
+def _update(
+    run: _Training, settings: TrainSettings, step: int, lr: float
+) -> tuple[float, dict[str, float], float, float]:
+    """One optimizer step over ``grad_accum`` micro-batches: the loss and its terms (means over ranks),
+    the gradient norm before clipping, and the seconds from the batches being ready to the update done."""
+    student, model, optimizer, task, par = run.student, run.model, run.optimizer, run.task, run.par
+    micros = settings.grad_accum
+    batches = [task.batch(step, micro, micros) for micro in range(micros)]
+    set_lr(optimizer, lr)
+    optimizer.zero_grad(set_to_none=True)
+    run.target.sync()
+    began = time.perf_counter()
+    inject = settings.inject_nan_at_step == step
+    value, summed = 0.0, dict[str, float]()
+    for batch in batches:
+        y, extras = model(batch.x, **batch.inputs)
+        terms = task.terms(y, extras, batch, run.loss_names)
+        loss = objective.total(terms)
+        if inject and settings.inject_nan_into == "loss":
+            loss = loss * float("nan")
+        part = par.mean(loss.item())  # every rank agrees on the loss, and on whether it is finite
+        _check_loss(step, loss, terms)
+        if not math.isfinite(part):
+            raise NonFiniteError(step, "loss", f"non-finite loss on another rank at step {step}: {part}")
+        (loss / micros if micros > 1 else loss).backward()
+        value += part / micros
+        for k, t in terms.items():
+            summed[k] = summed.get(k, 0.0) + par.mean(t.item()) / micros
+    par.finish_grads(student)
+    if inject and settings.inject_nan_into == "grad":
+        first = next(p for p in student.parameters() if p.grad is not None)
+        local_piece(first.grad).view(-1)[0] = float("nan")  # type: ignore[arg-type]
+    _check_grads(step, student, par)
+    grad_norm = par.norm_of_grads(student)
+    if settings.clip_grad_norm is not None and grad_norm > settings.clip_grad_norm:
+        scale = settings.clip_grad_norm / (grad_norm + 1e-6)
+        for p in student.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    optimizer.step()
+    run.target.sync()
+    return value, summed, grad_norm, time.perf_counter() - began
+
+
 def _steps(
     plan: Plan,
     settings: TrainSettings,
@@ -494,99 +538,59 @@ def _steps(
     meta_base: dict[str, Any],
     on_step: Callable[[StepRecord], None] | None,
 ) -> TrainResult:
-    student, model, optimizer, task, par, target = (
-        run.student,
-        run.model,
-        run.optimizer,
-        run.task,
-        run.par,
-        run.target,
-    )
-    loss_names, notes, earlier_run, files = run.loss_names, run.notes, run.earlier_run, run.files
+    student, model, optimizer, task, par = run.student, run.model, run.optimizer, run.task, run.par
+    notes, earlier_run, files = run.notes, run.earlier_run, run.files
     checkpoints: list[Path] = []
     evaluations = _earlier_evaluations(out_dir, start) if par.is_main and task.is_language_model else []
-    micros = settings.grad_accum
     began_training = time.perf_counter()
-    for step in range(start + 1, end + 1):
-        batches = [task.batch(step, micro, micros) for micro in range(micros)]
-        lr = lr_at(step, settings)
-        set_lr(optimizer, lr)
-        optimizer.zero_grad(set_to_none=True)
-        target.sync()
-        began = time.perf_counter()
-        inject = settings.inject_nan_at_step == step
-        value, summed = 0.0, dict[str, float]()
-        for batch in batches:
-            y, extras = model(batch.x, **batch.inputs)
-            terms = task.terms(y, extras, batch, loss_names)
-            loss = objective.total(terms)
-            if inject and settings.inject_nan_into == "loss":
-                loss = loss * float("nan")
-            part = par.mean(loss.item())  # every rank agrees on the loss, and on whether it is finite
-            _check_loss(step, loss, terms)
-            if not math.isfinite(part):
-                raise NonFiniteError(step, "loss", f"non-finite loss on another rank at step {step}: {part}")
-            (loss / micros if micros > 1 else loss).backward()
-            value += part / micros
-            for k, t in terms.items():
-                summed[k] = summed.get(k, 0.0) + par.mean(t.item()) / micros
-        par.finish_grads(student)
-        if inject and settings.inject_nan_into == "grad":
-            first = next(p for p in student.parameters() if p.grad is not None)
-            local_piece(first.grad).view(-1)[0] = float("nan")  # type: ignore[arg-type]
-        _check_grads(step, student, par)
-        grad_norm = par.norm_of_grads(student)
-        if settings.clip_grad_norm is not None and grad_norm > settings.clip_grad_norm:
-            scale = settings.clip_grad_norm / (grad_norm + 1e-6)
-            for p in student.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        optimizer.step()
-        target.sync()
-        seconds = time.perf_counter() - began
-        losses.append(value)
-        evaluation = None
-        every = settings.eval_every
-        if task.is_language_model and (step == end or (every and step % every == 0)):
-            found = task.evaluate(model, settings.eval_batches)
-            if found is not None:
-                evaluation = found.metrics()
-                evaluations.append((step, evaluation))
-        record = StepRecord(
-            step,
-            end,
-            value,
-            summed,
-            lr,
-            seconds,
-            settings.tokens / seconds if seconds > 0 else float("inf"),
-            grad_norm,
-            time.time(),
-            time.perf_counter() - began_training,
-            evaluation,
-        )
-        if files is not None:
-            files.metrics.record(record.metrics())
-        if on_step is not None:
-            on_step(record)
-        every = settings.checkpoint_every
-        if step == end or (every and step % every == 0):
-            meta = dict(meta_base)  # the loss history lives in metrics.jsonl, not in every checkpoint
-            written = parallel_checkpoint.save(par, out_dir, step, student, optimizer, meta)
-            if written is None:  # another rank: rank 0 writes
-                continue
-            checkpoints.append(written)
-            if earlier_run:
-                remove_previous_run(earlier_run, keep=[written])
-                count = sum(p.suffix == ".safetensors" for p in earlier_run)
-                notes.append(
-                    f"removed {count} checkpoint(s) of an earlier run in {out_dir} once this run's first "
-                    "checkpoint was written (train.overwrite=true)"
-                )
-                earlier_run = []
-                if files is not None:
-                    files.commit()
-            prune(out_dir, settings.keep_checkpoints, latest=written, run_sha256=meta_base["run_sha256"])
+    with stopping.at_step_ends():
+        for step in range(start + 1, end + 1):
+            stopping.stop_if_asked()
+            lr = lr_at(step, settings)
+            value, summed, grad_norm, seconds = _update(run, settings, step, lr)
+            losses.append(value)
+            evaluation = None
+            every = settings.eval_every
+            if task.is_language_model and (step == end or (every and step % every == 0)):
+                found = task.evaluate(model, settings.eval_batches)
+                if found is not None:
+                    evaluation = found.metrics()
+                    evaluations.append((step, evaluation))
+            record = StepRecord(
+                step,
+                end,
+                value,
+                summed,
+                lr,
+                seconds,
+                settings.tokens / seconds if seconds > 0 else float("inf"),
+                grad_norm,
+                time.time(),
+                time.perf_counter() - began_training,
+                evaluation,
+            )
+            if files is not None:
+                files.metrics.record(record.metrics())
+            if on_step is not None:
+                on_step(record)
+            every = settings.checkpoint_every
+            if step == end or (every and step % every == 0):
+                meta = dict(meta_base)  # the loss history lives in metrics.jsonl, not in every checkpoint
+                written = parallel_checkpoint.save(par, out_dir, step, student, optimizer, meta)
+                if written is None:  # another rank: rank 0 writes
+                    continue
+                checkpoints.append(written)
+                if earlier_run:
+                    remove_previous_run(earlier_run, keep=[written])
+                    count = sum(p.suffix == ".safetensors" for p in earlier_run)
+                    notes.append(
+                        f"removed {count} checkpoint(s) of an earlier run in {out_dir} once this run's first "
+                        "checkpoint was written (train.overwrite=true)"
+                    )
+                    earlier_run = []
+                    if files is not None:
+                        files.commit()
+                prune(out_dir, settings.keep_checkpoints, latest=written, run_sha256=meta_base["run_sha256"])
 
     result = TrainResult(
         losses, start, max(start, end), checkpoints, notes=notes, model=student, evaluations=evaluations

@@ -106,3 +106,56 @@ def _consoles(buffer: io.StringIO) -> Any:
 
     console = Console(file=buffer, width=400, no_color=True, highlight=False, force_terminal=False)
     return Consoles(console, console)
+
+
+def _signalled_during_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, times: int
+) -> tuple[int, str]:
+    """Train in process; while step 4's checkpoint is being written, ``signum`` arrives ``times``
+    times. Returns the exit code and what was printed."""
+    from te_assembly.cli import main as cli
+    from te_assembly.jobs.training import parallel_checkpoint
+
+    real = parallel_checkpoint.save
+
+    def save(par: Any, out_dir: Path, step: int, *args: Any, **kwargs: Any) -> Any:
+        if step == 4:
+            for _ in range(times):
+                os.kill(os.getpid(), signum)
+                time.sleep(0.05)  # the handler runs at the next bytecode: here, mid-"write"
+        return real(par, out_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(parallel_checkpoint, "save", save)
+    monkeypatch.chdir(tmp_path)
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli, "consoles", lambda: _consoles(buffer))
+    args = [a for a in ARGS if not a.startswith("train.steps=")]
+    code = cli.main(["train", *args, "train.steps=8", f"hydra.run.dir={tmp_path / 'run'}"])
+    return code, buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "word"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_a_signal_during_a_checkpoint_write_waits_for_the_step_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, code: int, word: str
+) -> None:
+    """A stop raised mid-write could surface as torch's or safetensors' own error (CI saw a ValueError
+    for SIGTERM): the step, its checkpoint included, ends first, and that checkpoint is the one kept."""
+    got, text = _signalled_during_checkpoint(tmp_path, monkeypatch, signum, times=1)
+    assert got == code, text
+    assert word in text and "unexpected" not in text
+    assert "(step 4, verified)" in text, text
+    records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(records) == 4  # step 5 never started
+    assert (
+        signal.getsignal(signal.SIGTERM) is not None
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+
+
+def test_a_second_signal_stops_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a step that hangs: the second SIGTERM does not wait, so step 4's checkpoint is never written."""
+    got, text = _signalled_during_checkpoint(tmp_path, monkeypatch, signal.SIGTERM, times=2)
+    assert got == 143, text
+    assert "(step 2, verified)" in text, text

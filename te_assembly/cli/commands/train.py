@@ -38,6 +38,7 @@ from te_assembly.jobs.events import Advanced
 from te_assembly.jobs.target import Target
 from te_assembly.jobs.text.settings import DataSettings
 from te_assembly.jobs.train import StepRecord, check_can_train, train
+from te_assembly.jobs.training import stopping
 from te_assembly.jobs.training.checkpoint import CheckpointError, scan
 from te_assembly.jobs.training.run_dir import check_unlocked, latest_run, newest_good, out_dir_of
 from te_assembly.jobs.training.run_record import check_fresh_start
@@ -115,24 +116,30 @@ def _agreed(settings: TrainSettings, par: ParallelContext) -> tuple[TrainSetting
 
 
 @contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
+def _signals_stop() -> Iterator[None]:
     """SIGTERM stops training as Ctrl-C does (the run says what it kept), instead of killing it
-    mid-line; the previous handler comes back after. Not under torchrun: its agent ends the other ranks
-    with SIGTERM when one fails, and a rank waiting in a collective must die then, not wait for it."""
+    mid-line; both wait for the end of the step they arrive in (``jobs/training/stopping.py``), a
+    second one stops at once. The previous handlers come back after. Not under torchrun: its agent ends
+    the other ranks with SIGTERM when one fails, and a rank waiting in a collective must die then, not
+    wait for it."""
     from te_assembly.analysis.parallel.launch import current_launch
 
     if threading.current_thread() is not threading.main_thread() or current_launch().under_torchrun:
         yield
         return
 
-    def stop(signum: int, frame: Any) -> None:
-        raise Terminated()
+    def terminated(signum: int, frame: Any) -> None:
+        stopping.ask(Terminated())
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    def interrupted(signum: int, frame: Any) -> None:
+        stopping.ask(KeyboardInterrupt())
+
+    previous = signal.signal(signal.SIGTERM, terminated), signal.signal(signal.SIGINT, interrupted)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
 
 
 def _say_what_is_kept(out_dir: Path, console: Console) -> None:
@@ -229,7 +236,7 @@ def _train(session: Session, settings: TrainSettings, console: Console, target: 
                 progress.console.print(_evaluation_line(record.step, record.evaluation), markup=False)
 
         try:
-            with _sigterm_stops():
+            with _signals_stop():
                 result = train(
                     plan,
                     settings,
