@@ -159,3 +159,15 @@ def test_a_second_signal_stops_at_once(tmp_path: Path, monkeypatch: pytest.Monke
     got, text = _signalled_during_checkpoint(tmp_path, monkeypatch, signal.SIGTERM, times=2)
     assert got == 143, text
     assert "(step 2, verified)" in text, text
+
+
+def test_a_signal_the_parent_ignores_stays_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shell's background job (or nohup) ignores SIGINT: train must not start stopping on it."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        got, text = _signalled_during_checkpoint(tmp_path, monkeypatch, signal.SIGINT, times=2)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert got == 0, text
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 8

@@ -128,18 +128,18 @@ def _signals_stop() -> Iterator[None]:
         yield
         return
 
-    def terminated(signum: int, frame: Any) -> None:
-        stopping.ask(Terminated())
+    stops: dict[int, type[KeyboardInterrupt]] = {signal.SIGTERM: Terminated, signal.SIGINT: KeyboardInterrupt}
 
-    def interrupted(signum: int, frame: Any) -> None:
-        stopping.ask(KeyboardInterrupt())
+    def handler(signum: int, frame: Any) -> None:
+        stopping.ask(stops[signum]())
 
-    previous = signal.signal(signal.SIGTERM, terminated), signal.signal(signal.SIGINT, interrupted)
+    # A signal the parent set to be ignored (nohup, a shell's background job for SIGINT) stays ignored.
+    previous = {s: signal.signal(s, handler) for s in stops if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+        for s, was in previous.items():
+            signal.signal(s, was)
 
 
 def _say_what_is_kept(out_dir: Path, console: Console) -> None:
