@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -390,7 +391,8 @@ def _cgroup_available() -> int | None:
 
 def available_bytes(device: torch.device) -> tuple[int, str] | None:
     """Free memory on ``device`` and where the number comes from; None when it cannot be known.
-    ``TE_ASSEMBLY_MEMORY_LIMIT`` (bytes) caps it, e.g. to keep to a share of a busy machine."""
+    ``TE_ASSEMBLY_MEMORY_LIMIT`` (bytes, or with a unit: ``parse_size``) caps it, e.g. to keep to a
+    share of a busy machine; a value that is not a size raises ``ResourceError``."""
     found: list[tuple[int, str]] = []
     if device.type == "cuda":
         if torch.cuda.is_available():
@@ -433,14 +435,37 @@ def check_fits(
     )
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d*)?(?:[eE]\d+)?)\s*([A-Za-z]*)")
+_UNITS = {"": 1, "b": 1} | {
+    f"{prefix}{suffix}": base**power
+    for power, prefix in enumerate("kmgtp", start=1)
+    for suffix, base in (("b", 1000), ("ib", 1024), ("i", 1024))
+}
+
+
+def parse_size(text: str, what: str) -> int:
+    """Bytes from ``text``: a number of bytes (``2000000000``, ``2e9``) or one with a unit, decimal
+    (``KB``, ``MB``, ``GB``...) or binary (``KiB``, ``MiB``, ``GiB``...; ``Gi`` as Kubernetes writes
+    it), any case. A bare ``G`` is refused: it means 10^9 to some tools and 2^30 to others."""
+    match = _SIZE.fullmatch(text.strip())
+    unit = _UNITS.get(match.group(2).lower()) if match else None
+    if match is not None and len(match.group(2)) == 1 and match.group(2).lower() in "kmgtp":
+        letter = match.group(2).upper()
+        raise ResourceError(
+            f"{what}={text!r}: {letter!r} alone is ambiguous (a power of 1000 or of 1024): write "
+            f"{match.group(1)}{letter}B or {match.group(1)}{letter}iB"
+        )
+    if match is None or unit is None:
+        raise ResourceError(
+            f"{what}={text!r} is not a size: give bytes (2000000000) or a number with a unit, decimal "
+            "(500MB, 2GB) or binary (512MiB, 2GiB)"
+        )
+    return int(float(match.group(1)) * unit)
+
+
 def _environment_limit() -> int | None:
     raw = os.environ.get("TE_ASSEMBLY_MEMORY_LIMIT", "").strip()
-    if not raw:
-        return None
-    try:
-        return max(0, int(float(raw)))
-    except ValueError:
-        return None
+    return parse_size(raw, "TE_ASSEMBLY_MEMORY_LIMIT") if raw else None
 
 
 __all__ = [

@@ -249,6 +249,51 @@ def test_memory_limit_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
         build(plan, engine="reference")
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", str(10**9))
     build(plan, engine="reference")
+    monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", "1.5 KiB")
+    with pytest.raises(ResourceError, match=r"only 1\.5 KiB is available \(TE_ASSEMBLY_MEMORY_LIMIT\)"):
+        build(plan, engine="reference")
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("2000", 2000),
+        ("2e9", 2 * 10**9),
+        ("90MiB", 90 * 2**20),
+        ("90 mib", 90 * 2**20),
+        ("1.5GB", 15 * 10**8),
+        ("2Gi", 2 * 2**30),
+        ("3 TB", 3 * 10**12),
+        ("0", 0),
+        ("512b", 512),
+    ],
+)
+def test_memory_sizes_take_units(text: str, size: int) -> None:
+    from te_assembly.engines.memory import parse_size
+
+    assert parse_size(text, "X") == size
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("90M", "'M' alone is ambiguous"),
+        ("2g", "'G' alone is ambiguous"),
+        ("-5", "is not a size"),
+        ("lots", "is not a size"),
+        ("5 MiBs", "is not a size"),
+        ("1e9.5", "is not a size"),
+    ],
+)
+def test_a_memory_limit_that_is_not_a_size_is_refused_not_ignored(
+    monkeypatch: pytest.MonkeyPatch, text: str, words: str
+) -> None:
+    """It used to be ignored: a user who wrote 90M got no limit at all, and no word of it."""
+    plan = te_assembly.load("residual_mlp").checked_plan()
+    monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", text)
+    with pytest.raises(ResourceError, match="TE_ASSEMBLY_MEMORY_LIMIT=") as caught:
+        build(plan, engine="reference")
+    assert words in str(caught.value)
 
 
 @pytest.mark.parametrize("name", ["moe_block", "two_stage", "residual_mlp"])
