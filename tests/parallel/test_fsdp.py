@@ -276,3 +276,22 @@ def test_fsdp2_with_expert_parallelism_trains_resumes_and_reshards(tmp_path: Pat
 
     model = from_pretrained(tmp_path / "pretrained", engine="reference")
     _same_weights({k: v.double() for k, v in model.state_dict().items()}, _weights(dp, 6))
+
+
+def test_compiled_units_under_fsdp2_train_as_one_process(
+    baseline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile=true`` compiles each FSDP2 unit (a block use) on every rank: the same losses and weights.
+    RoPE's float32 tables are cast in another order by inductor, hence a looser tolerance than above.
+    A cache of its own shows that inductor compiled (and makes every run of this test a cold one)."""
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    args = _train("compiled", "parallel.shard=2", "compile=true", "train.stop_after=3")
+    _ok(torchrun(args, tmp_path, timeout=400))
+    assert any(cache.rglob("*.py")), "inductor generated no code: nothing was compiled"
+    loose = {"rtol": 1e-6, "atol": 1e-8}
+    torch.testing.assert_close(_losses(tmp_path / "compiled"), _losses(baseline)[:3], **loose)
+    weights, expected = _weights(tmp_path / "compiled", 3), _weights(baseline, 3)
+    assert sorted(weights) == sorted(expected)
+    for name in weights:
+        torch.testing.assert_close(weights[name], expected[name], **loose, msg=lambda m, n=name: f"{n}: {m}")
