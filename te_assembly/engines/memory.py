@@ -448,19 +448,19 @@ def parse_size(text: str, what: str) -> int:
     (``KB``, ``MB``, ``GB``...) or binary (``KiB``, ``MiB``, ``GiB``...; ``Gi`` as Kubernetes writes
     it), any case. A bare ``G`` is refused: it means 10^9 to some tools and 2^30 to others."""
     match = _SIZE.fullmatch(text.strip())
-    unit = _UNITS.get(match.group(2).lower()) if match else None
+    if match is not None and match.group(2).lower() in _UNITS:
+        number, unit = match.groups()
+        return int(float(number) * _UNITS[unit.lower()])
     if match is not None and len(match.group(2)) == 1 and match.group(2).lower() in "kmgtp":
-        letter = match.group(2).upper()
+        number, letter = match.group(1), match.group(2).upper()
         raise ResourceError(
             f"{what}={text!r}: {letter!r} alone is ambiguous (a power of 1000 or of 1024): write "
-            f"{match.group(1)}{letter}B or {match.group(1)}{letter}iB"
+            f"{number}{letter}B or {number}{letter}iB"
         )
-    if match is None or unit is None:
-        raise ResourceError(
-            f"{what}={text!r} is not a size: give bytes (2000000000) or a number with a unit, decimal "
-            "(500MB, 2GB) or binary (512MiB, 2GiB)"
-        )
-    return int(float(match.group(1)) * unit)
+    raise ResourceError(
+        f"{what}={text!r} is not a size: give bytes (2000000000) or a number with a unit, decimal "
+        "(500MB, 2GB) or binary (512MiB, 2GiB)"
+    )
 
 
 def _environment_limit() -> int | None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from te_assembly.analysis.parallel.layout import ShardPlan, fsdp_ranks, rank_coordinates, rank_elements
+from te_assembly.analysis.parallel.layout import (
+    ShardPlan,
+    fsdp_ranks,
+    rank_coordinates,
+    rank_elements,
+    sharded_shape,
+)
 from te_assembly.analysis.plan import Plan
 
 _TENSOR_ROLE = {
@@ -62,7 +68,7 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
             cut = fsdp_ranks(rule, s)
             fsdp = f"dim 0 FSDP2-sharded over {cut} ranks" if s.is_sharded else ""
             if s.is_sharded and rule.kind != "expert":
-                piece = (-(-shape[0] // cut), *shape[1:]) if shape else shape
+                piece = sharded_shape(tuple(shape), cut)
                 steps.add_row(shard.name, role, name, _shape(shape), _shape(piece), fsdp)
             elif rule.kind == "tensor":
                 local = list(shape)
@@ -74,7 +80,7 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
             elif rule.kind == "expert":
                 owner = rule.group // groups if groups else 0
                 local_index = rule.group - owner * groups
-                piece = (-(-shape[0] // cut), *shape[1:]) if shape else shape
+                piece = sharded_shape(tuple(shape), cut)
                 steps.add_row(
                     shard.name,
                     role,

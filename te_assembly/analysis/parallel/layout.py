@@ -268,12 +268,17 @@ def rank_coordinates(settings: ParallelSettings) -> Iterator[tuple[int, int, int
                     yield ((d * settings.shard + s) * settings.expert + e) * settings.tensor + t, d, s, e, t
 
 
-def sharded_elements(shape: tuple[int, ...], shard: int) -> int:
-    """Elements of ``shape`` one FSDP2 rank of ``shard`` keeps: dimension 0 cut into ``shard`` equal
+def sharded_shape(shape: tuple[int, ...], shard: int) -> tuple[int, ...]:
+    """The piece of ``shape`` one FSDP2 rank of ``shard`` keeps: dimension 0 cut into ``shard`` equal
     pieces, the last padded (``fully_shard`` allocates every rank's piece at the padded size)."""
     if shard == 1 or not shape:
-        return math.prod(shape)
-    return -(-shape[0] // shard) * math.prod(shape[1:])
+        return shape
+    return (-(-shape[0] // shard), *shape[1:])
+
+
+def sharded_elements(shape: tuple[int, ...], shard: int) -> int:
+    """Elements of the piece ``sharded_shape`` gives."""
+    return math.prod(sharded_shape(shape, shard))
 
 
 def fsdp_ranks(rule: ParamShard, settings: ParallelSettings) -> int:
@@ -316,5 +321,6 @@ __all__ = [
     "rank_elements",
     "shard_plan",
     "sharded_elements",
+    "sharded_shape",
     "slice_rows",
 ]
