@@ -32,7 +32,7 @@ def worker(model_name: str, batch: int, seq: int, compile_: bool, repeats: int) 
     import te_assembly
 
     torch.manual_seed(0)
-    model = te_assembly.build(model_name, engine="reference")
+    model = te_assembly.build(model_name, "reference")
     if compile_:
         model.configure(compile=True)
     plan = model.plan

@@ -39,12 +39,13 @@ from torch.nn import functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import te_assembly
+from te_assembly.data.cache import prepare
+from te_assembly.data.corpus import Corpus
+from te_assembly.data.settings import DataSettings
+from te_assembly.engines.target import Target
 from te_assembly.jobs import objective
-from te_assembly.jobs.text.cache import prepare
-from te_assembly.jobs.text.corpus import Corpus
-from te_assembly.jobs.text.settings import DataSettings
-from te_assembly.jobs.train import train
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.train.job import train
+from te_assembly.jobs.train.settings import TrainSettings
 
 # --- the plain model: no te_assembly below this line until PlainLM ends ----------------------------
 
@@ -173,10 +174,10 @@ def main() -> None:
 
     # 1. quality: te_assembly's train job against a plain loop from the same initial weights
     torch.manual_seed(args.seed)
-    initial = te_assembly.build(plan, engine="reference").state_dict()  # what the job builds with this seed
+    initial = te_assembly.build(plan, "reference").state_dict()  # what the job builds with this seed
     with tempfile.TemporaryDirectory() as tmp:
         run_settings = dataclasses.replace(settings, out_dir=str(Path(tmp) / "run"))
-        job = train(plan, run_settings, seed=args.seed)
+        job = train(plan, Target.of("reference", seed=args.seed), run_settings)
         records = (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()
         job_step = statistics.median(json.loads(line)["step_time_s"] for line in records)
     assert job.model is not None
@@ -211,7 +212,7 @@ def main() -> None:
 
     # 2. speed: the two step functions interleaved on the same batches
     torch.manual_seed(args.seed)
-    model = te_assembly.build(plan, engine="reference").train()
+    model = te_assembly.build(plan, "reference").train()
     plain = plain_of(dims)
     copy_into_plain(model.state_dict(), plain, dims["layers"])
     opts = {

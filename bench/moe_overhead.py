@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from te_assembly.analysis.pipeline import load
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.target import Target
 
 SIZES = ((512, 64), (2048, 256))
 """(tokens, hidden); ffn = 2 * hidden, 8 experts, top 2."""
@@ -95,7 +96,7 @@ def make_pair(
     overrides.append("model.dims.align=1")  # the hand-written module pads nothing: compare like with like
     plan = load("moe_block", [*overrides, f"model.dims.top_k={TOP_K}"]).checked_plan()
     torch.manual_seed(0)
-    engine = build(plan, engine="reference", device=device, dtype=dtype)
+    engine = build(plan, Target.of("reference", device=device, dtype=dtype))
     with torch.no_grad():  # non-zero biases, so a bias mistake would show in the check below
         for p in engine.parameters():
             p.add_(torch.randn_like(p) * 0.02)

@@ -6,7 +6,7 @@ The models are chains of TE's CPU-capable ops (MakeExtraOutput, Bias, ConstantSc
 AddExtraInput) in blocks of five: a tap on a hidden channel, a bias, a scale, an identity, the tap
 added back. The forward chain also has one public output and one public input.
 
-1. Build: ``te_assembly.build(plan, engine="te")`` against TE's own work for the same ops (construct
+1. Build: ``te_assembly.build(plan, "te")`` against TE's own work for the same ops (construct
    every op, make every channel setter call, construct the ``OperationFuser``), best of 3, at each
    size. The validated plan is made beforehand and timed on its own (``load``); the ratio column is
    build / TE's own, and per-op microseconds show whether growth is linear. ``build`` pauses Python's
@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from te_assembly.analysis.pipeline import load
 from te_assembly.engines import build
+from te_assembly.engines.target import Target
 
 WIDTH = 64
 HID = {"public": False}  # a channel the caller does not see
@@ -106,7 +107,7 @@ def best_of(fn: Callable[[], object], repeats: int = 3, pause_gc: bool = False) 
 
 def bench_build(sizes: list[int], dtype: torch.dtype) -> None:
     print(
-        "build(plan, engine='te') vs TE's own construct + bind + OperationFuser (best of 3). build pauses\n"
+        "build(plan, 'te') vs TE's own construct + bind + OperationFuser (best of 3). build pauses\n"
         "Python's cyclic GC while it constructs; 'TE own' is timed the same way, 'TE own, GC on' as is."
     )
     print(
@@ -119,7 +120,7 @@ def bench_build(sizes: list[int], dtype: torch.dtype) -> None:
         plan = analysis.plan
         assert plan is not None, [d.format() for d in analysis.diagnostics]
         analyze_s = best_of(lambda m=model: load(m), 1 if n > 10_000 else 3)  # type: ignore[misc]
-        build_s = best_of(lambda p=plan: build(p, engine="te", dtype=dtype))  # type: ignore[misc]
+        build_s = best_of(lambda p=plan: build(p, Target.of("te", dtype=dtype)))  # type: ignore[misc]
         own_s = best_of(lambda m=model: hand_built(m, dtype), pause_gc=True)  # type: ignore[misc]
         own_gc_s = best_of(lambda m=model: hand_built(m, dtype))  # type: ignore[misc]
         ratio, per_op, own_per_op = build_s / own_s, build_s / n * 1e6, own_s / n * 1e6
@@ -141,7 +142,7 @@ def bench_step(num_ops: int, tokens: int, repeats: int, dtype: torch.dtype, publ
     analysis = load(model)
     plan = analysis.plan
     assert plan is not None, [d.format() for d in analysis.diagnostics]
-    engine = build(plan, engine="te", dtype=dtype)
+    engine = build(plan, Target.of("te", dtype=dtype))
     fuser = hand_built(model, dtype)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, WIDTH, generator=gen, dtype=dtype).requires_grad_(True)

@@ -28,6 +28,7 @@ from te_assembly import load
 from te_assembly.engines import build
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.engines.reference.ops.moe import TopKRouter
+from te_assembly.engines.target import Target
 from te_assembly.jobs.verify import (
     TOLERANCES,
     _forward_backward,
@@ -78,9 +79,9 @@ def _router_outside_tf32() -> Callable[[], None]:
 def worst(model: str, seed: int, tokens: int, truncate: bool) -> tuple[str, float]:
     plan = load(model).checked_plan()
     torch.manual_seed(seed)
-    reference = build(plan, engine="reference", dtype=torch.float32)
+    reference = build(plan, Target.of("reference", dtype=torch.float32))
     fill_zero_parameters(reference, seed)
-    candidate = build(plan, engine="reference", dtype=torch.float32)
+    candidate = build(plan, Target.of("reference", dtype=torch.float32))
     copy_weights(reference, candidate)
     reference.eval()
     candidate.eval()

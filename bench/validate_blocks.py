@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import te_assembly  # noqa: E402
-from te_assembly.jobs.benchmark.split import plan_to_model  # noqa: E402
+from te_assembly.jobs.bench.split import plan_to_model  # noqa: E402
 
 GOAL_S = 2.0
 """CLI validate wall-time goal for the 96-layer moe_transformer (issue 10)."""

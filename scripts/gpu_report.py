@@ -29,6 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from te_assembly.analysis.settings import RunSettings
+from te_assembly.engines.target import Target
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -149,12 +152,15 @@ def verify_cell(cell: Cell) -> dict[str, Any]:
     quantizes = recipe.get("kind") != "none"
     report = verify(
         plan,
-        kernels=KERNELS,
-        device=DEVICE,
-        dtype=_dtype(cell.dtype),
-        recipe=recipe if quantizes else None,
-        tokens=TOKENS,
-        seed=0,
+        Target.of(
+            "te",
+            kernels=KERNELS,
+            device=DEVICE,
+            dtype=_dtype(cell.dtype),
+            recipe=recipe if quantizes else None,
+            seed=0,
+        ),
+        RunSettings(tokens=TOKENS),
     )
     tol = report.tolerance
     floats = [
@@ -174,7 +180,7 @@ def verify_cell(cell: Cell) -> dict[str, Any]:
         "worst_max_rel": worst.max_rel,
     }
     if quantizes:
-        effect = recipe_effect(plan, recipe, device=DEVICE, tokens=TOKENS)
+        effect = recipe_effect(plan, Target.of("te", device=DEVICE), recipe, tokens=TOKENS)
         out["recipe_effect"] = {**asdict(effect), "active": effect.active}
         if not effect.active:
             out["status"] = "fail"
@@ -196,7 +202,11 @@ def cpu_cell(cell: Cell) -> dict[str, Any]:
     if key not in _CPU_DONE:
         import torch
 
-        report = verify(plan, kernels="reference", device="cpu", dtype=torch.float64, tokens=TOKENS)
+        report = verify(
+            plan,
+            Target.of("te", kernels="reference", device="cpu", dtype=torch.float64),
+            RunSettings(tokens=TOKENS),
+        )
         if not report.passed:
             names = ", ".join(c.name for c in report.failures)
             raise AssertionError(f"kernels=reference on CPU: {names} differ from the reference engine")
@@ -238,7 +248,7 @@ def bench_cell(bc: BenchCell) -> dict[str, Any]:
     import torch
 
     from te_assembly.engines.data import sample_public_inputs, sample_x
-    from te_assembly.jobs.benchmark import PHASES, build_variants, forward_flops, peak_tflops, run_benchmark
+    from te_assembly.jobs.bench import PHASES, build_variants, forward_flops, peak_tflops, run_benchmark
 
     plan, recipe = _plan_and_recipe(bc.cell)
     reason = _unsupported(recipe)
@@ -248,14 +258,16 @@ def bench_cell(bc: BenchCell) -> dict[str, Any]:
     torch.manual_seed(0)
     variants, _ = build_variants(
         plan,
-        engine="te",
-        kernels=KERNELS,
-        device=device,
-        dtype=dtype,
+        Target.of(
+            "te",
+            kernels=KERNELS,
+            device=device,
+            dtype=dtype,
+            recipe=recipe if recipe.get("kind") != "none" else None,
+        ),
         optimizer="adamw",
         lr=1e-3,
         compare=bc.compare,
-        recipe=recipe if recipe.get("kind") != "none" else None,
     )
     gen = torch.Generator().manual_seed(0)
     x = sample_x(plan, bc.tokens, generator=gen, device=device, dtype=dtype)
@@ -263,7 +275,7 @@ def bench_cell(bc: BenchCell) -> dict[str, Any]:
     results = run_benchmark(variants, x, inputs, device=device, warmup=3, repeats=10)
     # What TE's fusers fused, next to the prediction for this GPU (analysis/fusions.py).
     from te_assembly.analysis.fusions import FusionTarget
-    from te_assembly.jobs.benchmark.fused import fired_fusions
+    from te_assembly.jobs.bench.fused import fired_fusions
 
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     kind = recipe.get("kind") if recipe.get("kind") != "none" else None

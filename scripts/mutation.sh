@@ -10,7 +10,7 @@
 #               on the 2-core machine shared with other jobs (docs/mutation-survivors.md)
 #   reference   te_assembly/engines/reference/ops/*        verify      all of te_assembly/jobs/verify.py (longer: its
 #                                                              end-to-end tests build models per mutant)
-#   checkpoint  te_assembly/jobs/training/checkpoint.py    validate    te_assembly/analysis/*
+#   checkpoint  te_assembly/formats/checkpoint.py    validate    te_assembly/analysis/*
 #   engines     te_assembly/engines/*              all         every core package (hours)
 # The test selection in pyproject's [tool.mutmut] is sized for core and verify; widen it first for the
 # others (tests/validation for validate; tests/engines for engines; tests/tools/test_train.py and
@@ -35,7 +35,7 @@ case "$subset" in
     ;;
   reference) names=("te_assembly.engines.reference.ops.*") ;;
   verify) names=("te_assembly.jobs.verify.*") ;;
-  checkpoint) names=("te_assembly.jobs.training.checkpoint.*") ;;
+  checkpoint) names=("te_assembly.formats.checkpoint.*") ;;
   validate) names=("te_assembly.analysis.*") ;;
   engines) names=("te_assembly.engines.*") ;;
   all) names=() ;;

@@ -69,6 +69,12 @@ class ArgumentError(TeAssemblyError, TypeError, ValueError):
     dtype, an unknown device...). Both a ``TypeError`` and a ``ValueError``, as callers may expect either."""
 
 
+class ChoiceError(ConfigError, ArgumentError):
+    """An engine or kernels value no target can have (``Target.of("tee")``): a config error with its
+    diagnostic, and an ``ArgumentError`` (a ``TypeError`` and ``ValueError``), as a target's values come
+    from a config or from Python alike."""
+
+
 class ResourceError(TeAssemblyError):
     """The work cannot fit this machine: the memory it needs (estimated from the plan before anything is
     allocated) is more than is available."""

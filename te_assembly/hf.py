@@ -1,6 +1,6 @@
-"""Hugging Face checkpoints in and out (``jobs/hf/``): the public names.
+"""Hugging Face checkpoints in and out (``formats/hf/``): the public names.
 
-``from_hf(HF_DIR, engine=..., dtype=..., device=...)`` builds a checkpoint as a te_assembly model;
+``from_hf(HF_DIR, target)`` builds a checkpoint as a te_assembly model (an engine name: in its dtype);
 ``import_hf(HF_DIR, DEST)`` writes it as a pretrained directory; ``to_hf(model, DEST)`` writes a model
 as a checkpoint ``transformers`` loads; ``to_hf_state_dict(model, tensors=None)`` maps a state dict (or
 anything keyed like it, such as gradients) to Hugging Face names and layouts, ``from_hf_state_dict`` back.
@@ -9,8 +9,8 @@ anything keyed like it, such as gradients) to Hugging Face names and layouts, ``
 
 from __future__ import annotations
 
-from te_assembly.jobs.hf.config import FAMILIES, HONOURED, HFConfigError, HFSpec
-from te_assembly.jobs.hf.convert import (
+from te_assembly.formats.hf.config import FAMILIES, HONOURED, HFConfigError, HFSpec
+from te_assembly.formats.hf.convert import (
     export_hf,
     from_hf,
     from_hf_state_dict,
@@ -19,7 +19,7 @@ from te_assembly.jobs.hf.convert import (
     to_hf,
     to_hf_state_dict,
 )
-from te_assembly.jobs.hf.layout import UnexportableError
+from te_assembly.formats.hf.layout import UnexportableError
 
 __all__ = [
     "FAMILIES",

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeVar, Union
 
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
@@ -123,22 +123,12 @@ def section_diagnostics(cls: type, raw: Any, prefix: str) -> list[Diagnostic]:
     return []
 
 
-def read_section(
-    cls: type[T],
-    raw: Mapping[str, Any] | None,
-    prefix: str,
-    problem: Callable[[str, Any], str | None] | None = None,
-) -> T:
+def read_section(cls: type[T], raw: Mapping[str, Any] | None, prefix: str) -> T:
     """``cls(**raw)`` after ``check_section``; raises ``ConfigError`` listing every problem. Ints given
     for float fields are widened (YAML writes ``lr: 1`` as an int); lists for tuple fields become
-    tuples. ``problem(key, value)`` may add a section's own rule (an error message, or None)."""
+    tuples."""
     raw = raw or {}
     diags = check_section(cls, raw, prefix)
-    if problem is not None and not diags:
-        for key, value in raw.items():
-            message = problem(str(key), value)
-            if message is not None:
-                diags.append(error(f"{prefix}.{key}" if prefix else str(key), f"bad-{prefix}-value", message))
     if diags:
         raise ConfigError(diags)
     specs = section_specs(cls)  # type: ignore[arg-type]

@@ -79,7 +79,7 @@ def test_explain_prints_plan(run_cli: RunCli, model: str) -> None:
     assert f"call signature: {signature(plan)}" in out
     # The total is the parameter count of the model the engines actually build.
     torch.manual_seed(0)
-    built = build(plan, engine="reference")
+    built = build(plan, "reference")
     total = sum(p.numel() for p in built.parameters())
     assert plan.num_params == total
     assert re.search(rf"│\s+│ total\s+│.*│\s+{total:,} │", out)

@@ -10,8 +10,8 @@ import pytest
 from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.settings import CommonSettings, RunSettings
-from te_assembly.jobs.benchmark.settings import BenchSettings
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.bench.settings import BenchSettings
+from te_assembly.jobs.train.settings import TrainSettings
 from te_assembly.views.graph import GraphSettings
 
 SECTIONS = {

@@ -90,163 +90,192 @@ def check_channels(
     steps: Sequence[PlannedStep | None], fusers: list[FuserGroup], raw: RawChannels = RawChannels()
 ) -> ChannelGraph:
     """Check every channel against TE's fuser rules and the slots' dtype, shape and width. ``steps`` are
-    the width pass's output (``check_widths``): the width and shape rules read their ``in_width``."""
+    the width pass's output (``check_widths``): the width and shape rules read their ``in_width``. Three
+    passes, in the order their findings are listed: producers, consumers, then each channel and public
+    output."""
     planned = [s for s in steps if s is not None and s.kind == "op"]
-    diags: list[Diagnostic] = []
-    producers: dict[str, SlotRef] = {}
-    # A consumer is fed from its own fuser (TE's rule), even when a duplicate name elsewhere is an error.
-    local_producers: dict[tuple[str, int | None], SlotRef] = {}
-    every_producer: dict[str, list[SlotRef]] = {}
+    found = _Producers.of(steps, planned)
+    wiring = _Wiring(steps, found, raw)
     for step in planned:
-        for slot, name in enumerate(step.output_channels):
-            if name is None:
-                continue
-            ref = SlotRef(step.index, slot, step.output_slots[slot].name)
-            local_producers.setdefault((name, step.fuser), ref)
-            every_producer.setdefault(name, []).append(ref)
-            first = producers.get(name)
-            if first is not None:
-                other = steps[first.step]
-                assert other is not None
-                where = (
-                    "" if other.fuser == step.fuser else " (in another fuser; channel names are model-wide)"
-                )
-                diags.append(
-                    error(
-                        _out_path(step, slot),
-                        "duplicate-producer",
-                        f"channel {name!r} already has a producer: {_out_path(other, first.slot)} "
-                        f"(step {other.name!r}){where}",
-                    )
-                )
-                continue
-            producers[name] = SlotRef(step.index, slot, step.output_slots[slot].name)
+        for slot in range(len(step.input_channels)):
+            wiring.consume(step, slot)
+    channels, public_outputs, diags = _outputs(planned, found, wiring, raw)
+    diags = [*found.diags, *wiring.diags, *diags]
+    diags.extend(_name_clashes(wiring.public_inputs, "input"))
+    diags.extend(_name_clashes(public_outputs, "output"))
+    reroutes = _reroutes(steps, channels)
+    return ChannelGraph(fusers, channels, wiring.public_inputs, public_outputs, diags, wiring.feeds, reroutes)
 
-    consumers: dict[str, list[SlotRef]] = {name: [] for name in producers}
-    feeds: dict[tuple[int, int], SlotRef] = {}
-    misspelt: set[str] = set()
-    public_inputs: list[PublicTensor] = []
-    for step in planned:
-        for slot, name in enumerate(step.input_channels):
-            path = _in_path(step, slot)
-            dtype = step.input_slots[slot].dtype
-            if name is None:
-                ref = SlotRef(step.index, slot, step.input_slots[slot].name)
-                public_inputs.append(PublicTensor(step.public_input_name(slot), ref, dtype, step.fuser or 0))
-                continue
-            source = local_producers.get((name, step.fuser)) or producers.get(name)
-            if source is not None:
-                feeds[(step.index, slot)] = source
-            if source is None and name in RESERVED_NAMES:
-                diags.append(
-                    error(
-                        path,
-                        "reserved-name",
-                        f"{name!r} is {RESERVED_NAMES[name]}, not a channel: step {step.name!r} cannot "
-                        "take it as an extra input",
-                        "tap the main path with a MakeExtraOutput step and consume its channel",
-                    )
-                )
-                continue
-            if source is None:
-                if name in raw.declared:
-                    continue  # its producer's step or slot is broken and already reported
-                meant = closest(name, producers)
-                if meant is not None:
-                    misspelt.add(meant)
-                diags.append(
-                    error(
-                        path,
-                        "dangling-input",
-                        f"channel {name!r} consumed by step {step.name!r} has no producer",
-                        did_you_mean(name, producers)
-                        or "bind an extra output to this name, or use null to make the input public",
-                    )
-                )
-                continue
-            producer = steps[source.step]
-            assert producer is not None
-            if source.step >= step.index:
-                named = every_producer.get(name, [])
-                if len(named) > 1:  # an earlier one exists: the name has two producers, say so
-                    where = ", ".join(
-                        f"step {steps[r.step].name!r} at model.ops[{r.step}]"  # type: ignore[union-attr]
-                        for r in named
-                    )
-                    message = (
-                        f"channel {name!r} has {len(named)} producers ({where}): step {step.name!r} would "
-                        f"take it from {producer.name!r} in its own fuser, which comes after it"
-                    )
-                    hint = "give each producer its own channel name"
-                else:
-                    message = (
-                        f"channel {name!r} consumed by step {step.name!r} has no earlier producer: it is "
-                        f"produced by step {producer.name!r} at model.ops[{producer.index}]"
-                        + (f", in a later fuser ({producer.fuser})" if producer.fuser != step.fuser else "")
-                    )
-                    hint = "move the producer before its consumer"
-                diags.append(error(path, "producer-after-consumer", message, hint))
-                continue
-            produced_dtype = producer.output_slots[source.slot].dtype
-            if produced_dtype != dtype:
-                diags.append(
-                    error(
-                        path,
-                        "channel-dtype",
-                        f"slot {step.input_slots[slot].name!r} takes a {dtype} tensor but channel {name!r} "
-                        f"carries {produced_dtype} ({producer.type}.{source.slot_name})",
-                    )
-                )
-                continue
-            mismatch = _shape_mismatch(producer, source.slot, step, slot, name, path)
-            if mismatch is not None:
-                diags.append(mismatch)
-                continue
-            diags.extend(_agreement(producer, source.slot, step, slot, name))
-            consumers[name].append(SlotRef(step.index, slot, step.input_slots[slot].name))
 
+@dataclass
+class _Producers:
+    """Every channel's producer: the first by model order (a second is an error), the one in each fuser
+    (a consumer is fed from its own fuser, TE's rule, even when a duplicate name elsewhere is an error),
+    and all of them by name."""
+
+    first: dict[str, SlotRef]
+    local: dict[tuple[str, int | None], SlotRef]
+    every: dict[str, list[SlotRef]]
+    diags: list[Diagnostic]
+
+    @classmethod
+    def of(cls, steps: Sequence[PlannedStep | None], planned: Sequence[PlannedStep]) -> _Producers:
+        found = cls({}, {}, {}, [])
+        for step in planned:
+            for slot, name in enumerate(step.output_channels):
+                if name is not None:
+                    found._add(steps, step, slot, name)
+        return found
+
+    def _add(self, steps: Sequence[PlannedStep | None], step: PlannedStep, slot: int, name: str) -> None:
+        ref = SlotRef(step.index, slot, step.output_slots[slot].name)
+        self.local.setdefault((name, step.fuser), ref)
+        self.every.setdefault(name, []).append(ref)
+        first = self.first.get(name)
+        if first is None:
+            self.first[name] = ref
+            return
+        other = steps[first.step]
+        assert other is not None
+        where = "" if other.fuser == step.fuser else " (in another fuser; channel names are model-wide)"
+        message = (
+            f"channel {name!r} already has a producer: {_out_path(other, first.slot)} "
+            f"(step {other.name!r}){where}"
+        )
+        self.diags.append(error(_out_path(step, slot), "duplicate-producer", message))
+
+
+class _Wiring:
+    """The consumers pass: each extra input bound to its producer, or public, or an error."""
+
+    def __init__(self, steps: Sequence[PlannedStep | None], producers: _Producers, raw: RawChannels) -> None:
+        self.steps, self.producers, self.raw = steps, producers, raw
+        self.consumers: dict[str, list[SlotRef]] = {name: [] for name in producers.first}
+        self.feeds: dict[tuple[int, int], SlotRef] = {}
+        self.misspelt: set[str] = set()
+        self.public_inputs: list[PublicTensor] = []
+        self.diags: list[Diagnostic] = []
+
+    def consume(self, step: PlannedStep, slot: int) -> None:
+        name = step.input_channels[slot]
+        ref = SlotRef(step.index, slot, step.input_slots[slot].name)
+        if name is None:
+            public = PublicTensor(
+                step.public_input_name(slot), ref, step.input_slots[slot].dtype, step.fuser or 0
+            )
+            self.public_inputs.append(public)
+            return
+        producers = self.producers.first
+        source = self.producers.local.get((name, step.fuser)) or producers.get(name)
+        if source is not None:
+            self.feeds[(step.index, slot)] = source
+        problem = (
+            self._unbound(step, slot, name) if source is None else self._mismatch(step, slot, name, source)
+        )
+        if problem is not None:
+            self.diags.extend(problem)
+            return
+        self.consumers[name].append(ref)
+
+    def _unbound(self, step: PlannedStep, slot: int, name: str) -> list[Diagnostic]:
+        path, producers = _in_path(step, slot), self.producers.first
+        if name in RESERVED_NAMES:
+            message = (
+                f"{name!r} is {RESERVED_NAMES[name]}, not a channel: step {step.name!r} cannot take it as an "
+                "extra input"
+            )
+            hint = "tap the main path with a MakeExtraOutput step and consume its channel"
+            return [error(path, "reserved-name", message, hint)]
+        if name in self.raw.declared:
+            return []  # its producer's step or slot is broken and already reported
+        meant = closest(name, producers)
+        if meant is not None:
+            self.misspelt.add(meant)
+        hint = (
+            did_you_mean(name, producers)
+            or "bind an extra output to this name, or use null to make the input public"
+        )
+        message = f"channel {name!r} consumed by step {step.name!r} has no producer"
+        return [error(path, "dangling-input", message, hint)]
+
+    def _mismatch(self, step: PlannedStep, slot: int, name: str, source: SlotRef) -> list[Diagnostic] | None:
+        """Why ``source`` cannot feed this slot (order, dtype, shape; disagreements are warnings that
+        still bind), or None."""
+        producer = self.steps[source.step]
+        assert producer is not None
+        path = _in_path(step, slot)
+        if source.step >= step.index:
+            return [self._after(step, path, name, producer)]
+        dtype, produced_dtype = step.input_slots[slot].dtype, producer.output_slots[source.slot].dtype
+        if produced_dtype != dtype:
+            message = (
+                f"slot {step.input_slots[slot].name!r} takes a {dtype} tensor but channel {name!r} carries "
+                f"{produced_dtype} ({producer.type}.{source.slot_name})"
+            )
+            return [error(path, "channel-dtype", message)]
+        mismatch = _shape_mismatch(producer, source.slot, step, slot, name, path)
+        if mismatch is not None:
+            return [mismatch]
+        self.diags.extend(_agreement(producer, source.slot, step, slot, name))
+        return None
+
+    def _after(self, step: PlannedStep, path: str, name: str, producer: PlannedStep) -> Diagnostic:
+        named = self.producers.every.get(name, [])
+        if len(named) > 1:  # an earlier one exists: the name has two producers, say so
+            where = ", ".join(
+                f"step {self.steps[r.step].name!r} at model.ops[{r.step}]"  # type: ignore[union-attr]
+                for r in named
+            )
+            message = (
+                f"channel {name!r} has {len(named)} producers ({where}): step {step.name!r} would take it "
+                f"from {producer.name!r} in its own fuser, which comes after it"
+            )
+            return error(path, "producer-after-consumer", message, "give each producer its own channel name")
+        later = f", in a later fuser ({producer.fuser})" if producer.fuser != step.fuser else ""
+        message = (
+            f"channel {name!r} consumed by step {step.name!r} has no earlier producer: it is produced by "
+            f"step {producer.name!r} at model.ops[{producer.index}]{later}"
+        )
+        return error(path, "producer-after-consumer", message, "move the producer before its consumer")
+
+
+def _outputs(
+    planned: Sequence[PlannedStep], producers: _Producers, wiring: _Wiring, raw: RawChannels
+) -> tuple[dict[str, Channel], list[PublicTensor], list[Diagnostic]]:
+    """Each channel with its consumers, the public outputs, and their findings (reserved public names,
+    hidden channels nobody consumes)."""
     channels: dict[str, Channel] = {}
     public_outputs: list[PublicTensor] = []
+    diags: list[Diagnostic] = []
     # A channel a misspelt consumer meant is not "unused": the dangling input's hint already names it.
-    wanted = {n for s in planned for n in s.input_channels if n is not None} | raw.requested | misspelt
+    wanted = {n for s in planned for n in s.input_channels if n is not None} | raw.requested | wiring.misspelt
     for step in planned:
         for slot, public in enumerate(step.output_public):
             ref = SlotRef(step.index, slot, step.output_slots[slot].name)
-            dtype = step.output_slots[slot].dtype
-            name = step.output_channels[slot]
+            dtype, name = step.output_slots[slot].dtype, step.output_channels[slot]
             if public:
                 public_name = step.public_output_name(slot)
                 public_outputs.append(PublicTensor(public_name, ref, dtype, step.fuser or 0))
                 if public_name in RESERVED_NAMES:
-                    diags.append(
-                        error(
-                            _out_path(step, slot),
-                            "reserved-name",
-                            f"public output name {public_name!r} is reserved: it names "
-                            f"{RESERVED_NAMES[public_name]}",
-                            "rename the channel, or hide it with public: false",
-                        )
-                    )
-            if name is None or producers.get(name) != ref:
+                    reserved = RESERVED_NAMES[public_name]
+                    message = f"public output name {public_name!r} is reserved: it names {reserved}"
+                    hint = "rename the channel, or hide it with public: false"
+                    diags.append(error(_out_path(step, slot), "reserved-name", message, hint))
+            if name is None or producers.first.get(name) != ref:
                 continue
-            channels[name] = Channel(name, dtype, step.fuser or 0, ref, tuple(consumers[name]), public)
+            consumers = tuple(wiring.consumers[name])
+            channels[name] = Channel(name, dtype, step.fuser or 0, ref, consumers, public)
             # A consumer rejected for another reason (order, dtype...) already has its own error.
-            if not public and not consumers[name] and name not in wanted:
+            if not public and not consumers and name not in wanted:
                 loss = step.output_slots[slot].is_loss
-                diags.append(
-                    warning(
-                        _out_path(step, slot),
-                        "unused-hidden-output",
-                        f"hidden channel {name!r} has no consumer: it is computed and dropped",
-                        "it is a loss term: make it public so the caller can add it to the objective"
-                        if loss
-                        else "consume it, or make it public",
-                    )
+                hint = (
+                    "it is a loss term: make it public so the caller can add it to the objective"
+                    if loss
+                    else "consume it, or make it public"
                 )
-    diags.extend(_name_clashes(public_inputs, "input"))
-    diags.extend(_name_clashes(public_outputs, "output"))
-    reroutes = _reroutes(steps, channels)
-    return ChannelGraph(fusers, channels, public_inputs, public_outputs, diags, feeds, reroutes)
+                message = f"hidden channel {name!r} has no consumer: it is computed and dropped"
+                diags.append(warning(_out_path(step, slot), "unused-hidden-output", message, hint))
+    return channels, public_outputs, diags
 
 
 def _reroutes(steps: Sequence[PlannedStep | None], channels: dict[str, Channel]) -> tuple[Reroute, ...]:

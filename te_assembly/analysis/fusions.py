@@ -270,6 +270,8 @@ def _match_types(
 def _misses(
     fusion: Fusion, members: Sequence[Member], ops: Sequence[BasicOp], plan: Plan, target: FusionTarget
 ) -> list[Miss]:
+    """Why ``fusion`` does not fire on ``ops``: its members' arguments, then what it asks of the run,
+    then of the widths."""
     out: list[Miss] = []
     for member, op in zip(members, ops, strict=True):
         for arg, wanted in member.args:
@@ -277,59 +279,48 @@ def _misses(
                 out.append(_arg_miss(op, arg, wanted, plan))
         mode = op.step.args.get("tensor_parallel_mode") if target.tensor_parallel > 1 else None
         if mode in member.not_tensor_parallel:
-            out.append(
-                Miss(
-                    f"{op.step.name} is {mode}-parallel (TE communicates around its GEMM)",
-                    "",
-                )
-            )
+            out.append(Miss(f"{op.step.name} is {mode}-parallel (TE communicates around its GEMM)", ""))
+    return out + _run_misses(fusion, target) + _width_misses(fusion, ops)
+
+
+def _run_misses(fusion: Fusion, target: FusionTarget) -> list[Miss]:
+    """The recipe, weight dtype, GPU and environment the fusion needs."""
+    out: list[Miss] = []
     if fusion.recipe == "required" and (target.recipe_kind is None or target.backward_override is not None):
-        out.append(
-            Miss(
-                "needs a quantization recipe without backward_override"
-                + (
-                    f" (this one has backward_override={target.backward_override})"
-                    if target.recipe_kind
-                    else ""
-                ),
-                "recipe=fp8_current (or another quantization recipe)",
-            )
-        )
+        this = f" (this one has backward_override={target.backward_override})" if target.recipe_kind else ""
+        why = "needs a quantization recipe without backward_override" + this
+        out.append(Miss(why, "recipe=fp8_current (or another quantization recipe)"))
     elif fusion.recipe not in ("any", "required") and target.recipe_kind not in fusion.recipe.split(","):
         kinds = " or ".join(fusion.recipe.split(","))
         out.append(Miss(f"needs a {kinds} recipe (this: {target.recipe_kind or 'none'})", "recipe=mxfp8"))
     if fusion.weight_dtypes and target.dtype not in fusion.weight_dtypes:
-        out.append(
-            Miss(
-                f"needs {' or '.join(fusion.weight_dtypes)} weights (this: {target.dtype})",
-                f"dtype={fusion.weight_dtypes[0]}",
-            )
-        )
+        why = f"needs {' or '.join(fusion.weight_dtypes)} weights (this: {target.dtype})"
+        out.append(Miss(why, f"dtype={fusion.weight_dtypes[0]}"))
     if fusion.capability_major is not None and (
         target.capability is None or target.capability[0] != fusion.capability_major
     ):
         have = "a CPU" if target.capability is None else f"sm_{target.capability[0]}{target.capability[1]}"
-        out.append(
-            Miss(
-                f"needs compute capability {fusion.capability_major}.x (Blackwell); {target.name} is {have}",
-                "a Blackwell GPU (fusions.target=b200 asks about one)",
-            )
-        )
+        why = f"needs compute capability {fusion.capability_major}.x (Blackwell); {target.name} is {have}"
+        out.append(Miss(why, "a Blackwell GPU (fusions.target=b200 asks about one)"))
     for var, value in fusion.env:
         if target.env.get(var) != value:
             out.append(Miss(f"needs {var}={value} in the environment", f"export {var}={value}"))
+    return out
+
+
+def _width_misses(fusion: Fusion, ops: Sequence[BasicOp]) -> list[Miss]:
+    """The grouped GEMMs' widths the fusion needs."""
+    out: list[Miss] = []
     grouped = [op for op in ops if op.type == "GroupedLinear"]
     if fusion.dims_multiple is not None:
         for op in grouped:
             dims = (op.args.get("in_features"), op.args.get("out_features"))
             if any(not isinstance(d, int) or d % fusion.dims_multiple for d in dims):
-                out.append(
-                    Miss(
-                        f"{op.step.name}'s in and out features ({dims[0]}, {dims[1]}) must be multiples of "
-                        f"{fusion.dims_multiple}",
-                        f"widths that are multiples of {fusion.dims_multiple}",
-                    )
+                why = (
+                    f"{op.step.name}'s in and out features ({dims[0]}, {dims[1]}) must be multiples of "
+                    f"{fusion.dims_multiple}"
                 )
+                out.append(Miss(why, f"widths that are multiples of {fusion.dims_multiple}"))
     if fusion.glu_pair and len(grouped) == 2:
         fc1, fc2 = grouped
         if fc1.args.get("out_features") != 2 * int(fc2.args.get("in_features") or 0):

@@ -22,7 +22,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from te_assembly.config.blocks import Expansion, Origin, use_path, use_ranges
+from te_assembly.config.block_names import use_path, use_ranges
+from te_assembly.config.blocks import Expansion, Origin
 from te_assembly.diagnostics import Diagnostic, Severity
 
 _STEP_PATH = re.compile(r"^model\.ops\[(\d+)\]")

@@ -1,7 +1,7 @@
 """The settings every command shares: the top-level keys (engine, kernels, device, dtype, seed) and the
 ``run:`` section. Dataclasses are the schema (``sections.setting``); ``configs/config.yaml`` holds the
 same defaults with comments. Pure Python: the torch objects these names stand for are made by the
-jobs that need them (``jobs/target.py``).
+jobs that need them (``engines/target.py``).
 """
 
 from __future__ import annotations

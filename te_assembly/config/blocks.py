@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.config import interpolate, overrides
+from te_assembly.config.block_names import related, scoped, use_path, use_ranges
 from te_assembly.config.block_uses import BlockGroup, BlockUse
 from te_assembly.config.locations import (
     is_path_choice,
@@ -301,7 +302,7 @@ class _Expander:
             return None
         from te_assembly.config.schema import is_step_name
 
-        if not is_step_name(name) or any(_related(name, other) for i, other in names if i != j):
+        if not is_step_name(name) or any(related(name, other) for i, other in names if i != j):
             return None  # the analysis reports the name (bad, duplicate, or another's scope)
         uses = self._uses(op, path)
         block = self.find(ref, f"{path}.block")
@@ -337,7 +338,7 @@ class _Expander:
             for d in found:  # one diagnostic per distinct failure, naming every use it concerns
                 failures.setdefault((d.path, d.code, d.message, d.hint), (d, []))[1].append(u)
         self.diags.extend(_in_uses(d, name, block.where, affected) for d, affected in failures.values())
-        steps = [_scoped(ops, f"{name}.{u}.") for u, (ops, _) in enumerate(resolved)]
+        steps = [scoped(ops, f"{name}.{u}.") for u, (ops, _) in enumerate(resolved)]
         return _Uses(name, block, steps, [dims for _, dims in resolved])
 
     def _overridden_dims(self, block: str) -> set[str]:
@@ -403,67 +404,6 @@ class _Expander:
         result = (list(data["ops"]), dict(data["dims"]), found)
         block.resolved[key] = result
         return result
-
-
-def _related(name: str, other: Any) -> bool:
-    """Two step names that cannot both be model steps: equal, or one the other's scope."""
-    return isinstance(other, str) and (
-        other == name or other.startswith(name + ".") or name.startswith(other + ".")
-    )
-
-
-def _scoped(ops: list[Any], prefix: str) -> list[Any]:
-    """One use's steps: names and channels prefixed (``layers.3.``); anything else is shared between
-    uses (read-only from here on). Values that are not names are left for the analysis to report."""
-    out: list[Any] = []
-    for op in ops:
-        if not isinstance(op, dict):
-            out.append(op)
-            continue
-        new = dict(op)
-        name = op.get("name")
-        if isinstance(name, str):
-            new["name"] = prefix + name
-        inputs = op.get("extra_inputs")
-        if isinstance(inputs, dict):
-            new["extra_inputs"] = {
-                k: prefix + v if isinstance(v, str) and v else v for k, v in inputs.items()
-            }
-        outputs = op.get("extra_outputs")
-        if isinstance(outputs, dict):
-            new["extra_outputs"] = {k: _scoped_binding(b, prefix) for k, b in outputs.items()}
-        out.append(new)
-    return out
-
-
-def _scoped_binding(binding: Any, prefix: str) -> Any:
-    if isinstance(binding, dict):
-        channel = binding.get("channel")
-        if isinstance(channel, str) and channel:
-            return {**binding, "channel": prefix + channel}
-    return binding
-
-
-def use_ranges(uses: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
-    parts: list[str] = []
-    start = prev = None
-    for u in sorted(uses):
-        if prev is not None and u == prev + 1:
-            prev = u
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = u
-    if start is not None:
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
-
-
-def use_path(group: str, block: str, uses: Sequence[int], local: str) -> str:
-    """How a diagnostic inside a block names the uses it concerns: ``model.layers[3] (block moe_layer):
-    ops[4].extra_inputs.addend``, ``model.layers[0-23] (...)`` for a mistake every use shares."""
-    return f"model.{group}[{use_ranges(uses)}] (block {block}): {local}"
 
 
 def _in_uses(diag: Diagnostic, group: str, where: BlockSource, uses: Sequence[int]) -> Diagnostic:

@@ -155,21 +155,8 @@ def _finish(
         _apply_overrides(name, g, parsed_overrides)
     roots = {**settings_raw, **{name: g.data for name, g in groups.items() if g.data is not None}}
     resolver = interpolate.Interpolator(roots)
-    inline_sites: list[tuple[Key, ...]] = []
-    data: dict[str, Any] = {}
     diags: list[Diagnostic] = list(early)
-    for name, g in groups.items():
-        diags.extend(g.diagnostics)
-        if g.data is None:
-            data[name] = None
-            continue
-        sites = sorted(set(g.sites), key=_site_key)
-        if name == "model":  # a block defined in the model resolves per use, with ``${block.dims.X}``
-            inline_sites = [s for s in sites if s and s[0] == "blocks"]
-            sites = [s for s in sites if not (s and s[0] == "blocks")]
-        value, found = interpolate.resolve_sites(resolver, name, sites, name)
-        data[name] = value
-        diags.extend(found)
+    data, inline_sites = _resolve_groups(resolver, groups, diags)
     settings: dict[str, Any] = {}
     for key, raw in settings_raw.items():
         value, found = interpolate.resolve_sites(resolver, key, interpolate.find_sites(raw), key)
@@ -184,32 +171,57 @@ def _finish(
         twice = shadowed(name, choice, folders, name) if choice and name in sources else None
         if twice is not None:
             diags.append(twice)
-    block_overrides = [o for o in parsed_overrides if overrides.held_back(o, ("block",))]
-    expansion = None
-    model = data.get("model")
-    if isinstance(model, Mapping) and (needs_expansion(model) or block_overrides):
-        model_group = groups.get("model")
-        ctx = Context(
-            roots=resolver.roots,
-            model_source=model_group.source if model_group is not None else None,
-            search=folders,
-            overrides=block_overrides,
-            inline_sites=inline_sites,
-        )
-        expansion, found = expand(model, ctx)
-        diags.extend(found)
-    located = [_locate(d, sources) for d in diags]
+    model_group = groups.get("model")
+    ctx = Context(
+        roots=resolver.roots,
+        model_source=model_group.source if model_group is not None else None,
+        search=folders,
+        overrides=[o for o in parsed_overrides if overrides.held_back(o, ("block",))],
+        inline_sites=inline_sites,
+    )
+    expansion = _expanded(data.get("model"), ctx, diags)
     return ResolvedConfig(
         model=data.get("model"),
         recipe=data.get("recipe"),
         settings=settings,
         sources=sources,
-        diagnostics=tuple(located),
+        diagnostics=tuple(_locate(d, sources) for d in diags),
         overrides=tuple(o.input_line for o in parsed_overrides),
         choices=choices,
         config_dirs=tuple(config_dirs),
         expansion=expansion,
     )
+
+
+def _resolve_groups(
+    resolver: interpolate.Interpolator, groups: dict[str, _Group], diags: list[Diagnostic]
+) -> tuple[dict[str, Any], list[tuple[Key, ...]]]:
+    """Each group (model, recipe) with its interpolations resolved, and the model's ``blocks:`` sites,
+    left for each use of the block (``${block.dims.X}``)."""
+    data: dict[str, Any] = {}
+    inline_sites: list[tuple[Key, ...]] = []
+    for name, g in groups.items():
+        diags.extend(g.diagnostics)
+        if g.data is None:
+            data[name] = None
+            continue
+        sites = sorted(set(g.sites), key=_site_key)
+        if name == "model":  # a block defined in the model resolves per use, with ``${block.dims.X}``
+            inline_sites = [s for s in sites if s and s[0] == "blocks"]
+            sites = [s for s in sites if not (s and s[0] == "blocks")]
+        value, found = interpolate.resolve_sites(resolver, name, sites, name)
+        data[name] = value
+        diags.extend(found)
+    return data, inline_sites
+
+
+def _expanded(model: Any, ctx: Context, diags: list[Diagnostic]) -> Any:
+    """The model's block steps expanded into their uses (``blocks.py``), or None when it has none."""
+    if not isinstance(model, Mapping) or not (needs_expansion(model) or ctx.overrides):
+        return None
+    expansion, found = expand(model, ctx)
+    diags.extend(found)
+    return expansion
 
 
 def _site_key(keys: tuple[Key, ...]) -> list[tuple[int, Any]]:

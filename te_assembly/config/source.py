@@ -33,6 +33,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from te_assembly.collector import paused
+from te_assembly.config.line_map import Key, LineMap, split_path
 from te_assembly.diagnostics import Diagnostic, error
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,6 @@ MAX_VALUES = 2_000_000
 _TAG = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
 _MAP, _SEQ, _MERGE = _TAG + "map", _TAG + "seq", _TAG + "merge"
-
-Key = str | int
-"""A step of a key path: a mapping key or a list index."""
 
 
 _PLAIN = "te_assembly:plain"
@@ -106,65 +104,6 @@ def _implicit_tag(value: str) -> str:
 
 _STRING_LIKE = (_TAG + "value", _TAG + "yaml")
 """YAML 1.1 tags for ``=`` and friends, which SafeLoader cannot build: plain strings here, as in Hydra."""
-
-
-# --------------------------------------------------------------------------------------------- lines
-
-
-_PATH_TOKEN = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
-
-
-def split_path(path: str) -> list[Key]:
-    """``ops[3].args.in_features`` (or ``ops.3.args``) -> ``["ops", 3, "args", "in_features"]``."""
-    return [int(index) if index else key for index, key in _PATH_TOKEN.findall(path)]
-
-
-@dataclass(frozen=True)
-class LineMap:
-    """Lines of the key paths of one file, found on demand from the parsed node tree."""
-
-    root: Node | None = None
-    prefix: str = ""
-    """The key path the file's root stands for (``model``), or "" for a top-level config."""
-
-    def line(self, path: str) -> int | None:
-        """The 1-based line of ``path``, or of the nearest enclosing key the file names; None when
-        ``path`` lies outside this file."""
-        if self.root is None:
-            return None
-        if self.prefix:
-            if path != self.prefix and not path.startswith((self.prefix + ".", self.prefix + "[")):
-                return None
-            path = path[len(self.prefix) :]
-        node, line = self.root, self.root.start_mark.line + 1
-        matched = 0
-        for key in split_path(path):
-            found = _child(node, key)
-            if found is None:
-                break
-            key_node, node = found
-            line = (key_node or node).start_mark.line + 1
-            matched += 1
-        if not self.prefix and matched == 0:
-            return None  # a top-level config file that does not mention this key at all
-        return line
-
-    def __contains__(self, path: str) -> bool:
-        return self.line(path) is not None
-
-
-def _child(node: Node, key: Key) -> tuple[Node | None, Node] | None:
-    if isinstance(node, MappingNode):
-        name = str(key)
-        for key_node, value in reversed(node.value):  # the last of duplicate keys is the one kept
-            if isinstance(key_node, ScalarNode) and key_node.value == name:
-                return key_node, value
-        return None
-    if isinstance(node, SequenceNode):
-        index = key if isinstance(key, int) else int(key) if str(key).isdigit() else -1
-        if 0 <= index < len(node.value):
-            return None, node.value[index]
-    return None
 
 
 # --------------------------------------------------------------------------------------------- source

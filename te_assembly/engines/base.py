@@ -11,12 +11,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from te_assembly import display
 from te_assembly.analysis.plan import Plan
 from te_assembly.catalog import OpSpec
 from te_assembly.diagnostics import did_you_mean
 from te_assembly.engines.call_checks import CallChecks, CallError, InputShapeError
 from te_assembly.errors import ArgumentError
-from te_assembly.views.outline import Expand
 
 
 def loss_output_names(plan: Plan) -> tuple[str, ...]:
@@ -74,13 +74,6 @@ def _namer(names: tuple[str, ...]) -> Callable[[Sequence[torch.Tensor]], dict[st
     if len(names) == 1:
         return functools.partial(_name_one, names[0])
     return functools.partial(_name_all, names)
-
-
-class Summary(str):
-    """``model.summary()``'s text: a ``str`` that a Python prompt shows as the tables themselves."""
-
-    def __repr__(self) -> str:
-        return str(self)
 
 
 COMPILE_REFUSED = (
@@ -359,56 +352,21 @@ class AssembledModel(torch.nn.Module):
             raise CallError(f"{self.plan.name} is missing public input(s): {', '.join(missing)}")
         return [values[n] for n in names]
 
-    def summary(self, width: int | None = None, expand: Sequence[str] = ()) -> Summary:
+    def summary(self, width: int | None = None, expand: Sequence[str] = ()) -> str:
         """The ``explain`` tables of this model (steps with TE basic-op indices, fusers, channels, call
         signature, parameter counts) as text, from the same code as ``python -m te_assembly explain``.
         Works without a terminal; ``width`` in columns (default: the terminal's, else 120). Block steps
         are collapsed unless ``expand`` names them, as ``explain.expand`` does (``["all"]``, ``["layers"]``,
         ``["layers.3"]``). At a Python prompt it shows as the tables; ``print(model.summary())`` prints
-        them."""
-        import io
-        import shutil
-
-        from rich.console import Console
-
-        from te_assembly.views.explain import tables
-
-        columns = width or shutil.get_terminal_size((120, 24)).columns
-        buffer = io.StringIO()
-        console = Console(
-            file=buffer, width=columns, color_system=None, highlight=False, force_terminal=False
-        )
-        from te_assembly.analysis.fusions import FusionTarget
-
-        dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
-        target = FusionTarget.of(
-            None,
-            recipe=getattr(self, "recipe", None),
-            dtype=str(dtype).removeprefix("torch."),
-            kernels=getattr(self, "kernels", "te"),
-        )
-        for table in tables(self.plan, expand=self._expand(expand), fusions=target):
-            console.print(table)
-        return Summary(buffer.getvalue())
+        them. Drawn by ``te_assembly.views.model`` (the layer above the engines; ``display.py``)."""
+        return display.views().summary(self, width, expand)  # type: ignore[no-any-return]
 
     def plot(self, path: str | os.PathLike[str], expand: Sequence[str] = ()) -> Path:
         """Draw the channel graph into ``path``, as ``python -m te_assembly graph`` does; the format from
         the suffix: ``.mmd`` (Mermaid), ``.dot`` (Graphviz DOT), ``.svg``/``.png`` (need Graphviz's
         ``dot``: ``MissingToolError`` without it). Block steps collapsed unless ``expand`` names them.
         Returns the path."""
-        from te_assembly.views.graph import render_file, view_from_plan
-
-        return render_file(view_from_plan(self.plan, self._expand(expand)), path)
-
-    def _expand(self, names: Sequence[str]) -> Expand:
-        from te_assembly.views.outline import parse_expand
-
-        if isinstance(names, str):  # one name, not its characters
-            names = [names]
-        expand, problems = parse_expand(list(names), self.plan.blocks, "expand")
-        if problems:
-            raise ArgumentError("; ".join(d.format() for d in problems))
-        return expand
+        return display.views().plot(self, path, expand)  # type: ignore[no-any-return]
 
     def name_outputs(self, outputs: torch.Tensor | tuple[torch.Tensor, ...]) -> ModelOutput:
         if isinstance(outputs, torch.Tensor):
@@ -423,7 +381,6 @@ __all__ = [
     "CallError",
     "InputShapeError",
     "ModelOutput",
-    "Summary",
     "add_step",
     "block_use_scopes",
     "check_checkpointing",

@@ -1,9 +1,10 @@
-"""The jobs: ``run``, ``verify``, ``train`` and ``bench``, one file each, each a function of a plan, a
-``Target`` (``target.py``: engine, kernels, device, dtype, recipe, parallel layout, seed) and its own
-settings section, returning a result object. None prints or exits: the CLI renders their results.
+"""The jobs, and only jobs: ``run.py``, ``verify.py`` (and ``verify_hf.py``, against ``transformers``),
+``generate/``, ``bench/`` and ``train/`` (the train job's one home). Every job is
+``job(plan_or_model, target, settings, *, on_event=...)``: a ``Target`` (``engines/target.py``) and the
+job's own settings section in, a result object out; none prints or exits (the CLI and the views render
+the results and events).
 
-Support the jobs share lives beside them: ``objective.py`` (the loss), ``events.py`` (progress),
-``training/`` (checkpoints, run directories, the teacher task), ``benchmark/`` (timers, FLOPs, variants),
-``pretrained.py`` (``save_pretrained``/``from_pretrained``/``export``). Names are imported on first use,
-so the settings modules import without torch.
+What they share lives beside them: ``objective.py`` (the loss), ``optimizer.py`` (the optimizer train
+steps with and bench times), ``events.py`` (progress). Packages resolve their names on first use, so
+their settings modules import without torch.
 """

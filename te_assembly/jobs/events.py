@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,22 @@ class Note:
 
 
 OnEvent = Callable[[object], None]
+E = TypeVar("E")
 
 
 def ignore(event: object) -> None:
     """The default ``on_event``: nothing is shown."""
 
 
-__all__ = ["Advanced", "Built", "Note", "OnEvent", "ignore"]
+def only(kind: type[E], handle: Callable[[E], object]) -> OnEvent:
+    """An ``on_event`` that hands ``handle`` the events of one ``kind`` and ignores the rest
+    (``on_event=only(StepRecord, records.append)``)."""
+
+    def on_event(event: object) -> None:
+        if isinstance(event, kind):
+            handle(event)
+
+    return on_event
+
+
+__all__ = ["Advanced", "Built", "Note", "OnEvent", "ignore", "only"]

@@ -33,11 +33,10 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.settings import RunSettings
 from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.engines.data import DEFAULT_SEQ_LEN
-from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import NonFiniteError
 from te_assembly.jobs import objective
 from te_assembly.jobs.events import Advanced, Built, OnEvent, ignore
-from te_assembly.jobs.target import Target, synchronize
 
 TASK = "forward+backward"
 
@@ -109,24 +108,21 @@ def loss_of(
 def run_steps(
     model: AssembledModel,
     plan: Plan,
+    target: Target,
     *,
     steps: int,
     tokens: int,
-    seed: int,
-    device: torch.device,
-    dtype: torch.dtype,
-    parallel: ParallelContext | None = None,
     seq_len: int = DEFAULT_SEQ_LEN,
     on_event: OnEvent = ignore,
 ) -> list[StepResult]:
-    """``steps`` forward+backward passes on fresh synthetic data; gradients are left from the last.
-    ``parallel``: each rank runs its rows of every batch (``tokens`` is the whole batch); the loss shown
-    is the mean over ranks."""
-    target = Target(model.engine, device=device, dtype=dtype, seed=seed, parallel=parallel)
-    generator = torch.Generator().manual_seed(seed)
+    """``steps`` forward+backward passes on fresh synthetic data drawn from ``target.seed``; gradients
+    are left from the last. A parallel target: each rank runs its rows of every batch (``tokens`` is the
+    whole batch); the loss shown is the mean over ranks."""
+    generator = torch.Generator().manual_seed(target.seed)
     loss_names = loss_output_names(plan)
     results: list[StepResult] = []
-    forward = parallel.wrap(model) if parallel is not None else model
+    par = target.parallel
+    forward = par.wrap(model) if par is not None else model
     for step in range(steps):
         x, inputs = target.sample(plan, tokens, generator, seq_len)
         x.requires_grad_(x.is_floating_point())  # token ids have no gradient
@@ -134,16 +130,16 @@ def run_steps(
             if tensor.is_floating_point():
                 tensor.requires_grad_(True)
         model.zero_grad(set_to_none=True)
-        synchronize(device)
+        target.sync()
         start = time.perf_counter()
         y, extras = forward(x, **inputs)
         loss = loss_of(y, extras, loss_names, x)
         loss.backward()
-        if parallel is not None:
-            parallel.finish_grads(model)
-        synchronize(device)
+        if par is not None:
+            par.finish_grads(model)
+        target.sync()
         seconds = time.perf_counter() - start
-        value = parallel.mean(loss.item()) if parallel is not None else loss.item()
+        value = par.mean(loss.item()) if par is not None else loss.item()
         if not math.isfinite(value):
             raise NonFiniteError(step, "loss")
         detached = {k: v.detach() for k, v in extras.items()}
@@ -209,11 +205,12 @@ def parameter_grad_norm(model: torch.nn.Module) -> float:
 
 
 def run(
-    plan: Plan, target: Target, settings: RunSettings | None = None, on_event: OnEvent = ignore
+    plan: Plan, target: Target | str, settings: RunSettings | None = None, *, on_event: OnEvent = ignore
 ) -> RunResult:
-    """Build ``plan`` on ``target`` and run ``settings.steps`` forward+backward steps. Raises, before
-    anything is allocated, ``ResourceError`` when the model and a batch cannot fit; ``NonFiniteError``
-    for a non-finite loss."""
+    """Build ``plan`` on ``target`` (a ``Target``, or an engine name) and run ``settings.steps``
+    forward+backward steps. Raises, before anything is allocated, ``ResourceError`` when the model and a
+    batch cannot fit; ``NonFiniteError`` for a non-finite loss."""
+    target = as_target(target)
     settings = settings or RunSettings()
     tokens, seq_len = settings.tokens, settings.seq_len
     target.check_fits(
@@ -240,26 +237,18 @@ def run(
     if record is not None:
         record(True)
     results = run_steps(
-        model,
-        plan,
-        steps=settings.steps,
-        tokens=tokens,
-        seed=target.seed,
-        device=target.device,
-        dtype=target.dtype,
-        parallel=target.parallel,
-        seq_len=seq_len,
-        on_event=on_event,
+        model, plan, target, steps=settings.steps, tokens=tokens, seq_len=seq_len, on_event=on_event
     )
     grads = channel_grads(plan, getattr(model, "channel_tensors", {})) if record is not None else None
-    par = target.context(plan)
     return RunResult(
         model=plan.name,
         engine=model.engine,
         steps=results,
         outputs=output_stats(results[-1]),
         channel_grads=grads,
-        grad_norm=par.grad_norm(model) if par.is_parallel else parameter_grad_norm(model),
+        grad_norm=target.parallel.grad_norm(model)
+        if target.parallel is not None
+        else parameter_grad_norm(model),
         step_seconds=median_step_time(results),
         notes=notes,
     )

@@ -19,10 +19,12 @@ import torch
 
 from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.recipes import checked_recipe
-from te_assembly.engines import check_device
+from te_assembly.analysis.settings import RunSettings
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.data import DEFAULT_SEQ_LEN
-from te_assembly.jobs.target import NO_RECIPE, Target, copy_weights
+from te_assembly.engines.target import NO_RECIPE, Target, as_target
+from te_assembly.engines.weights import copy_weights
+from te_assembly.jobs.events import Built, OnEvent, ignore
 
 
 @dataclass(frozen=True)
@@ -248,35 +250,22 @@ def _plan_of(config: Plan | Mapping[str, Any] | str) -> Plan:
 
 def verify(
     config: Plan | Mapping[str, Any] | str,
-    target: Target | None = None,
+    target: Target | str = "te",
+    settings: RunSettings | None = None,
     *,
-    kernels: str = "te",
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    recipe: Mapping[str, Any] | None = None,
-    tokens: int = 64,
-    seed: int = 0,
-    seq_len: int = DEFAULT_SEQ_LEN,
+    on_event: OnEvent = ignore,
 ) -> VerifyReport:
     """Build both engines with the reference engine's weights, run one forward and backward on the same
     synthetic data and cotangents, and compare every output and gradient. Both models run in eval mode
     (dropout is the identity): random masks are not comparable across implementations.
 
-    ``target``: where and how (its engine is taken to be ``te``: the candidate; the reference engine runs
-    on the same device and dtype). Without one, ``kernels``, ``device``, ``dtype``, ``recipe`` and
-    ``seed`` describe it. ``tokens``, ``seq_len``: the batch."""
+    ``target``: where and how the TE engine (the candidate) runs, its kernels, recipe and seed (its
+    engine is taken to be ``te``; the reference engine runs on the same device and dtype). ``settings``:
+    the batch (``tokens``, ``seq_len``; default 64 rows)."""
     plan = _plan_of(config)
-    if target is None:
-        target = Target(
-            "te",
-            kernels=kernels,
-            device=check_device(device),
-            dtype=dtype,
-            recipe=checked_recipe(recipe) if recipe is not None else NO_RECIPE,
-            seed=seed,
-        )
-    target = dataclasses.replace(target, engine="te", parallel=None)
-    seed = target.seed
+    target = dataclasses.replace(as_target(target), engine="te", parallel=None)
+    settings = settings if settings is not None else RunSettings(tokens=64)
+    tokens, seq_len, seed = settings.tokens, settings.seq_len, target.seed
     target.check_fits(
         plan,
         f"verifying {plan.name}",
@@ -289,6 +278,7 @@ def verify(
     )
     # The TE engine is built first: it fails fastest (TE missing, kernels needing a GPU, recipe).
     candidate = target.build(plan)
+    on_event(Built(candidate))
     reference = target.build(plan, seed=seed, engine="reference")
     fill_constant_parameters(reference, seed)
     copy_weights(reference, candidate)
@@ -302,16 +292,6 @@ def verify(
 
     precision = precision_class(target.dtype, target.recipe, te_gemms=target.te_gemms)
     tolerance = TOLERANCES[precision]
-    rows = [compare(MAIN_OUTPUT, "main output", te_run.y, ref_run.y, tolerance)]
-    rows += [compare(n, "output", te_run.outputs.get(n), v, tolerance) for n, v in ref_run.outputs.items()]
-    rows += [
-        compare(f"grad {n}", "input grad", te_run.input_grads.get(n), v, tolerance)
-        for n, v in ref_run.input_grads.items()
-    ]
-    rows += [
-        compare(f"grad {n}", "param grad", te_run.param_grads.get(n), v, tolerance)
-        for n, v in ref_run.param_grads.items()
-    ]
     return VerifyReport(
         model=plan.name,
         kernels=target.kernels,
@@ -322,8 +302,22 @@ def verify(
         tolerance=tolerance,
         tokens=tokens,
         seed=seed,
-        comparisons=rows,
+        comparisons=_rows(te_run, ref_run, tolerance),
     )
+
+
+def _rows(te_run: _Run, ref_run: _Run, tolerance: Tolerance) -> list[TensorComparison]:
+    rows = [compare(MAIN_OUTPUT, "main output", te_run.y, ref_run.y, tolerance)]
+    rows += [compare(n, "output", te_run.outputs.get(n), v, tolerance) for n, v in ref_run.outputs.items()]
+    rows += [
+        compare(f"grad {n}", "input grad", te_run.input_grads.get(n), v, tolerance)
+        for n, v in ref_run.input_grads.items()
+    ]
+    rows += [
+        compare(f"grad {n}", "param grad", te_run.param_grads.get(n), v, tolerance)
+        for n, v in ref_run.param_grads.items()
+    ]
+    return rows
 
 
 ACTIVE_FACTOR = 4.0
@@ -361,17 +355,18 @@ class RecipeEffect:
 
 def recipe_effect(
     config: Plan | Mapping[str, Any] | str,
+    target: Target,
     recipe: Mapping[str, Any],
     *,
-    device: str | torch.device = "cuda",
     tokens: int = 256,
-    seed: int = 0,
     seq_len: int = DEFAULT_SEQ_LEN,
 ) -> RecipeEffect:
     """Proof that ``recipe`` is on: the same weights and input through the reference engine, TE without
-    a recipe and TE under ``recipe``, all in bfloat16 and eval mode (GPU only: recipes need one)."""
+    a recipe and TE under ``recipe``, all in bfloat16 and eval mode, on ``target``'s device with its seed
+    (GPU only: recipes need one)."""
     plan = _plan_of(config)
-    base = Target("te", kernels="te", device=torch.device(device), dtype=torch.bfloat16, seed=seed)
+    seed = target.seed
+    base = Target("te", kernels="te", device=target.device, dtype=torch.bfloat16, seed=seed)
     plain = base.build(plan)
     quantized = dataclasses.replace(base, recipe=checked_recipe(recipe)).build(plan)
     reference = base.build(plan, seed=seed, engine="reference")

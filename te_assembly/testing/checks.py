@@ -171,7 +171,7 @@ def assert_fits(analysis: Analysis, target: str, tokens: int | None = None) -> s
     import torch
 
     from te_assembly.engines.memory import format_bytes, rank_estimate
-    from te_assembly.jobs.target import DTYPES
+    from te_assembly.engines.target import DTYPES
 
     if target not in ACCELERATORS:
         hint = did_you_mean(target, list(ACCELERATORS)) or f"one of {', '.join(ACCELERATORS)}"
@@ -200,7 +200,7 @@ def assert_fits(analysis: Analysis, target: str, tokens: int | None = None) -> s
 
 def sections_with_train() -> dict[str, type]:
     """The sections a memory check reads: the defaults and ``train:`` (its batch and optimizer)."""
-    from te_assembly.jobs.training.settings import TrainSettings
+    from te_assembly.jobs.train.settings import TrainSettings
 
     return {**DEFAULT_SECTIONS, "train": TrainSettings}
 
@@ -226,8 +226,8 @@ def smoke(analysis: Analysis, tokens: int = 8) -> float:
     """One forward and backward of ``tokens`` rows on the CPU with the reference engine (the ``run`` job);
     returns the loss."""
     from te_assembly.analysis.settings import RunSettings
+    from te_assembly.engines.target import Target
     from te_assembly.jobs.run import run
-    from te_assembly.jobs.target import Target
 
     plan = analysis.checked_plan()
     seq_len = min(analysis.section("run").seq_len, tokens)
@@ -241,11 +241,11 @@ def build_with_te(analysis: Analysis) -> str:
     returns what was built."""
     import torch
 
-    from te_assembly.engines import build
+    from te_assembly.engines import Target, build
 
     plan = analysis.checked_plan()
     kernels = "te" if torch.cuda.is_available() else "reference"
-    model = build(plan, engine="te", kernels=kernels)
+    model = build(plan, Target.of("te", kernels=kernels))
     return f"{plan.name}: engine {model.engine}, kernels {kernels}"
 
 

@@ -1,9 +1,11 @@
-"""The loss curve as a PNG (matplotlib's Agg backend: no display needed)."""
+"""The loss curve as a PNG (matplotlib's Agg backend: no display needed): drawn from what the ``train``
+job returns, by the CLI and by ``te_assembly.train``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from te_assembly.outputs import write_atomic
 
@@ -41,3 +43,18 @@ def save_loss_curve(
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
     return path
+
+
+def draw_run(result: Any) -> Path | None:
+    """A ``train`` result's curve as ``loss_curve.png`` in its run directory (its ``plot``), drawn by the
+    process that writes the run's files; None when there is nothing to draw."""
+    if not result.losses or not result.is_main:
+        return None
+    what = "next-token cross-entropy" if result.language_model else "teacher regression"
+    title = f"{result.model_name}: {what} ({result.engine} engine)"
+    validation = [(step, e["val_loss"]) for step, e in result.evaluations]
+    resumed = result.start_step or None
+    result.plot = save_loss_curve(
+        result.losses, result.out_dir / "loss_curve.png", title, resumed, validation
+    )
+    return result.plot

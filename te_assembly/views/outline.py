@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from te_assembly.analysis.plan import BlockGroup, BlockUse, PlannedStep, Reroute
-from te_assembly.config.blocks import use_ranges
+from te_assembly.config.block_names import use_ranges
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
 from te_assembly.fields import FieldSpec
 from te_assembly.sections import setting

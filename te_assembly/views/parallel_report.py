@@ -6,11 +6,13 @@ from rich.table import Table
 
 from te_assembly.analysis.parallel.layout import (
     ShardPlan,
+    StepShard,
     fsdp_ranks,
     rank_coordinates,
     rank_elements,
     sharded_shape,
 )
+from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.analysis.plan import Plan
 
 _TENSOR_ROLE = {
@@ -47,53 +49,61 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
     """Per step: each parameter's global and local shape and how it is cut; per rank: its coordinates,
     the parameters it holds, and their bytes with their gradients and AdamW's two moments in ``dtype``
     (what stays between steps: FSDP2 gathers one unit at a time on top of it)."""
+    return [_step_table(plan, layout), _rank_table(plan, layout, dtype)]
+
+
+def _step_table(plan: Plan, layout: ShardPlan) -> Table:
     s = layout.settings
-    title = f"parallel layout: {s.describe()}"
-    steps = Table(title=title, title_justify="left")
+    steps = Table(title=f"parallel layout: {s.describe()}", title_justify="left")
     for col in ("step", "role", "parameter", "global shape", "local shape", "held by"):
         steps.add_column(col)
     for planned, shard in zip(plan.steps, layout.steps, strict=True):
-        tensor_role = _TENSOR_ROLE[shard.tensor_role] if s.tensor > 1 else ""
-        expert_role = _EXPERT_ROLE[shard.expert_role] if s.expert > 1 else ""
-        roles = [r for r in (tensor_role, expert_role) if r]
-        if shard.rows_split:
-            roles.append("rows split (sequence parallel)")
-        role = "; ".join(roles)
+        role = _role(shard, s)
         shapes = planned.param_shapes
         if not shapes:
             steps.add_row(shard.name, role, "-", "", "", "")
-        groups = shard.local_groups
         for name, shape in shapes.items():
-            rule = shard.params[name]
-            cut = fsdp_ranks(rule, s)
-            fsdp = f"dim 0 FSDP2-sharded over {cut} ranks" if s.is_sharded else ""
-            if s.is_sharded and rule.kind != "expert":
-                piece = sharded_shape(tuple(shape), cut)
-                steps.add_row(shard.name, role, name, _shape(shape), _shape(piece), fsdp)
-            elif rule.kind == "tensor":
-                local = list(shape)
-                local[rule.dim] //= s.tensor
-                how = f"dim {rule.dim} split" + (
-                    f", {rule.blocks} interleaved pieces" if rule.blocks > 1 else ""
-                )
-                steps.add_row(shard.name, role, name, _shape(shape), _shape(tuple(local)), how)
-            elif rule.kind == "expert":
-                owner = rule.group // groups if groups else 0
-                local_index = rule.group - owner * groups
-                piece = sharded_shape(tuple(shape), cut)
-                steps.add_row(
-                    shard.name,
-                    role,
-                    name,
-                    _shape(shape),
-                    _shape(piece),
-                    "; ".join(filter(None, (f"expert rank {owner} as {rule.prefix}{local_index}", fsdp))),
-                )
-            else:
-                steps.add_row(shard.name, role, name, _shape(shape), _shape(shape), "every rank")
+            local, how = _cut(shard, name, tuple(shape), s)
+            steps.add_row(shard.name, role, name, _shape(tuple(shape)), _shape(local), how)
             role = ""
-    title = f"parameters per rank ({dtype}; AdamW state: two moments)"
-    ranks = Table(title=title, title_justify="left")
+    return steps
+
+
+def _role(shard: StepShard, s: ParallelSettings) -> str:
+    tensor_role = _TENSOR_ROLE[shard.tensor_role] if s.tensor > 1 else ""
+    expert_role = _EXPERT_ROLE[shard.expert_role] if s.expert > 1 else ""
+    roles = [r for r in (tensor_role, expert_role) if r]
+    if shard.rows_split:
+        roles.append("rows split (sequence parallel)")
+    return "; ".join(roles)
+
+
+def _cut(
+    shard: StepShard, name: str, shape: tuple[int, ...], s: ParallelSettings
+) -> tuple[tuple[int, ...], str]:
+    """A parameter's shape on a rank, and where the rest is."""
+    rule = shard.params[name]
+    cut = fsdp_ranks(rule, s)
+    fsdp = f"dim 0 FSDP2-sharded over {cut} ranks" if s.is_sharded else ""
+    if s.is_sharded and rule.kind != "expert":
+        return sharded_shape(shape, cut), fsdp
+    if rule.kind == "tensor":
+        local = list(shape)
+        local[rule.dim] //= s.tensor
+        pieces = f", {rule.blocks} interleaved pieces" if rule.blocks > 1 else ""
+        return tuple(local), f"dim {rule.dim} split{pieces}"
+    if rule.kind == "expert":
+        groups = shard.local_groups
+        owner = rule.group // groups if groups else 0
+        local_index = rule.group - owner * groups
+        held = f"expert rank {owner} as {rule.prefix}{local_index}"
+        return sharded_shape(shape, cut), "; ".join(filter(None, (held, fsdp)))
+    return shape, "every rank"
+
+
+def _rank_table(plan: Plan, layout: ShardPlan, dtype: str) -> Table:
+    s = layout.settings
+    ranks = Table(title=f"parameters per rank ({dtype}; AdamW state: two moments)", title_justify="left")
     coordinates = ("data", "shard", "expert", "tensor") if s.is_sharded else ("data", "expert", "tensor")
     columns = ("rank", *coordinates, "rows per batch", "parameters", "of global")
     for col in (*columns, "parameter bytes", "gradient bytes", "AdamW state"):
@@ -103,16 +113,16 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
     for rank, d, z, e, t in rank_coordinates(s):
         held = rank_elements(plan, layout, e)
         share = f"{held / total:.0%}" if total else "-"
-        rows = f"1/{s.row_shards}"
         where = (d, z, e, t) if s.is_sharded else (d, e, t)
+        nbytes = _bytes(held * size)
         ranks.add_row(
             str(rank),
             *map(str, where),
-            rows,
+            f"1/{s.row_shards}",
             f"{held:,}",
             share,
-            _bytes(held * size),
-            _bytes(held * size),
+            nbytes,
+            nbytes,
             _bytes(2 * held * size),
         )
     if s.is_sharded:
@@ -121,7 +131,7 @@ def layout_tables(plan: Plan, layout: ShardPlan, dtype: str = "float32") -> list
             + (", and the expert ranks for all but the experts" if s.expert > 1 else "")
             + " (the last piece padded)"
         )
-    return [steps, ranks]
+    return ranks
 
 
 __all__ = ["layout_tables"]

@@ -2,7 +2,7 @@
 
 Read from the source (an AST walk of ``te_assembly/``), so every import counts: module level, inside
 functions (the lazy imports that keep torch and TE out of ``validate``) and under ``TYPE_CHECKING``. The
-layers are the ones ARCHITECTURE.md describes; a module's layer is its folder."""
+layers are the ones docs/architecture.md describes; a module's layer is its folder."""
 
 from __future__ import annotations
 
@@ -14,15 +14,27 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "te_assembly"
 
-FOUNDATION = ("collector", "diagnostics", "errors", "fields", "lazy", "outputs", "sections", "version")
+FOUNDATION = (
+    "collector",
+    "diagnostics",
+    "display",
+    "errors",
+    "fields",
+    "lazy",
+    "outputs",
+    "sections",
+    "version",
+)
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", tuple(f"te_assembly.{name}" for name in FOUNDATION)),
     ("catalog", ("te_assembly.catalog",)),
     ("config", ("te_assembly.config",)),
     ("analysis", ("te_assembly.analysis",)),
-    ("views", ("te_assembly.views",)),
+    ("data", ("te_assembly.data",)),
     ("engines", ("te_assembly.engines",)),
+    ("formats", ("te_assembly.formats",)),
     ("jobs", ("te_assembly.jobs",)),
+    ("views", ("te_assembly.views",)),
     ("front ends", ("te_assembly.cli", "te_assembly.__main__", "te_assembly.testing")),
     ("api", ("te_assembly",)),
 )

@@ -16,6 +16,7 @@ from te_assembly.analysis import analyze as analysis
 from te_assembly.analysis import recipes
 from te_assembly.cli.main import main as cli_main
 from te_assembly.config import source
+from te_assembly.engines.target import Target
 
 MODEL = """\
 name: mine
@@ -123,9 +124,9 @@ def test_a_te_build_checks_the_recipe_once(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(recipes, "validate_recipe", counting)
     monkeypatch.setattr(analysis, "validate_recipe", counting)
-    te_assembly.build("channel_demo", engine="te", kernels="te", device="cpu")
+    te_assembly.build("channel_demo", Target.of("te", kernels="te", device="cpu"))
     assert calls["validate_recipe"] == 1  # in the analysis; the TE builder takes the checked recipe
     plan = te_assembly.load("channel_demo").checked_plan()
     calls.clear()
-    te_assembly.build(plan, engine="te", kernels="te", device="cpu", recipe=recipes.load_recipe("bf16"))
+    te_assembly.build(plan, Target.of("te", kernels="te", device="cpu", recipe=recipes.load_recipe("bf16")))
     assert calls["validate_recipe"] == 1  # a recipe given as a mapping: checked once, in build()

@@ -161,7 +161,7 @@ def test_a_mapping_that_contains_itself_is_a_config_error() -> None:
     model: dict[str, Any] = {"name": "selfref", "in_features": 8, "ops": []}
     model["ops"].append(model)
     with pytest.raises(ConfigError) as info:
-        te_assembly.build(model, engine="reference")
+        te_assembly.build(model, "reference")
     assert [(d.code, d.path) for d in info.value.diagnostics] == [("recursive-structure", "model.ops[0]")]
     dims: dict[str, Any] = {}
     dims["me"] = dims

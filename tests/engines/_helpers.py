@@ -11,6 +11,7 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.config.resolved import resolve_text
 from te_assembly.engines import build
 from te_assembly.engines.reference.model import ReferenceModel
+from te_assembly.engines.target import Target
 
 F64 = torch.float64
 
@@ -23,7 +24,7 @@ def plan_from_yaml(text: str) -> Plan:
 
 def build_yaml(text: str, dtype: torch.dtype = F64, seed: int = 0) -> ReferenceModel:
     torch.manual_seed(seed)
-    model = build(plan_from_yaml(text), engine="reference", dtype=dtype)
+    model = build(plan_from_yaml(text), Target.of("reference", dtype=dtype))
     assert isinstance(model, ReferenceModel)
     return model
 

@@ -17,12 +17,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from te_assembly import build, load
 from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.settings import RunSettings
 from te_assembly.engines.base import AssembledModel, InputShapeError
 from te_assembly.engines.data import sample_public_inputs, sample_x, x_lead
 from te_assembly.engines.memory import activation_bytes, attention_elements, check_fits, estimate
 from te_assembly.engines.reference.attention import Attention
+from te_assembly.engines.target import Target
 from te_assembly.errors import ResourceError
-from te_assembly.jobs.benchmark.flops import attention_flops, forward_flops
+from te_assembly.jobs.bench.flops import attention_flops, forward_flops
 from tests.engines._helpers import randomize
 from tests.reference.naive_attention import naive_attention
 
@@ -69,7 +71,7 @@ def _build(
 ) -> AssembledModel:
     torch.manual_seed(0)
     plan = config if isinstance(config, Plan) else load(config).checked_plan()
-    return build(plan, engine=engine[0], kernels=engine[1], dtype=dtype)
+    return build(plan, Target.of(engine[0], kernels=engine[1], dtype=dtype))
 
 
 def _by_hand(x: torch.Tensor, addend: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -145,7 +147,7 @@ def test_decoder_layer_te_engine_matches_reference_engine() -> None:
     from te_assembly.jobs.verify import verify
 
     plan = load(LAYER).checked_plan()
-    report = verify(plan, kernels="reference", dtype=F64, tokens=48, seq_len=12)
+    report = verify(plan, Target.of("te", kernels="reference", dtype=F64), RunSettings(tokens=48, seq_len=12))
     assert report.passed, [(c.name, c.max_abs) for c in report.failures]
     names = {c.name for c in report.comparisons}
     assert {
@@ -280,17 +282,14 @@ def test_memory_estimate_counts_attention_and_refuses_what_cannot_fit() -> None:
 def test_bench_variants_of_the_decoder_layer_compute_the_same(split_at: str | None) -> None:
     """bench.compare's split (two fusers, bridged channels; part 2 starting inside the token view for
     fc1/restore) and plain variants equal the channelled model, outputs and gradients."""
-    from te_assembly.jobs.benchmark import bench_loss, build_variants, plan_to_model
+    from te_assembly.jobs.bench import bench_loss, build_variants, plan_to_model
 
     plan = load(LAYER).checked_plan()
     assert load(plan_to_model(plan)).checked_plan().input_layout == "sequence"
     torch.manual_seed(0)
     variants, split = build_variants(
         plan,
-        engine="reference",
-        kernels="te",
-        device=torch.device("cpu"),
-        dtype=F64,
+        Target.of("reference", kernels="te", device=torch.device("cpu"), dtype=F64),
         optimizer="sgd",
         lr=0.1,
         compare=True,

@@ -19,6 +19,7 @@ import yaml
 from te_assembly.catalog import OPS
 from te_assembly.engines import build
 from te_assembly.engines.data import sample_public_inputs
+from te_assembly.engines.target import Target
 from te_assembly.jobs.verify import state_dict_parameters
 from tests.reference.op_cases import assert_grad
 from tests.reference.oracles import run_model
@@ -165,7 +166,7 @@ def _kernels(mapping: dict[str, Any]) -> str:
 
 
 def check_block_against_oracles(mapping: dict[str, Any], engine: str, seed: int = 0) -> None:
-    model = build(mapping, engine=engine, kernels=_kernels(mapping), dtype=F64)
+    model = build(mapping, Target.of(engine, kernels=_kernels(mapping), dtype=F64))
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     params = state_dict_parameters(model)

@@ -15,6 +15,7 @@ import torch
 import te_assembly
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel, CallError, InputShapeError
+from te_assembly.engines.target import Target
 from te_assembly.errors import ArgumentError, ConfigError, EngineUnavailableError, ResourceError
 from tests.engines._helpers import F64, plan_from_yaml, randomize
 
@@ -43,7 +44,7 @@ ops:
 
 def _build(config: object, engine: tuple[str, str]) -> AssembledModel:
     torch.manual_seed(0)
-    model = build(config, engine=engine[0], kernels=engine[1], dtype=F64)  # type: ignore[arg-type]
+    model = build(config, Target.of(engine[0], kernels=engine[1], dtype=F64))  # type: ignore[arg-type]
     randomize(model)
     return model
 
@@ -204,18 +205,18 @@ def test_build_rejects_bad_arguments_with_typed_errors(
 ) -> None:
     kwargs = {"engine": "reference", **kwargs}
     with pytest.raises(ArgumentError, match=message) as info:
-        te_assembly.build(*args, **kwargs)  # type: ignore[arg-type]
+        te_assembly.build(*args, te_assembly.Target.of(**kwargs))  # type: ignore[arg-type]
     assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
 
 
 def test_build_reports_other_problems_with_their_own_types(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
-        build({"name": "bad", "in_features": 4, "ops": [{"name": "a", "op": "Lineer"}]}, engine="reference")
+        build({"name": "bad", "in_features": 4, "ops": [{"name": "a", "op": "Lineer"}]}, "reference")
     if not torch.cuda.is_available():
         with pytest.raises(EngineUnavailableError, match=r"no CUDA GPU"):
-            build("residual_mlp", engine="reference", device="cuda")
+            build("residual_mlp", Target.of("reference", device="cuda"))
     with pytest.raises(ArgumentError, match=r"a directory"):
-        build(tmp_path, engine="reference")
+        build(tmp_path, "reference")
 
 
 def test_build_refuses_parameters_that_cannot_fit_before_allocating() -> None:
@@ -229,15 +230,15 @@ def test_build_refuses_parameters_that_cannot_fit_before_allocating() -> None:
         ResourceError,
         match=r"building huge needs about 1\.8 TiB.*\(parameters 1\.8 TiB\), but only .* is available",
     ):
-        build(huge, engine="reference")
+        build(huge, "reference")
     # Near the top of int64: still an estimate and a refusal, never an overflow inside torch.
     huge["ops"][0]["args"]["out_features"] = 2**62  # type: ignore[index]
     with pytest.raises(ResourceError, match=r"needs about"):
-        build(huge, engine="reference")
+        build(huge, "reference")
     # Beyond int64: refused with the config's own range check, before any estimate.
     huge["ops"][0]["args"]["out_features"] = 2**70  # type: ignore[index]
     with pytest.raises(ConfigError) as caught:
-        build(huge, engine="reference")
+        build(huge, "reference")
     [diag] = caught.value.diagnostics
     assert (diag.code, diag.path) == ("out-of-range", "model.ops[0].args.out_features")
 
@@ -246,12 +247,12 @@ def test_memory_limit_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     plan = te_assembly.load("residual_mlp").checked_plan()
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", "1000")
     with pytest.raises(ResourceError, match=r"only 1000 B is available \(TE_ASSEMBLY_MEMORY_LIMIT\)"):
-        build(plan, engine="reference")
+        build(plan, "reference")
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", str(10**9))
-    build(plan, engine="reference")
+    build(plan, "reference")
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", "1.5 KiB")
     with pytest.raises(ResourceError, match=r"only 1\.5 KiB is available \(TE_ASSEMBLY_MEMORY_LIMIT\)"):
-        build(plan, engine="reference")
+        build(plan, "reference")
 
 
 @pytest.mark.parametrize(
@@ -292,7 +293,7 @@ def test_a_memory_limit_that_is_not_a_size_is_refused_not_ignored(
     plan = te_assembly.load("residual_mlp").checked_plan()
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", text)
     with pytest.raises(ResourceError, match="TE_ASSEMBLY_MEMORY_LIMIT=") as caught:
-        build(plan, engine="reference")
+        build(plan, "reference")
     assert words in str(caught.value)
 
 

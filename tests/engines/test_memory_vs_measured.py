@@ -38,7 +38,7 @@ def test_the_estimate_tracks_what_autograd_keeps(name: str, top_k: int) -> None:
     analysis = te_assembly.load(name, overrides)
     plan = analysis.checked_plan()
     torch.manual_seed(0)
-    model = te_assembly.build(analysis, engine="reference").train()
+    model = te_assembly.build(analysis, "reference").train()
     shape = (512, plan.in_features) if not plan.takes_sequences else (16, 32, plan.in_features)
     measured = _kept_for_backward(model, torch.randn(*shape, requires_grad=True))
     estimate = activation_bytes(plan, 512, torch.float32, seq_len=32)

@@ -10,6 +10,7 @@ from te_assembly.config import available_models
 from te_assembly.engines import build
 from te_assembly.engines.base import CallError
 from te_assembly.engines.reference.model import ReferenceModel
+from te_assembly.engines.target import Target
 from tests.engines._helpers import F64, build_yaml, plan_from_yaml, randomize
 
 TWO_INPUTS = """
@@ -99,7 +100,7 @@ def test_missing_and_surplus_inputs_are_call_errors() -> None:
 @pytest.mark.parametrize("name", available_models())
 def test_state_dict_names_and_shapes_follow_the_catalog(name: str) -> None:
     torch.manual_seed(0)
-    model = build(name, engine="reference", dtype=torch.bfloat16)
+    model = build(name, Target.of("reference", dtype=torch.bfloat16))
     expected = {
         f"steps.{step.name}.{param}": shape
         for step in model.plan.steps
@@ -116,7 +117,7 @@ def test_state_dict_names_and_shapes_follow_the_catalog(name: str) -> None:
 def test_parameters_come_in_the_plan_order(name: str) -> None:
     """A single process's optimizer order (``named_parameters``) is the plan's order of its parameters:
     what an expert-parallel checkpoint keys optimizer state by (``ParallelContext.optimizer_index``)."""
-    model = build(name, engine="reference")
+    model = build(name, "reference")
     params = [n for n, _ in model.named_parameters()]
     in_plan = [f"steps.{step.name}.{param}" for step in model.plan.steps for param in step.param_shapes]
     assert params == [key for key in in_plan if key in set(params)]
@@ -137,17 +138,17 @@ def test_build_is_deterministic_under_a_seed() -> None:
     states = []
     for _ in range(2):
         torch.manual_seed(11)
-        states.append(build(plan, engine="reference").state_dict())
+        states.append(build(plan, "reference").state_dict())
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     torch.manual_seed(12)
-    other = build(plan, engine="reference").state_dict()
+    other = build(plan, "reference").state_dict()
     assert not torch.equal(other["steps.fc.basic_ops.0.weight"], states[0]["steps.fc.basic_ops.0.weight"])
 
 
 def test_state_dict_round_trips_between_builds() -> None:
     source = _model()
-    target = build(source.plan, engine="reference", dtype=F64)
+    target = build(source.plan, Target.of("reference", dtype=F64))
     target.load_state_dict(source.state_dict())
     x, shift, scales = _inputs()
     torch.testing.assert_close(target(x, shift, scales).y, source(x, shift, scales).y, rtol=0, atol=0)
@@ -176,7 +177,7 @@ def test_step_names_that_shadow_module_attributes() -> None:
 
 def test_bfloat16_close_to_float64() -> None:
     model64 = _model()
-    model16 = build(model64.plan, engine="reference", dtype=torch.bfloat16)
+    model16 = build(model64.plan, Target.of("reference", dtype=torch.bfloat16))
     model16.load_state_dict(model64.state_dict())
     x, shift, scales = _inputs()
     y16 = model16(x.bfloat16(), shift.bfloat16(), scales.bfloat16()).y
@@ -187,7 +188,7 @@ def test_bfloat16_close_to_float64() -> None:
 @pytest.mark.gpu  # tests/conftest.py skips it without a GPU, or fails it under TE_ASSEMBLY_REQUIRE_GPU=1
 def test_cuda_matches_cpu() -> None:
     cpu = _model()
-    gpu = build(cpu.plan, engine="reference", device="cuda", dtype=F64)
+    gpu = build(cpu.plan, Target.of("reference", device="cuda", dtype=F64))
     gpu.load_state_dict(cpu.state_dict())
     assert all(p.device.type == "cuda" for p in gpu.parameters())
     x, shift, scales = _inputs()
@@ -219,7 +220,7 @@ ops:
 
 def test_moe_model_rejects_x_that_is_not_2d_with_a_reshape_hint() -> None:
     torch.manual_seed(0)
-    model = build("moe_block", engine="reference", dtype=F64)
+    model = build("moe_block", Target.of("reference", dtype=F64))
     x = torch.randn(2, 3, 64, dtype=F64)
     for call in (model, model.forward_positional):
         with pytest.raises(CallError, match=r"\[tokens, features\].*\(2, 3, 64\).*x\.reshape\(-1, 64\)"):
@@ -230,7 +231,7 @@ def test_moe_model_rejects_x_that_is_not_2d_with_a_reshape_hint() -> None:
 
 def test_x_is_checked_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
-    model = build("moe_block", engine="reference", dtype=F64)
+    model = build("moe_block", Target.of("reference", dtype=F64))
     calls: list[tuple[int, ...]] = []
     check = model._check
 

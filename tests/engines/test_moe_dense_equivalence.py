@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from te_assembly.analysis.pipeline import load
 from te_assembly.engines import build
 from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.target import Target
 from tests.engines._helpers import F64, randomize
 
 TOKENS = 12
@@ -33,7 +34,7 @@ def _moe_block(
     dims = {"hidden": hidden, "ffn": ffn, "experts": experts, "top_k": top_k, "align": align}
     loaded = load("moe_block", [f"model.dims.{k}={v}" for k, v in dims.items()])
     torch.manual_seed(0)
-    model = build(loaded.checked_plan(), engine=engine[0], kernels=engine[1], dtype=F64)
+    model = build(loaded.checked_plan(), Target.of(engine[0], kernels=engine[1], dtype=F64))
     randomize(model)
     return model
 

@@ -16,9 +16,10 @@ from safetensors import safe_open
 import te_assembly
 from te_assembly.engines import build
 from te_assembly.engines.reference.model import ReferenceModel
+from te_assembly.engines.target import Target
 from te_assembly.errors import OutputPathError
-from te_assembly.jobs.pretrained import CONFIG_FILE, WEIGHTS_FILE
-from te_assembly.jobs.training.checkpoint import CheckpointError, model_state
+from te_assembly.formats.checkpoint import CheckpointError, model_state
+from te_assembly.formats.pretrained import CONFIG_FILE, WEIGHTS_FILE
 from tests.conftest import REPO_ROOT
 from tests.engines._helpers import build_yaml, plan_from_yaml, randomize
 
@@ -56,7 +57,7 @@ def test_round_trip_in_the_reference_engine(tmp_path: Path) -> None:
     assert any(k.startswith("steps.layers.0.fc.") for k in _keys(saved / WEIGHTS_FILE))
     config = yaml.safe_load((saved / CONFIG_FILE).read_text())
     assert config["model"]["name"] == "nested_names" and config["dtype"] == "float64"
-    loaded = te_assembly.from_pretrained(saved, engine="reference")
+    loaded = te_assembly.from_pretrained(saved, "reference")
     assert isinstance(loaded, ReferenceModel) and not loaded.training
     assert loaded.plan.name == model.plan.name
     for name, tensor in model.state_dict().items():
@@ -95,7 +96,7 @@ def test_load_refuses_weights_of_another_model(tmp_path: Path) -> None:
     config["model"]["ops"][3]["args"]["in_features"] = 16
     (saved / CONFIG_FILE).write_text(yaml.safe_dump(config))
     with pytest.raises(CheckpointError, match=r"layers\.0\.fc"):
-        te_assembly.from_pretrained(saved, engine="reference")
+        te_assembly.from_pretrained(saved, "reference")
 
 
 def test_load_refuses_a_corrupt_or_missing_weights_file(tmp_path: Path) -> None:
@@ -104,10 +105,10 @@ def test_load_refuses_a_corrupt_or_missing_weights_file(tmp_path: Path) -> None:
     data[-3] ^= 0xFF  # a flipped byte inside the last tensor
     (saved / WEIGHTS_FILE).write_bytes(bytes(data))
     with pytest.raises(CheckpointError):
-        te_assembly.from_pretrained(saved, engine="reference")
+        te_assembly.from_pretrained(saved, "reference")
     (saved / WEIGHTS_FILE).unlink()
     with pytest.raises(CheckpointError, match=WEIGHTS_FILE):
-        te_assembly.from_pretrained(saved, engine="reference")
+        te_assembly.from_pretrained(saved, "reference")
     with pytest.raises(CheckpointError, match="no such directory"):
         te_assembly.from_pretrained(tmp_path / "nowhere")
 
@@ -117,11 +118,11 @@ def test_load_refuses_a_corrupt_or_missing_weights_file(tmp_path: Path) -> None:
 def test_weights_load_across_engines(tmp_path: Path, model_name: str) -> None:
     """Reference -> TE and TE -> reference (TE's fuser on CPU with kernels=reference)."""
     torch.manual_seed(0)
-    ref = build(model_name, engine="reference")
+    ref = build(model_name, "reference")
     randomize(ref, scale=0.2)
     te_assembly.save_pretrained(ref, tmp_path / "from_ref")
     te_model = te_assembly.from_pretrained(
-        tmp_path / "from_ref", engine="te", device="cpu", kernels="reference"
+        tmp_path / "from_ref", Target.of("te", device="cpu", kernels="reference")
     )
     assert type(te_model).__name__ == "TEModel"
     x = torch.randn(32, ref.plan.in_features, generator=torch.Generator().manual_seed(1))
@@ -129,7 +130,7 @@ def test_weights_load_across_engines(tmp_path: Path, model_name: str) -> None:
     torch.testing.assert_close(te_model(x).y, ref(x).y, rtol=1e-5, atol=1e-5)
     # And back: a TE model's save loads into the reference engine with the same tensors.
     te_assembly.save_pretrained(te_model, tmp_path / "from_te")
-    back = te_assembly.from_pretrained(tmp_path / "from_te", engine="reference")
+    back = te_assembly.from_pretrained(tmp_path / "from_te", "reference")
     for name, tensor in ref.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
 
@@ -155,7 +156,7 @@ def test_export_a_training_run_from_the_command_line(tmp_path: Path) -> None:
     out = tmp_path / "shared_model"
     assert sorted(p.name for p in out.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
     _, trained = model_state(run / "ckpt-0000002.safetensors")
-    loaded = te_assembly.from_pretrained(out, engine="reference")
+    loaded = te_assembly.from_pretrained(out, "reference")
     assert set(loaded.state_dict()) == set(trained)
     for name, tensor in trained.items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
@@ -171,7 +172,7 @@ def test_export_a_training_run_from_the_command_line(tmp_path: Path) -> None:
 def test_from_pretrained_builds_a_plan_equal_to_the_saved_models(tmp_path: Path) -> None:
     plan = plan_from_yaml(NESTED)
     saved = te_assembly.save_pretrained(build_yaml(NESTED), tmp_path / "pre")
-    loaded = te_assembly.from_pretrained(saved, engine="reference")
+    loaded = te_assembly.from_pretrained(saved, "reference")
     assert [(s.name, s.type, s.fuser) for s in loaded.plan.steps] == [
         (s.name, s.type, s.fuser) for s in plan.steps
     ]
@@ -186,9 +187,9 @@ def test_a_changed_config_is_refused_by_its_checksum(tmp_path: Path) -> None:
     changed = text.replace("eps: 1.0e-05", "eps: 1.0e-04", 1) if "eps: 1.0e-05" in text else text + "\n#"
     (saved / CONFIG_FILE).write_text(changed)
     with pytest.raises(CheckpointError, match=r"does not match the checksum recorded in model\.safetensors"):
-        te_assembly.from_pretrained(saved, engine="reference")
+        te_assembly.from_pretrained(saved, "reference")
     (saved / CONFIG_FILE).write_text(text)
-    assert te_assembly.from_pretrained(saved, engine="reference").plan.name
+    assert te_assembly.from_pretrained(saved, "reference").plan.name
 
 
 def test_non_finite_weights_are_never_saved_or_loaded(tmp_path: Path) -> None:
@@ -210,8 +211,8 @@ def test_a_run_directory_is_pointed_to_export(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parents[1] / "configs" / "saved" / "run_v0", run)
     with pytest.raises(CheckpointError, match=r"is a training run, not a pretrained model directory: export"):
-        te_assembly.from_pretrained(run, engine="reference")
-    assert te_assembly.from_pretrained(te_assembly.export_checkpoint(run), engine="reference").plan.name
+        te_assembly.from_pretrained(run, "reference")
+    assert te_assembly.from_pretrained(te_assembly.export_checkpoint(run), "reference").plan.name
 
 
 def test_overwrite_is_atomic_as_a_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,13 +220,11 @@ def test_overwrite_is_atomic_as_a_whole(tmp_path: Path, monkeypatch: pytest.Monk
     staging directory behind."""
     import torch
 
-    import te_assembly.jobs.pretrained as pretrained
+    import te_assembly.formats.pretrained as pretrained
 
     first = build_yaml(NESTED)
     target = te_assembly.save_pretrained(first, tmp_path / "pre")
-    old = {
-        k: v.clone() for k, v in te_assembly.from_pretrained(target, engine="reference").state_dict().items()
-    }
+    old = {k: v.clone() for k, v in te_assembly.from_pretrained(target, "reference").state_dict().items()}
     second = build_yaml(NESTED)
     with torch.no_grad():
         for p in second.parameters():
@@ -238,11 +237,11 @@ def test_overwrite_is_atomic_as_a_whole(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(OSError):
         te_assembly.save_pretrained(second, target, overwrite=True)
     monkeypatch.undo()
-    again = te_assembly.from_pretrained(target, engine="reference").state_dict()
+    again = te_assembly.from_pretrained(target, "reference").state_dict()
     assert all(torch.equal(again[k], v) for k, v in old.items())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pre"]  # nothing left beside it
     te_assembly.save_pretrained(second, target, overwrite=True)
-    new = te_assembly.from_pretrained(target, engine="reference").state_dict()
+    new = te_assembly.from_pretrained(target, "reference").state_dict()
     assert not all(torch.equal(new[k], v) for k, v in old.items() if v.is_floating_point())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pre"]
 
@@ -260,7 +259,7 @@ def test_a_save_killed_mid_write_leaves_the_old_directory(tmp_path: Path) -> Non
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-        import te_assembly, te_assembly.jobs.pretrained as pretrained
+        import te_assembly, te_assembly.formats.pretrained as pretrained
         from tests.engines.test_pretrained import NESTED, build_yaml
         real = pretrained.write_text_atomic
         def killed(path, text):
@@ -271,20 +270,20 @@ def test_a_save_killed_mid_write_leaves_the_old_directory(tmp_path: Path) -> Non
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == -signal.SIGKILL, done.stderr
-    assert te_assembly.from_pretrained(target, engine="reference").plan.name
+    assert te_assembly.from_pretrained(target, "reference").plan.name
     assert any(p.name.endswith(".saving") for p in tmp_path.iterdir())  # what the killed save left
     te_assembly.save_pretrained(build_yaml(NESTED), target, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pre"]
 
 
 def test_exporting_a_run_with_a_corrupt_newest_checkpoint_names_the_good_one(tmp_path: Path) -> None:
-    from te_assembly.jobs.train import train
-    from te_assembly.jobs.training.settings import TrainSettings
+    from te_assembly.jobs.train.job import train
+    from te_assembly.jobs.train.settings import TrainSettings
 
     plan = te_assembly.load("residual_mlp", ["model.dims.hidden=8", "model.dims.ffn=8"]).checked_plan()
     out = tmp_path / "run"
     settings = TrainSettings(steps=4, batch_tokens=8, checkpoint_every=2, plot=False, out_dir=str(out))
-    train(plan, settings)
+    train(plan, "reference", settings)
     newest = out / "ckpt-0000004.safetensors"
     data = bytearray(newest.read_bytes())
     data[-3] ^= 0xFF

@@ -13,6 +13,7 @@ import torch
 from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
+from te_assembly.engines.target import Target
 from te_assembly.engines.te.bindings import SET_INPUT, SET_OUTPUT, binding_calls
 from te_assembly.engines.te.routing import fuser_io
 
@@ -51,7 +52,7 @@ def _plan(*ops: dict[str, Any]) -> Plan:
 
 def _run(plan: Plan, engine: tuple[str, str], x: torch.Tensor, **inputs: torch.Tensor) -> tuple[Any, Any]:
     torch.manual_seed(0)
-    model = build(plan, engine=engine[0], kernels=engine[1], dtype=F64)
+    model = build(plan, Target.of(engine[0], kernels=engine[1], dtype=F64))
     x = x.clone().requires_grad_(True)
     inputs = {k: v.clone().requires_grad_(True) for k, v in inputs.items()}
     y, extras = model(x, **inputs)
@@ -121,7 +122,7 @@ def test_the_channel_gradient_is_the_sum_over_every_consumer() -> None:
         _tap("tap", "res"), _tanh("m0"), _scale("s", c), _add("add1", "res"), _tanh("m1"), _add("add2", "res")
     )
     torch.manual_seed(0)
-    model = build(plan, engine="reference", dtype=F64).record_channels()
+    model = build(plan, Target.of("reference", dtype=F64)).record_channels()
     x = torch.randn(2, WIDTH, dtype=F64, requires_grad=True)
     y, _ = model(x)
     g = torch.randn_like(y)
@@ -196,7 +197,7 @@ def test_a_module_anywhere_changes_nothing(name: str, engine: tuple[str, str]) -
     float64), wherever a module cuts the fuser, for models whose channels then cross it."""
     whole = load(name).checked_plan()
     torch.manual_seed(0)
-    reference = build(whole, engine=engine[0], kernels=engine[1], dtype=F64)
+    reference = build(whole, Target.of(engine[0], kernels=engine[1], dtype=F64))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in reference.parameters():
@@ -226,7 +227,7 @@ def test_a_module_anywhere_changes_nothing(name: str, engine: tuple[str, str]) -
     rerouted = 0
     for k, plan in _split_everywhere(name):
         rerouted += bool(plan.reroutes)
-        model = build(plan, engine=engine[0], kernels=engine[1], dtype=F64)
+        model = build(plan, Target.of(engine[0], kernels=engine[1], dtype=F64))
         model.load_state_dict(reference.state_dict())
         got = grads(model)
         torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-10, msg=f"cut before step {k}")

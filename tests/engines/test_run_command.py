@@ -19,6 +19,7 @@ from te_assembly.cli.commands import run as run_command
 from te_assembly.engines import build, resolve_engine
 from te_assembly.engines.data import sample_public_inputs, split_sizes
 from te_assembly.engines.reference.model import ReferenceModel
+from te_assembly.engines.target import Target
 from te_assembly.jobs import run
 from tests.engines._helpers import plan_from_yaml
 
@@ -116,10 +117,12 @@ def test_channel_gradients_are_the_sum_over_consumers_and_caller() -> None:
     # and d loss / d aux_loss = 1.
     plan = load("moe_block", ["model.dims.hidden=16", "model.dims.ffn=8"]).checked_plan()
     torch.manual_seed(0)
-    model = build(plan, engine="reference", dtype=torch.float64)
+    model = build(plan, Target.of("reference", dtype=torch.float64))
     assert isinstance(model, ReferenceModel)
     model.record_channels()
-    results = run.run_steps(model, plan, steps=2, tokens=24, seed=0, device=CPU, dtype=torch.float64)
+    results = run.run_steps(
+        model, plan, Target(model.engine, seed=0, device=CPU, dtype=torch.float64), steps=2, tokens=24
+    )
     y = results[-1].y
     grads = model.channel_grads()
     torch.testing.assert_close(grads["residual"], 2 * y / y.numel())
@@ -147,9 +150,11 @@ def test_renamed_aux_loss_channel_is_still_added_as_is() -> None:
     overrides = ["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=8"]
     plan = load(None, [*overrides, "model.ops.2.extra_outputs.aux_loss.channel=balance"]).checked_plan()
     torch.manual_seed(0)
-    model = build(plan, engine="reference", dtype=torch.float64)
+    model = build(plan, Target.of("reference", dtype=torch.float64))
     assert model.loss_output_names == ("balance",)
-    result = run.run_steps(model, plan, steps=1, tokens=24, seed=0, device=CPU, dtype=torch.float64)[-1]
+    result = run.run_steps(
+        model, plan, Target(model.engine, seed=0, device=CPU, dtype=torch.float64), steps=1, tokens=24
+    )[-1]
     balance = result.extras["balance"]
     assert result.loss == pytest.approx((result.y.square().mean() + balance).item(), rel=1e-12)
     assert balance.item() != pytest.approx(balance.square().item())  # added, not squared
@@ -213,7 +218,7 @@ def test_sample_public_inputs_fit_their_slots() -> None:
     assert sorted(inputs["combine_row_map"].tolist()) == list(range(2 * tokens))
     # The samples are accepted by the ops they feed.
     torch.manual_seed(0)
-    model = build(plan, engine="reference", dtype=torch.float64)
+    model = build(plan, Target.of("reference", dtype=torch.float64))
     y, _ = model(torch.randn(tokens, 6, dtype=torch.float64), **inputs)
     assert y.shape == (tokens, 4)
 

@@ -15,7 +15,8 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
 from te_assembly.engines.base import loss_output_names
 from te_assembly.engines.data import sample_x
-from te_assembly.jobs.benchmark import bench_loss, build_variants
+from te_assembly.engines.target import Target
+from te_assembly.jobs.bench import bench_loss, build_variants
 from te_assembly.jobs.verify import state_dict_parameters
 
 MODELS = {"moe_transformer": "moe_layer", "dense_transformer": "dense_layer"}
@@ -64,7 +65,7 @@ def test_layers_steps_fusers_and_reroutes(model: str) -> None:
 @pytest.mark.parametrize("model", MODELS)
 def test_parameters_follow_the_layers(model: str) -> None:
     plan = _plan(model, 2)
-    names = list(build(plan, engine="reference").state_dict())
+    names = list(build(plan, "reference").state_dict())
     layer = {
         u: sorted(n.split(".", 3)[3] for n in names if n.startswith(f"steps.layers.{u}.")) for u in (0, 1)
     }
@@ -76,7 +77,7 @@ def test_parameters_follow_the_layers(model: str) -> None:
         "steps.final_norm.weight",
         "steps.head.basic_ops.0.weight",
     }
-    assert sum(p.numel() for p in build(plan, engine="reference").parameters()) == plan.num_params
+    assert sum(p.numel() for p in build(plan, "reference").parameters()) == plan.num_params
 
 
 def _one_layer(block: str) -> dict[str, Any]:
@@ -94,13 +95,13 @@ def test_two_layers_are_two_single_layer_models_in_turn(model: str) -> None:
     weights, then the final norm and projection; each layer's aux loss is its own."""
     plan = _plan(model, 2)
     torch.manual_seed(1)
-    full = build(plan, engine="reference", dtype=torch.float64)
+    full = build(plan, Target.of("reference", dtype=torch.float64))
     # Random biases and norm weights, so that a mixed-up layer would show.
     with torch.no_grad():
         for p in full.parameters():
             p.add_(0.1 * torch.randn_like(p))
     state = full.state_dict()
-    one = build(_one_layer(MODELS[model]), engine="reference", dtype=torch.float64)
+    one = build(_one_layer(MODELS[model]), Target.of("reference", dtype=torch.float64))
     tail_plan = {
         "name": "tail",
         "in_features": 64,
@@ -109,7 +110,7 @@ def test_two_layers_are_two_single_layer_models_in_turn(model: str) -> None:
             {"name": "head", "op": "Linear", "args": {"in_features": 64, "out_features": 64, "bias": False}},
         ],
     }
-    tail = build(tail_plan, engine="reference", dtype=torch.float64)
+    tail = build(tail_plan, Target.of("reference", dtype=torch.float64))
     tail.load_state_dict({k: v for k, v in state.items() if not k.startswith("steps.layers.")})
     x = _x(plan)
     y, extras = full(x)
@@ -144,14 +145,14 @@ def _loss_and_grads(model: torch.nn.Module, plan: Plan, x: torch.Tensor) -> tupl
 def test_te_fusers_match_the_reference_engine_and_load_its_state_dict(model: str) -> None:
     plan = _plan(model, 2)
     torch.manual_seed(2)
-    ref = build(plan, engine="reference", dtype=torch.float64)
-    te = build(plan, engine="te", kernels="reference", dtype=torch.float64)
+    ref = build(plan, Target.of("reference", dtype=torch.float64))
+    te = build(plan, Target.of("te", kernels="reference", dtype=torch.float64))
     # Every name matches; TE's ops add only their own _extra_state (quantization metadata).
     loaded = te.load_state_dict(ref.state_dict(), strict=False)
     assert not loaded.unexpected_keys and loaded.missing_keys
     assert all(k.endswith("._extra_state") for k in loaded.missing_keys)
     back = {k: v for k, v in te.state_dict().items() if not k.endswith("._extra_state")}
-    build(plan, engine="reference", dtype=torch.float64).load_state_dict(back)  # strict, the other way
+    build(plan, Target.of("reference", dtype=torch.float64)).load_state_dict(back)  # strict, the other way
     x = _x(plan)
     (ref_out, ref_grads), (te_out, te_grads) = (_loss_and_grads(m, plan, x) for m in (ref, te))
     torch.testing.assert_close(te_out.y, ref_out.y)
@@ -171,10 +172,7 @@ def _split_matches(engine: str, kernels: str, model: str) -> None:
     torch.manual_seed(4)
     variants, split = build_variants(
         plan,
-        engine=engine,
-        kernels=kernels,
-        device=CPU,
-        dtype=torch.float64,
+        Target.of(engine, kernels=kernels, device=CPU, dtype=torch.float64),
         optimizer="sgd",
         lr=0.1,
         compare=True,

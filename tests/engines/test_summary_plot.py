@@ -16,8 +16,10 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.config import configs_dir
 from te_assembly.config.resolved import resolve_text
 from te_assembly.engines import build
-from te_assembly.engines.base import AssembledModel, Summary
+from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.target import Target
 from te_assembly.errors import ArgumentError, MissingToolError
+from te_assembly.views.model import Summary
 from tests.engines._helpers import build_yaml, plan_from_yaml
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
@@ -55,7 +57,7 @@ def test_summary_is_explains_output(run_cli: RunCli, model: str) -> None:
     assert done.returncode == 0, done.stderr
     torch.manual_seed(0)
     plan = _shipped(model)
-    built = build(plan, engine="reference")
+    built = build(plan, "reference")
     text = built.summary(width=400)
     assert isinstance(text, Summary) and isinstance(text, str)
     assert text == done.stdout
@@ -124,8 +126,8 @@ def test_plot_with_an_unknown_suffix_names_the_known_ones(tmp_path: Path) -> Non
 def test_te_model_summary_and_plot_match_the_reference(tmp_path: Path) -> None:
     plan = plan_from_yaml(OWN)
     torch.manual_seed(0)
-    te_model = build(plan, engine="te", device="cpu", kernels="reference")
-    ref_model = build(plan, engine="reference")
+    te_model = build(plan, Target.of("te", device="cpu", kernels="reference"))
+    ref_model = build(plan, "reference")
     assert isinstance(te_model, AssembledModel) and type(te_model) is not type(ref_model)
     te_text, ref_text = te_model.summary(width=200), ref_model.summary(width=200)
     cut = "TE fusions (for cpu"  # the plan's tables are the same; the fusions are each model's own
@@ -153,7 +155,7 @@ BLOCKS_MODEL = {
 
 
 def test_summary_and_plot_collapse_blocks_unless_expanded(tmp_path: Path) -> None:
-    model = build(BLOCKS_MODEL, engine="reference")
+    model = build(BLOCKS_MODEL, "reference")
     collapsed = str(model.summary(width=200))
     assert "layers[0-2]" in collapsed and "layers.1.fc" not in collapsed
     expanded = str(model.summary(width=200, expand=["all"]))

@@ -16,6 +16,7 @@ from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.engines import build
 from te_assembly.engines.base import BlockScope
 from te_assembly.engines.memory import activation_bytes, rank_estimate, step_activation_bytes, what_would_fit
+from te_assembly.engines.target import Target
 from te_assembly.errors import ArgumentError, ConfigError
 
 F64 = torch.float64
@@ -28,7 +29,7 @@ def _plan(name: str = "dense_transformer", *extra: str) -> Any:
 
 def _forward_backward(plan: Any, engine: str = "reference", **options: Any) -> tuple[Any, dict[str, Any]]:
     torch.manual_seed(0)
-    model = build(plan, engine=engine, kernels="reference", dtype=F64)
+    model = build(plan, Target.of(engine, kernels="reference", dtype=F64))
     if options:
         model.configure(**options)
     generator = torch.Generator().manual_seed(1)
@@ -57,7 +58,7 @@ def test_checkpointing_recomputes_in_backward() -> None:
     """``blocks`` really recomputes: each block use's forward runs twice (once more in backward)."""
     plan = _plan()
     torch.manual_seed(0)
-    model = build(plan, engine="reference", dtype=F64)
+    model = build(plan, Target.of("reference", dtype=F64))
     model.configure(activation_checkpointing="blocks")
     calls: list[str] = []
     for name in ("layers.0.attn", "layers.1.attn", "head"):
@@ -70,9 +71,9 @@ def test_checkpointing_recomputes_in_backward() -> None:
 def test_block_uses_are_the_units_and_keep_parameter_names() -> None:
     plan = _plan()
     torch.manual_seed(0)
-    flat = build(plan, engine="reference", dtype=F64)
+    flat = build(plan, Target.of("reference", dtype=F64))
     torch.manual_seed(0)
-    model = build(plan, engine="reference", dtype=F64)
+    model = build(plan, Target.of("reference", dtype=F64))
     model.configure(sharded=True)
     assert model.runs_as_units and not flat.runs_as_units
     units = model.shard_units()
@@ -88,7 +89,7 @@ def test_a_tied_weight_stays_with_the_root_unit() -> None:
     sharded on its own."""
     plan = load("dense_lm", ["model.dims.layers=2"]).checked_plan()
     assert plan.tied_params
-    model = build(plan, engine="reference")
+    model = build(plan, "reference")
     model.configure(sharded=True)
     tied = {n.removeprefix("steps.") for pair in plan.tied_params.items() for n in pair}
     for unit in model.shard_units():
@@ -129,7 +130,7 @@ def test_compile_on_cpu_does_not_warn_of_a_missing_cuda_runtime() -> None:
         "import sys, te_assembly\n"
         "from te_assembly.engines import build\n"
         "assert 'torch.utils.cpp_extension' not in sys.modules\n"
-        "model = build(te_assembly.load('residual_mlp').checked_plan(), engine='reference')\n"
+        "model = build(te_assembly.load('residual_mlp').checked_plan(), 'reference')\n"
         "model.configure(compile=True)\n"
         "assert 'torch.utils.cpp_extension' in sys.modules\n"
     )
@@ -147,7 +148,7 @@ def test_te_engine_checkpoints_each_fuser_and_refuses_compile() -> None:
     assert torch.equal(y, y0)
     for key in g0:
         assert torch.equal(g[key], g0[key]), key
-    model = build(plan, engine="te", kernels="reference")
+    model = build(plan, Target.of("te", kernels="reference"))
     with pytest.raises(ArgumentError, match="TE issue #2590"):
         model.configure(compile=True)
 
@@ -155,9 +156,11 @@ def test_te_engine_checkpoints_each_fuser_and_refuses_compile() -> None:
 def test_training_with_checkpointing_gives_the_plain_run(tmp_path: Path) -> None:
     plan = _plan()
     kw = {"steps": 3, "batch_tokens": 64, "seq_len": 16, "plot": False, "tensorboard": False}
-    plain = train(plan, TrainSettings(out_dir=str(tmp_path / "a"), **kw), dtype=F64)
+    plain = train(plan, Target.of("reference", dtype=F64), TrainSettings(out_dir=str(tmp_path / "a"), **kw))
     recomputed = train(
-        plan, TrainSettings(out_dir=str(tmp_path / "b"), activation_checkpointing="blocks", **kw), dtype=F64
+        plan,
+        Target.of("reference", dtype=F64),
+        TrainSettings(out_dir=str(tmp_path / "b"), activation_checkpointing="blocks", **kw),
     )
     assert recomputed.losses == plain.losses
     assert plain.model is not None and recomputed.model is not None
@@ -195,7 +198,7 @@ def test_expert_parallelism_shards_with_the_reference_engine() -> None:
 
 
 def test_auto_engine_choosing_te_refuses_sharded_experts() -> None:
-    from te_assembly.jobs.target import Target
+    from te_assembly.engines.target import Target
 
     plan = load("moe_block").checked_plan()
     target = Target("te", reason="engine=te: Transformer Engine and a CUDA GPU are present")
@@ -299,8 +302,8 @@ def test_memory_estimate_accounts_for_sharding_and_checkpointing() -> None:
 def test_train_refuses_with_the_fix_that_fits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     plan = _plan()
     settings = TrainSettings(out_dir=str(tmp_path / "run"), steps=1, batch_tokens=512, seq_len=16)
+    from te_assembly.engines.target import Target
     from te_assembly.errors import ResourceError
-    from te_assembly.jobs.target import Target
 
     single, _ = shard_plan(plan, ParallelSettings())
     assert single is not None
@@ -310,12 +313,12 @@ def test_train_refuses_with_the_fix_that_fits(monkeypatch: pytest.MonkeyPatch, t
     with pytest.raises(
         ResourceError, match=r"it fits with parallel\.shard=2 \(torchrun --nproc_per_node=2\)"
     ):
-        train(plan, settings, Target("reference"))
+        train(plan, Target("reference"), settings)
     assert not (tmp_path / "run").exists()
 
 
 def test_compile_with_auto_engine_choosing_te_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from te_assembly.jobs import target as target_module
+    from te_assembly.engines import target as target_module
 
     monkeypatch.setattr(target_module, "resolve_engine", lambda engine, kernels: ("te", "TE imports"))
     with pytest.raises(ConfigError, match="TE issue #2590"):

@@ -80,7 +80,7 @@ def test_verify_hf_exits_1_naming_the_worst_tensor(
     import torch
 
     from te_assembly.cli.main import main
-    from te_assembly.jobs.hf import convert
+    from te_assembly.formats.hf import convert
 
     real = convert.from_hf
 

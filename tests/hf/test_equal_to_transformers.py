@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_assembly.jobs.hf.compare import compare, float64_islands_removed, load_transformers
-from te_assembly.jobs.hf.convert import from_hf
+from te_assembly.engines.target import Target
+from te_assembly.formats.hf.convert import from_hf
+from te_assembly.jobs.verify_hf import compare, float64_islands_removed, load_transformers
 from tests.hf.tiny import VARIANTS, token_ids
 
 pytestmark = pytest.mark.slow
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_float64_logits_loss_and_every_gradient(variant: str, hf_dir: Callable[[str], Path]) -> None:
     folder = hf_dir(variant)
-    mine = from_hf(folder, engine="reference", dtype=torch.float64).train()
+    mine = from_hf(folder, Target.of("reference", dtype=torch.float64)).train()
     theirs = load_transformers(folder, torch.float64).train()
     result = compare(mine, theirs, token_ids())
     grads = [k for k in result.differences if k.startswith("grad ")]
@@ -34,7 +35,7 @@ def test_float64_logits_loss_and_every_gradient(variant: str, hf_dir: Callable[[
 def test_float32_against_unmodified_transformers(variant: str, hf_dir: Callable[[str], Path]) -> None:
     """transformers runs exactly as shipped (its float32 islands, its own loss)."""
     folder = hf_dir(variant)
-    mine = from_hf(folder, engine="reference", dtype=torch.float32).train()
+    mine = from_hf(folder, Target.of("reference", dtype=torch.float32)).train()
     theirs = load_transformers(folder, torch.float32).train()
     result = compare(mine, theirs, token_ids(seed=1))
     assert result.dtype == "float32"
@@ -45,7 +46,7 @@ def test_float32_against_unmodified_transformers(variant: str, hf_dir: Callable[
 def test_the_comparison_has_power(hf_dir: Callable[[str], Path]) -> None:
     """One expert's weight nudged by 1e-6 in te_assembly's copy: the float64 comparison sees it."""
     folder = hf_dir("mixtral")
-    mine = from_hf(folder, engine="reference", dtype=torch.float64).train()
+    mine = from_hf(folder, Target.of("reference", dtype=torch.float64)).train()
     with torch.no_grad():
         mine.state_dict()["steps.layers.1.fc2.weight3"][0, 0] += 1e-6
     result = compare(mine, load_transformers(folder, torch.float64).train(), token_ids())
@@ -76,10 +77,10 @@ def test_gradients_mapped_to_hugging_face_names(variant: str, hf_dir: Callable[[
     """Anyone can check it themselves: te_assembly's gradients through te_assembly.hf.to_hf_state_dict
     (keyed by named_parameters) equal transformers' own, parameter by parameter, by transformers' names."""
     from te_assembly.hf import to_hf_state_dict
-    from te_assembly.jobs.hf.compare import next_token_loss
+    from te_assembly.jobs.verify_hf import next_token_loss
 
     folder = hf_dir(variant)
-    mine = from_hf(folder, engine="reference", dtype=torch.float64).train()
+    mine = from_hf(folder, Target.of("reference", dtype=torch.float64)).train()
     theirs = load_transformers(folder, torch.float64).train()
     ids = token_ids()
     next_token_loss(mine(ids).y, ids).backward()

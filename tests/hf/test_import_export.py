@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 import te_assembly
-from te_assembly.jobs.hf.compare import float64_islands_removed, load_transformers
-from te_assembly.jobs.hf.convert import (
+from te_assembly.engines.target import Target
+from te_assembly.formats.hf.convert import (
     export_hf,
     from_hf,
     from_hf_state_dict,
@@ -21,6 +21,7 @@ from te_assembly.jobs.hf.convert import (
     to_hf,
     to_hf_state_dict,
 )
+from te_assembly.jobs.verify_hf import float64_islands_removed, load_transformers
 from tests.hf.tiny import FAMILIES, make, token_ids, transformers
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ def test_import_then_export_loads_in_transformers_with_equal_logits(
 ) -> None:
     source = hf_dir(variant)
     pretrained = import_hf(source, tmp_path / "imported")
-    model = te_assembly.from_pretrained(pretrained, engine="reference", dtype=torch.float64)
+    model = te_assembly.from_pretrained(pretrained, Target.of("reference", dtype=torch.float64))
     ids = token_ids()
     with torch.no_grad():
         mine = model(ids).y
@@ -60,8 +61,8 @@ def test_the_imported_yaml_validates_and_rebuilds_the_same_model(
     files = sorted(p.relative_to(pretrained).as_posix() for p in pretrained.rglob("*.yaml"))
     assert files == ["block/q3_layer.yaml", "config.yaml", "model/q3.yaml"]
     analysis = te_assembly.load("q3", config_dirs=[pretrained])
-    rebuilt = te_assembly.build(analysis, engine="reference", dtype=torch.float64)
-    saved = te_assembly.from_pretrained(pretrained, engine="reference", dtype=torch.float64)
+    rebuilt = te_assembly.build(analysis, Target.of("reference", dtype=torch.float64))
+    saved = te_assembly.from_pretrained(pretrained, Target.of("reference", dtype=torch.float64))
     assert set(rebuilt.state_dict()) == set(saved.state_dict())
     rebuilt.load_state_dict(saved.state_dict())
     ids = token_ids()
@@ -72,7 +73,7 @@ def test_the_imported_yaml_validates_and_rebuilds_the_same_model(
 
 def test_state_dict_mapping_is_public_and_inverts(hf_dir: Callable[[str], Path]) -> None:
     source = hf_dir("qwen2_moe")
-    model = from_hf(source, engine="reference", dtype=torch.float64)
+    model = from_hf(source, Target.of("reference", dtype=torch.float64))
     hf_state = to_hf_state_dict(model)
     from safetensors import safe_open
 
@@ -104,15 +105,15 @@ def test_the_stacked_expert_layout_imports_too(hf_dir: Callable[[str], Path], tm
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
     save_file(state, str(stacked / "model.safetensors"), metadata={"format": "pt"})
     (stacked / "config.json").write_text((source / "config.json").read_text())
-    a = from_hf(source, engine="reference", dtype=torch.float64).state_dict()
-    b = from_hf(stacked, engine="reference", dtype=torch.float64).state_dict()
+    a = from_hf(source, Target.of("reference", dtype=torch.float64)).state_dict()
+    b = from_hf(stacked, Target.of("reference", dtype=torch.float64)).state_dict()
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_sharded_in_and_out(tmp_path: Path) -> None:
     source = make("llama", tmp_path / "src", max_shard_size="20KB")
     assert (source / "model.safetensors.index.json").is_file()
-    model = from_hf(source, engine="reference", dtype=torch.float64)
+    model = from_hf(source, Target.of("reference", dtype=torch.float64))
     out = to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) > 2 and (out / "model.safetensors.index.json").is_file()
@@ -124,7 +125,7 @@ def test_sharded_in_and_out(tmp_path: Path) -> None:
 def test_trained_import_round_trips(tmp_path: Path) -> None:
     """import -> train a few steps from the imported weights (train.init_from) -> export -> transformers
     loads it and agrees with the trained model, whose weights moved away from the import's."""
-    from te_assembly.jobs.training.settings import TrainSettings
+    from te_assembly.jobs.train.settings import TrainSettings
 
     source = make(
         "mixtral", tmp_path / "src", changes={"vocab_size": 272}
@@ -145,12 +146,12 @@ def test_trained_import_round_trips(tmp_path: Path) -> None:
     )
     data = te_assembly.DataSettings(path=str(Path(te_assembly.__file__)))
     result = te_assembly.train(
-        analysis.checked_plan(), settings, engine="reference", dtype=torch.float64, data=data
+        analysis.checked_plan(), Target.of("reference", dtype=torch.float64), settings, data=data
     )
     assert any("started from the weights" in n for n in result.notes)
     out = export_hf(tmp_path / "run", tmp_path / "hf-out")
-    trained = te_assembly.from_checkpoint(tmp_path / "run", engine="reference", dtype=torch.float64)
-    start = te_assembly.from_pretrained(pretrained, engine="reference", dtype=torch.float64)
+    trained = te_assembly.from_checkpoint(tmp_path / "run", Target.of("reference", dtype=torch.float64))
+    start = te_assembly.from_pretrained(pretrained, Target.of("reference", dtype=torch.float64))
     ids = token_ids(vocab=272)
     with torch.no_grad():
         mine = trained(ids).y
@@ -174,7 +175,7 @@ def test_each_shipped_family_model_exports_to_its_family(
     name: str, architecture: str, tmp_path: Path
 ) -> None:
     torch.manual_seed(3)
-    model = te_assembly.build(name, engine="reference", dtype=torch.float64)
+    model = te_assembly.build(name, Target.of("reference", dtype=torch.float64))
     with torch.no_grad():  # norms and biases away from 1 and 0, so a dropped one would show
         for key, value in model.state_dict().items():
             if key.endswith("norm.weight") or "norm_weight" in key or key.endswith(".bias"):
@@ -184,5 +185,5 @@ def test_each_shipped_family_model_exports_to_its_family(
     ids = token_ids(vocab=272)
     with torch.no_grad():
         torch.testing.assert_close(_hf_logits(out, ids), model(ids).y, rtol=0, atol=1e-10)
-    again = from_hf(out, engine="reference", dtype=torch.float64)
+    again = from_hf(out, Target.of("reference", dtype=torch.float64))
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())

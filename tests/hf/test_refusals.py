@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import te_assembly
+from te_assembly.engines.target import Target
 from te_assembly.errors import CheckpointError, ResourceError
-from te_assembly.jobs.hf.config import HFConfigError
-from te_assembly.jobs.hf.convert import from_hf, import_hf, read_spec, to_hf
-from te_assembly.jobs.hf.layout import UnexportableError
+from te_assembly.formats.hf.config import HFConfigError
+from te_assembly.formats.hf.convert import from_hf, import_hf, read_spec, to_hf
+from te_assembly.formats.hf.layout import UnexportableError
 from tests.hf.tiny import make
 
 
@@ -162,11 +163,11 @@ def test_the_memory_estimate_checks_the_target_first(
 ) -> None:
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", "1000")
     with pytest.raises(ResourceError, match="Nothing was allocated"):
-        from_hf(hf_dir("llama"), engine="reference", device="cpu")
+        from_hf(hf_dir("llama"), Target.of("reference", device="cpu"))
 
 
 def test_a_model_with_no_hugging_face_equivalent_names_its_step(tmp_path: Path) -> None:
-    model = te_assembly.build("moe_lm", engine="reference")
+    model = te_assembly.build("moe_lm", "reference")
     with pytest.raises(UnexportableError) as info:
         to_hf(model, tmp_path / "out")
     assert info.value.step == "layers.0.dispatch" and "align=16" in str(info.value)
@@ -177,13 +178,13 @@ def test_a_different_activation_is_named(hf_dir: Callable[[str], Path], tmp_path
     pretrained = import_hf(hf_dir("llama"), tmp_path / "llama")
     block = pretrained / "block" / "llama_layer.yaml"
     block.write_text(block.read_text().replace("op: SwiGLU", "op: GEGLU"))
-    model = te_assembly.build(te_assembly.load("llama", config_dirs=[pretrained]), engine="reference")
+    model = te_assembly.build(te_assembly.load("llama", config_dirs=[pretrained]), "reference")
     with pytest.raises(UnexportableError, match=r"layers\.0\.act.*GEGLU.*SwiGLU"):
         to_hf(model, tmp_path / "out")
 
 
 def test_non_finite_weights_are_not_exported(hf_dir: Callable[[str], Path], tmp_path: Path) -> None:
-    model = from_hf(hf_dir("qwen3"), engine="reference")
+    model = from_hf(hf_dir("qwen3"), "reference")
     with torch.no_grad():
         model.state_dict()["steps.final_norm.weight"][3] = float("nan")
     with pytest.raises(Exception, match=r"NaN|non-finite|inf"):
@@ -194,9 +195,7 @@ def test_non_finite_weights_are_not_exported(hf_dir: Callable[[str], Path], tmp_
 def test_what_the_family_cannot_say_is_named_not_dropped(tmp_path: Path) -> None:
     """A Mistral (sliding window) with q/k/v biases: Mistral's config has no field for them, so the
     export names the qkv step rather than writing a checkpoint without its biases."""
-    model = te_assembly.build(
-        te_assembly.load("mistral_tiny", ["model.dims.qkv_bias=true"]), engine="reference"
-    )
+    model = te_assembly.build(te_assembly.load("mistral_tiny", ["model.dims.qkv_bias=true"]), "reference")
     with pytest.raises(UnexportableError) as info:
         to_hf(model, tmp_path / "out")
     assert info.value.step == "layers.0.qkv" and "bias=True" in str(info.value)

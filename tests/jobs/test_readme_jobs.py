@@ -1,28 +1,24 @@
-"""The README's "Jobs from Python" snippet runs as written from a user's own directory, and each job
-returns what the commands print: the same loss as ``run``, a training run that learns and writes its
-checkpoints, timings for every phase."""
+"""The Python API guide's "Jobs from Python" snippet (docs/guides/python-api.md) runs as written from a
+user's own directory, and each job returns what the commands print: the same loss as ``run``, a training
+run that learns and writes its checkpoints, timings for every phase."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from te_assembly.jobs.bench import BenchResult
+from te_assembly.jobs.bench.job import BenchResult
 from te_assembly.jobs.run import RunResult
-from te_assembly.jobs.train import TrainResult
+from te_assembly.jobs.train.result import TrainResult
+from tests.docs_text import block_after
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _snippet() -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text[text.index("**Jobs from Python.**") :]
-    found = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    assert found, "no python block after the README's 'Jobs from Python'"
-    return found.group(1)
+    return block_after("guides/python-api.md", "**Jobs from Python.**")
 
 
 def test_readme_jobs_snippet_runs_from_another_directory(
@@ -30,7 +26,7 @@ def test_readme_jobs_snippet_runs_from_another_directory(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {}
-    exec(compile(_snippet(), "README.md", "exec"), namespace)
+    exec(compile(_snippet(), "python-api.md", "exec"), namespace)
     result, trained, timed = namespace["result"], namespace["trained"], namespace["timed"]
     assert isinstance(result, RunResult) and len(result.steps) == 2
     assert result.outputs[0].name == "y" and result.grad_norm > 0

@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 
 import te_assembly
-from te_assembly.jobs.training.checkpoint import model_state, read_meta
+from te_assembly.formats.checkpoint import model_state, read_meta
 
 SAVED = Path(__file__).resolve().parents[1] / "configs" / "saved"
 
 
 def test_an_earlier_pretrained_directory_loads() -> None:
-    model = te_assembly.from_pretrained(SAVED / "pretrained_v0", engine="reference")
+    model = te_assembly.from_pretrained(SAVED / "pretrained_v0", "reference")
     assert model.plan.name == "residual_mlp" and model.plan.in_features == 8
     assert next(model.parameters()).dtype == torch.float64
     y, _ = model(torch.ones(2, 8, dtype=torch.float64))
@@ -30,5 +30,5 @@ def test_an_earlier_training_checkpoint_reads_and_exports(tmp_path: Path) -> Non
     assert read_meta(checkpoint)["step"] == 2
     _, weights = model_state(checkpoint)
     out = te_assembly.export_checkpoint(run, tmp_path / "exported")
-    model = te_assembly.from_pretrained(out, engine="reference")
+    model = te_assembly.from_pretrained(out, "reference")
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items() if k in weights)

@@ -16,23 +16,18 @@ import te_assembly
 from te_assembly.analysis.settings import RunSettings
 from te_assembly.cli.commands import run as run_command
 from te_assembly.engines.data import sample_public_inputs, sample_x
+from te_assembly.engines.target import NO_RECIPE, Target
+from te_assembly.engines.weights import copy_weights
 from te_assembly.errors import ArgumentError, ConfigError, VerificationError
 from te_assembly.jobs import objective
-from te_assembly.jobs.bench import bench
-from te_assembly.jobs.benchmark.settings import BenchSettings
-from te_assembly.jobs.benchmark.variants import PLAIN, SPLIT, build_variants
+from te_assembly.jobs.bench.job import bench
+from te_assembly.jobs.bench.settings import BenchSettings
+from te_assembly.jobs.bench.variants import PLAIN, SPLIT, build_variants
 from te_assembly.jobs.events import Advanced, Built
+from te_assembly.jobs.optimizer import NothingToStep, OptimizerSpec, make_optimizer
 from te_assembly.jobs.run import run
-from te_assembly.jobs.target import (
-    NO_RECIPE,
-    NothingToStep,
-    OptimizerSpec,
-    Target,
-    copy_weights,
-    make_optimizer,
-)
-from te_assembly.jobs.training.optim import make_optimizer as train_optimizer
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.train.schedule import make_optimizer as train_optimizer
+from te_assembly.jobs.train.settings import TrainSettings
 
 F64 = torch.float64
 CPU = torch.device("cpu")
@@ -75,20 +70,18 @@ def test_target_build_seeds_the_weights_and_sample_is_the_data_module() -> None:
 def test_train_and_bench_step_with_the_same_optimizer() -> None:
     plan = _plan("residual_mlp")
     variants, _ = build_variants(plan, Target("reference"), optimizer="adamw", lr=0.01, compare=True)
-    trained = train_optimizer(
-        te_assembly.build(plan, engine="reference").parameters(), TrainSettings(lr=0.01)
-    )
+    trained = train_optimizer(te_assembly.build(plan, "reference").parameters(), TrainSettings(lr=0.01))
     defaults = {k: v for k, v in trained.defaults.items() if k != "lr"}
     for variant in variants:
         assert type(variant.optimizer) is type(trained)
         assert {k: v for k, v in variant.optimizer.defaults.items() if k != "lr"} == defaults
         assert variant.optimizer.defaults["lr"] == 0.01
     assert {v.name for v in variants} >= {SPLIT, PLAIN}
-    sgd = make_optimizer(te_assembly.build(plan, engine="reference").parameters(), OptimizerSpec("sgd", 0.1))
+    sgd = make_optimizer(te_assembly.build(plan, "reference").parameters(), OptimizerSpec("sgd", 0.1))
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == TrainSettings().momentum
     assert isinstance(make_optimizer([], OptimizerSpec()), NothingToStep)
     with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
-        make_optimizer(te_assembly.build(plan, engine="reference").parameters(), OptimizerSpec("lion"))
+        make_optimizer(te_assembly.build(plan, "reference").parameters(), OptimizerSpec("lion"))
 
 
 def test_objective_terms_in_order_and_their_total() -> None:
@@ -105,21 +98,23 @@ def test_objective_terms_in_order_and_their_total() -> None:
 
 def test_copy_weights_is_strict_about_names() -> None:
     plan = _plan("residual_mlp")
-    source = te_assembly.build(plan, engine="reference", dtype=F64)
-    target = te_assembly.build(plan, engine="reference", dtype=F64)
+    source = te_assembly.build(plan, Target.of("reference", dtype=F64))
+    target = te_assembly.build(plan, Target.of("reference", dtype=F64))
     with torch.no_grad():
         for p in source.parameters():
             p.normal_()
     copy_weights(source, target)
     assert all(torch.equal(p, q) for p, q in zip(source.parameters(), target.parameters(), strict=True))
-    smaller = te_assembly.build(_plan("two_stage"), engine="reference", dtype=F64)
+    smaller = te_assembly.build(_plan("two_stage"), Target.of("reference", dtype=F64))
     with pytest.raises(VerificationError, match="parameter names differ"):
         copy_weights(source, smaller)
 
 
 def test_run_reports_its_events_in_order() -> None:
     events: list[object] = []
-    result = run(_plan(), Target("reference", seed=1), RunSettings(steps=3, tokens=32), events.append)
+    result = run(
+        _plan(), Target("reference", seed=1), RunSettings(steps=3, tokens=32), on_event=events.append
+    )
     assert isinstance(events[0], Built) and events[0].model.engine == "reference"
     progress = [e for e in events if isinstance(e, Advanced)]
     assert [(e.done, e.total) for e in progress] == [(1, 3), (2, 3), (3, 3)]
@@ -165,5 +160,5 @@ def test_python_api_names_resolve_without_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path("/")
     )
     assert out.stdout.strip() == "['Target', 'bench', 'run', 'train', 'verify']"
-    assert te_assembly.train.__module__ == "te_assembly.jobs.train"
+    assert te_assembly.train.__module__ == "te_assembly.jobs.train.job"
     assert te_assembly.Target is Target

@@ -61,7 +61,7 @@ def test_train_generate_export_on_their_own_text(tmp_path: Path) -> None:
     done = cli("export", "run", "shared")
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "shared" / "tokenizer.json").read_text() == (run / "tokenizer.json").read_text()
-    model = te_assembly.from_pretrained(tmp_path / "shared", engine="reference")
+    model = te_assembly.from_pretrained(tmp_path / "shared", "reference")
     assert model.step_module("head").basic_ops[0].weight is model.step_module("embed").weight
     y, extras = model(torch.zeros(1, 4, dtype=torch.int64))
     assert y.shape == (1, 4, 304) and set(extras) == set(model.loss_output_names)

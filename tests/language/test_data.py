@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from te_assembly.data.cache import prepare
+from te_assembly.data.corpus import Corpus
+from te_assembly.data.settings import DataSettings, TokenizerSettings
+from te_assembly.data.tokenizer import ByteTokenizer, load_tokenizer_file, train_bpe
 from te_assembly.errors import DataError
 from te_assembly.jobs import objective
-from te_assembly.jobs.text.cache import prepare
-from te_assembly.jobs.text.corpus import Corpus
-from te_assembly.jobs.text.settings import DataSettings, TokenizerSettings
-from te_assembly.jobs.text.tokenizer import ByteTokenizer, load_tokenizer_file, train_bpe
 
 TEXT = "Grüße, 世界! def f(x):\n    return x * 2\n"
 

@@ -10,8 +10,9 @@ import torch
 from safetensors import safe_open
 
 import te_assembly
+from te_assembly.engines.target import Target
+from te_assembly.engines.weights import copy_weights
 from te_assembly.errors import ConfigError, InputShapeError
-from te_assembly.jobs.target import copy_weights
 from tests.language.lm import tiny_lm
 
 
@@ -20,7 +21,7 @@ def _ids(vocab: int, batch: int = 2, seq: int = 6, seed: int = 0) -> torch.Tenso
 
 
 def test_logits_over_the_vocabulary_and_the_tie_is_one_parameter() -> None:
-    model = te_assembly.build(tiny_lm(vocab=40), engine="reference", dtype=torch.float64)
+    model = te_assembly.build(tiny_lm(vocab=40), Target.of("reference", dtype=torch.float64))
     y, _ = model(_ids(40))
     assert y.shape == (2, 6, 40)
     assert model.step_module("head").basic_ops[0].weight is model.step_module("embed").weight
@@ -32,8 +33,8 @@ def test_logits_over_the_vocabulary_and_the_tie_is_one_parameter() -> None:
 
 def test_the_tied_weight_gets_both_gradients_float64() -> None:
     torch.manual_seed(0)
-    tied = te_assembly.build(tiny_lm(vocab=30), engine="reference", dtype=torch.float64)
-    untied = te_assembly.build(tiny_lm(vocab=30, tie=False), engine="reference", dtype=torch.float64)
+    tied = te_assembly.build(tiny_lm(vocab=30), Target.of("reference", dtype=torch.float64))
+    untied = te_assembly.build(tiny_lm(vocab=30, tie=False), Target.of("reference", dtype=torch.float64))
     state = dict(tied.state_dict())
     state["steps.head.basic_ops.0.weight"] = state["steps.embed.weight"].clone()
     untied.load_state_dict(state)
@@ -48,21 +49,21 @@ def test_the_tied_weight_gets_both_gradients_float64() -> None:
 
 
 def test_a_tied_model_is_stored_once_and_loads_tied(tmp_path: Path) -> None:
-    model = te_assembly.build(tiny_lm(vocab=24), engine="reference")
+    model = te_assembly.build(tiny_lm(vocab=24), "reference")
     assert "steps.head.basic_ops.0.weight" not in model.state_dict()
     out = te_assembly.save_pretrained(model, tmp_path / "pre")
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
     assert "steps.embed.weight" in keys and "steps.head.basic_ops.0.weight" not in keys
     assert "tied_weights" in (out / "config.yaml").read_text()
-    loaded = te_assembly.from_pretrained(out, engine="reference")
+    loaded = te_assembly.from_pretrained(out, "reference")
     assert loaded.step_module("head").basic_ops[0].weight is loaded.step_module("embed").weight
     x = _ids(24)
     assert torch.equal(loaded(x).y, model.eval()(x).y)
 
 
 def test_token_ids_out_of_range_are_refused_before_any_op_runs() -> None:
-    model = te_assembly.build(tiny_lm(vocab=20), engine="reference")
+    model = te_assembly.build(tiny_lm(vocab=20), "reference")
     bad = _ids(20)
     bad[1, 3] = 20
     with pytest.raises(InputShapeError, match=r"token id 20 at x\[1, 3\] is outside its vocabulary of 20"):
@@ -125,9 +126,9 @@ def test_the_shipped_language_models_plan_with_tied_heads() -> None:
 def test_the_te_engine_ties_the_head_inside_its_fuser_and_matches_the_reference() -> None:
     pytest.importorskip("transformer_engine.pytorch", reason="needs Transformer Engine")
     torch.manual_seed(0)
-    ref = te_assembly.build(tiny_lm(vocab=32, attention=True), engine="reference", dtype=torch.float64)
+    ref = te_assembly.build(tiny_lm(vocab=32, attention=True), Target.of("reference", dtype=torch.float64))
     te = te_assembly.build(
-        tiny_lm(vocab=32, attention=True), engine="te", kernels="reference", dtype=torch.float64
+        tiny_lm(vocab=32, attention=True), Target.of("te", kernels="reference", dtype=torch.float64)
     )
     copy_weights(ref, te)
     assert te.step_module("head").basic_ops[0].weight is te.step_module("embed").weight

@@ -1,22 +1,20 @@
-"""The README's language-model Python snippet runs as written from a user's own folder."""
+"""The language-model guide's Python snippet (docs/guides/language-models.md) runs as written from a user's
+own folder."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.docs_text import block_after
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _snippet() -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text[text.index("## Language models") :]
-    found = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    assert found, "no python block in the README's 'Language models'"
-    return found.group(1)
+    return block_after("guides/language-models.md", "# Language models")
 
 
 def test_the_language_model_snippet_trains_evaluates_and_generates(
@@ -28,7 +26,7 @@ def test_the_language_model_snippet_trains_evaluates_and_generates(
     for i in range(5):
         (tmp_path / "notes" / f"{i}.txt").write_text(f"The note {i} says: " + "the cat sat on the mat. " * 40)
     namespace: dict[str, Any] = {}
-    exec(compile(_snippet(), "README.md", "exec"), namespace)
+    exec(compile(_snippet(), "language-models.md", "exec"), namespace)
     trained, out = namespace["trained"], namespace["out"]
     assert [s for s, _ in trained.evaluations] == [10, 20, 30]
     assert trained.evaluations[-1][1]["val_loss"] < trained.evaluations[0][1]["val_loss"]

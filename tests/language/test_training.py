@@ -11,12 +11,14 @@ import pytest
 import torch
 
 import te_assembly
+from te_assembly.data.settings import DataSettings
+from te_assembly.data.tokenizer import ByteTokenizer
+from te_assembly.engines.target import Target
 from te_assembly.errors import CheckpointError
-from te_assembly.jobs.generate import generate, next_token
-from te_assembly.jobs.text.settings import DataSettings, GenerateSettings
-from te_assembly.jobs.text.tokenizer import ByteTokenizer
-from te_assembly.jobs.train import train
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.generate.job import generate, next_token
+from te_assembly.jobs.generate.settings import GenerateSettings
+from te_assembly.jobs.train.job import train
+from te_assembly.jobs.train.settings import TrainSettings
 from tests.language.lm import tiny_lm
 
 CORPUS = "abcabcabd abcabcabd " * 60
@@ -44,7 +46,7 @@ def _unigram_entropy(text: str) -> float:
 
 def test_a_tiny_model_learns_below_the_unigram_entropy_and_logs_validation(tmp_path: Path) -> None:
     plan = te_assembly.load(tiny_lm(vocab=272)).checked_plan()
-    result = train(plan, _settings(tmp_path / "run", eval_every=20), data=_data(tmp_path))
+    result = train(plan, "reference", _settings(tmp_path / "run", eval_every=20), data=_data(tmp_path))
     entropy = _unigram_entropy(CORPUS)
     assert result.losses[0] > entropy  # starts at about ln(272)
     assert result.losses[-1] < entropy
@@ -59,10 +61,20 @@ def test_a_tiny_model_learns_below_the_unigram_entropy_and_logs_validation(tmp_p
 def test_resume_is_exact_and_other_data_is_another_run(tmp_path: Path) -> None:
     plan = te_assembly.load(tiny_lm(vocab=272)).checked_plan()
     data = _data(tmp_path)
-    straight = train(plan, _settings(tmp_path / "a", steps=8, grad_accum=2, clip_grad_norm=0.5), data=data)
-    train(plan, _settings(tmp_path / "b", steps=8, stop_after=4, grad_accum=2, clip_grad_norm=0.5), data=data)
+    straight = train(
+        plan, "reference", _settings(tmp_path / "a", steps=8, grad_accum=2, clip_grad_norm=0.5), data=data
+    )
+    train(
+        plan,
+        "reference",
+        _settings(tmp_path / "b", steps=8, stop_after=4, grad_accum=2, clip_grad_norm=0.5),
+        data=data,
+    )
     resumed = train(
-        plan, _settings(tmp_path / "b", steps=8, resume=True, grad_accum=2, clip_grad_norm=0.5), data=data
+        plan,
+        "reference",
+        _settings(tmp_path / "b", steps=8, resume=True, grad_accum=2, clip_grad_norm=0.5),
+        data=data,
     )
     assert resumed.start_step == 4
     assert resumed.losses == straight.losses
@@ -75,6 +87,7 @@ def test_resume_is_exact_and_other_data_is_another_run(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="data"):
         train(
             plan,
+            "reference",
             _settings(tmp_path / "b", steps=10, resume=True, grad_accum=2, clip_grad_norm=0.5),
             data=other,
         )
@@ -82,22 +95,26 @@ def test_resume_is_exact_and_other_data_is_another_run(tmp_path: Path) -> None:
 
 def test_generate_is_deterministic_and_greedy_is_the_models_own_argmax() -> None:
     torch.manual_seed(0)
-    model = te_assembly.build(tiny_lm(vocab=272, attention=True), engine="reference")
+    model = te_assembly.build(tiny_lm(vocab=272, attention=True), "reference")
     tok = ByteTokenizer()
-    sampled = GenerateSettings(max_new_tokens=12, temperature=1.0, seed=5, stop_at_eot=False)
-    first = generate(model, "ab", tokenizer=tok, settings=sampled)
-    assert generate(model, "ab", tokenizer=tok, settings=sampled).ids == first.ids
+    sampled = GenerateSettings(prompt="ab", max_new_tokens=12, temperature=1.0, seed=5, stop_at_eot=False)
+    here = Target(model.engine)
+    first = generate(model, here, sampled, tokenizer=tok)
+    assert generate(model, here, sampled, tokenizer=tok).ids == first.ids
     assert (
         generate(
-            model, "ab", tokenizer=tok, settings=GenerateSettings(max_new_tokens=12, temperature=1.0, seed=6)
+            model,
+            here,
+            GenerateSettings(prompt="ab", max_new_tokens=12, temperature=1.0, seed=6),
+            tokenizer=tok,
         ).ids
         != first.ids
     )
     greedy = generate(
         model,
-        "ab",
+        here,
+        GenerateSettings(prompt="ab", max_new_tokens=6, temperature=0, stop_at_eot=False),
         tokenizer=tok,
-        settings=GenerateSettings(max_new_tokens=6, temperature=0, stop_at_eot=False),
     )
     ids = tok.encode("ab")
     for _ in range(6):
@@ -126,16 +143,16 @@ def test_top_k_and_top_p_keep_only_the_likely_ids() -> None:
 @pytest.mark.te
 def test_generate_through_tes_fusers_equals_the_reference_engine() -> None:
     pytest.importorskip("transformer_engine.pytorch", reason="needs Transformer Engine")
-    from te_assembly.jobs.target import copy_weights
+    from te_assembly.engines.weights import copy_weights
 
     torch.manual_seed(0)
-    ref = te_assembly.build(tiny_lm(vocab=272, attention=True), engine="reference")
-    te = te_assembly.build(tiny_lm(vocab=272, attention=True), engine="te", kernels="reference")
+    ref = te_assembly.build(tiny_lm(vocab=272, attention=True), "reference")
+    te = te_assembly.build(tiny_lm(vocab=272, attention=True), Target.of("te", kernels="reference"))
     copy_weights(ref, te)
-    settings = GenerateSettings(max_new_tokens=10, temperature=0.9, seed=3, stop_at_eot=False)
+    settings = GenerateSettings(prompt="ab", max_new_tokens=10, temperature=0.9, seed=3, stop_at_eot=False)
     assert (
-        generate(te, "ab", tokenizer=ByteTokenizer(), settings=settings).ids
-        == generate(ref, "ab", tokenizer=ByteTokenizer(), settings=settings).ids
+        generate(te, Target(te.engine), settings, tokenizer=ByteTokenizer()).ids
+        == generate(ref, Target(ref.engine), settings, tokenizer=ByteTokenizer()).ids
     )
 
 

@@ -11,7 +11,8 @@ import torch
 
 from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.engines import build
-from te_assembly.jobs.training import sharded_checkpoint
+from te_assembly.engines.target import Target
+from te_assembly.formats.checkpoint import sharded as sharded_checkpoint
 from tests.parallel._worlds import F64, make_context, shipped
 
 
@@ -21,7 +22,7 @@ def save_then_die(rank: int, out_dir: str) -> None:
     plan = shipped("dense_transformer", hidden=32, ffn=64, heads=2)
     ctx = make_context(plan, ParallelSettings(shard=2))
     torch.manual_seed(0)
-    model = ctx.wrap(build(plan, engine="reference", dtype=F64, parallel=ctx))
+    model = ctx.wrap(build(plan, Target.of("reference", dtype=F64, parallel=ctx)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x = torch.randn(2, 16, plan.in_features, dtype=F64, generator=torch.Generator().manual_seed(rank))
     y, _ = model(x)

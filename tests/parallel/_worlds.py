@@ -30,6 +30,7 @@ from te_assembly.engines.base import AssembledModel, loss_output_names
 from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.mesh import build_mesh
+from te_assembly.engines.target import Target
 
 F64 = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-12}
@@ -152,11 +153,11 @@ def check_equal_to_single_process(
     assert layout is not None, [d.format() for d in diags]
     ctx = ParallelContext(plan, layout, build_mesh(settings, dev))
     torch.manual_seed(0)
-    single = build(plan, engine="reference", dtype=dtype)
+    single = build(plan, Target.of("reference", dtype=dtype))
     if prepare is not None:
         prepare(single)
     torch.manual_seed(0)
-    local = build(plan, engine=engine, kernels=kernels, dtype=dtype, parallel=ctx, device=dev)
+    local = build(plan, Target.of(engine, kernels=kernels, dtype=dtype, parallel=ctx, device=dev))
     ctx.load_global(local, single.state_dict())  # ``prepare`` may have changed the single model's weights
     wrapped = ctx.wrap(local)
 
@@ -282,7 +283,7 @@ def check_te_kernel_ops_are_split(rank: int) -> None:
     module = torch.nn.Module()
     module.fc1, module.fc2 = fc1, fc2
     torch.manual_seed(0)
-    single = build(plan, engine="reference", dtype=torch.float32)
+    single = build(plan, Target.of("reference", dtype=torch.float32))
     randomize(single)
     state = {
         k.removeprefix("steps."): v for k, v in single.state_dict().items() if ".fc1." in k or ".fc2." in k

@@ -18,6 +18,7 @@ import torch
 
 from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.analysis.plan import Plan
+from te_assembly.engines.target import Target
 from tests.parallel._worlds import (
     inline,
     positive,
@@ -219,10 +220,10 @@ def _row_parallel_bias_is_whole(rank: int) -> None:
 
     plan = _mlp()
     torch.manual_seed(0)
-    single = build(plan, engine="reference", dtype=torch.float64)
+    single = build(plan, Target.of("reference", dtype=torch.float64))
     randomize(single)
     ctx = make_context(plan, ParallelSettings(tensor=2))
-    local = build(plan, engine="reference", dtype=torch.float64, parallel=ctx)
+    local = build(plan, Target.of("reference", dtype=torch.float64, parallel=ctx))
     ctx.load_global(local, single.state_dict())
     mine = dict(local.named_parameters())
     whole = dict(single.named_parameters())

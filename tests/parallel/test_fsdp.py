@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_assembly.jobs.training.checkpoint import list_checkpoints, model_state
+from te_assembly.formats.checkpoint import list_checkpoints, model_state
 from tests.parallel.test_torchrun import _losses, _ok, single, torchrun
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,7 @@ def test_sharded_training_equals_one_process_and_resumes_on_one_process(
     _ok(exported)
     from te_assembly import from_pretrained
 
-    model = from_pretrained(tmp_path / "pretrained", engine="reference")
+    model = from_pretrained(tmp_path / "pretrained", "reference")
     _same_weights({k: v.double() for k, v in model.state_dict().items()}, _weights(baseline, 6))
 
 
@@ -205,8 +205,8 @@ def test_te_fusers_train_sharded_in_bfloat16(tmp_path: Path) -> None:
 
 
 def test_kill_9_during_a_sharded_save_leaves_the_last_checkpoint(tmp_path: Path) -> None:
-    from te_assembly.jobs.training.checkpoint import remove_stale_temp, verify
-    from te_assembly.jobs.training.run_dir import resume_point
+    from te_assembly.formats.checkpoint import remove_stale_temp, verify
+    from te_assembly.jobs.train.run_dir import resume_point
     from tests.parallel._fsdp_worlds import save_then_die
     from tests.parallel._worlds import spawn_world
 
@@ -233,7 +233,7 @@ def _moe_train(out: str, *extra: str) -> list[str]:
 
 
 def _grad_norms(run: Path) -> list[float]:
-    from te_assembly.jobs.training.metrics import read_records
+    from te_assembly.jobs.train.metrics import read_records
 
     return [float(r["grad_norm"]) for r in read_records(run / "metrics.jsonl")]
 
@@ -274,7 +274,7 @@ def test_fsdp2_with_expert_parallelism_trains_resumes_and_reshards(tmp_path: Pat
     _ok(single(["export", str(tmp_path / "fsdp"), str(tmp_path / "pretrained")], tmp_path))
     from te_assembly import from_pretrained
 
-    model = from_pretrained(tmp_path / "pretrained", engine="reference")
+    model = from_pretrained(tmp_path / "pretrained", "reference")
     _same_weights({k: v.double() for k, v in model.state_dict().items()}, _weights(dp, 6))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from te_assembly.jobs.training.metrics import read_records
+from te_assembly.jobs.train.metrics import read_records
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow

@@ -22,6 +22,7 @@ from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.plan import Plan
 from te_assembly.catalog.devices import ACCELERATORS
 from te_assembly.config import available_models
+from te_assembly.engines.target import Target
 
 pytestmark = pytest.mark.te
 
@@ -165,7 +166,7 @@ def test_fusions_fired_on_the_gpu_are_the_predicted_ones(model: str, recipe: str
         check_recipe_on_current_device(analysis.recipe)
     except (UnsupportedRecipeError, EngineUnavailableError) as exc:
         pytest.skip(f"{recipe} does not run on this GPU: {exc}")
-    te_model = te_assembly.build(analysis, engine="te", device="cuda", dtype=torch.bfloat16)
+    te_model = te_assembly.build(analysis, Target.of("te", device="cuda", dtype=torch.bfloat16))
     x, inputs = te_assembly.Target.of("te", device="cuda", dtype=torch.bfloat16).sample(
         plan, 64, torch.Generator().manual_seed(0), 16
     )

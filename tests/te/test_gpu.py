@@ -21,6 +21,8 @@ from te_assembly import load
 from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.recipe_shapes import recipe_shape_diagnostics
 from te_assembly.analysis.recipes import available_recipes, load_recipe
+from te_assembly.analysis.settings import RunSettings
+from te_assembly.engines.target import Target
 from te_assembly.engines.te.recipe import check_recipe_supported
 from te_assembly.errors import ConfigError, UnsupportedRecipeError
 
@@ -51,9 +53,17 @@ def test_te_kernels_match_reference(model: str, recipe_name: str) -> None:
     plan = _plan(model)
     if [d for d in recipe_shape_diagnostics(plan.steps, recipe) if d.is_error]:
         with pytest.raises(ConfigError, match="does not fit the quantization recipe"):
-            verify(plan, kernels="te", device="cuda", dtype=torch.bfloat16, recipe=recipe, tokens=256)
+            verify(
+                plan,
+                Target.of("te", kernels="te", device="cuda", dtype=torch.bfloat16, recipe=recipe),
+                RunSettings(tokens=256),
+            )
         return
-    report = verify(plan, kernels="te", device="cuda", dtype=torch.bfloat16, recipe=recipe, tokens=256)
+    report = verify(
+        plan,
+        Target.of("te", kernels="te", device="cuda", dtype=torch.bfloat16, recipe=recipe),
+        RunSettings(tokens=256),
+    )
     assert report.kernels == "te" and report.comparisons
     assert report.passed, [(c.name, c.max_abs, c.max_rel) for c in report.failures]
 
@@ -63,7 +73,9 @@ def test_float32_through_te_is_tf32(model: str) -> None:
     """TE runs float32 GEMMs as TF32: verify holds them to the tf32 class, and they pass it."""
     from te_assembly.jobs.verify import verify
 
-    report = verify(model, kernels="te", device="cuda", dtype=torch.float32, tokens=256)
+    report = verify(
+        model, Target.of("te", kernels="te", device="cuda", dtype=torch.float32), RunSettings(tokens=256)
+    )
     assert report.precision == "tf32"
     assert report.passed, [(c.name, c.max_abs, c.max_rel) for c in report.failures]
 
@@ -83,7 +95,7 @@ def test_recipe_is_active(model: str, overrides: tuple[str, ...], recipe_name: s
 
     recipe = load_recipe(recipe_name)
     _supported_or_skip(recipe)
-    effect = recipe_effect(_plan(model, *overrides), recipe, tokens=256)
+    effect = recipe_effect(_plan(model, *overrides), Target.of("te", device="cuda"), recipe, tokens=256)
     assert effect.active, (
         f"{recipe_name} did not move the output off bfloat16: RMS shift {effect.shift:.3e} vs bfloat16 "
         f"noise {effect.noise:.3e} (needs > {ACTIVE_FACTOR}x) and output RMS {effect.scale:.3e}"
@@ -103,7 +115,7 @@ def test_model_ignoring_its_recipe_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     recipe = load_recipe("fp8_current")
     _supported_or_skip(recipe)
     monkeypatch.setattr(TEModel, "quantization", lambda self: contextlib.nullcontext())
-    effect = recipe_effect(_plan("moe_block_wide"), recipe, tokens=256)
+    effect = recipe_effect(_plan("moe_block_wide"), Target.of("te", device="cuda"), recipe, tokens=256)
     assert not effect.active, effect
 
 
@@ -113,7 +125,7 @@ def test_token_rows_the_recipe_cannot_run_are_a_call_error() -> None:
 
     recipe = load_recipe("fp8_current")
     _supported_or_skip(recipe)
-    model = build("residual_mlp", engine="te", device="cuda", dtype=torch.bfloat16, recipe=recipe)
+    model = build("residual_mlp", Target.of("te", device="cuda", dtype=torch.bfloat16, recipe=recipe))
     with pytest.raises(CallError, match="multiple of 16 rows"):
         model(torch.randn(10, 64, device="cuda", dtype=torch.bfloat16))
     y, _ = model(torch.randn(16, 64, device="cuda", dtype=torch.bfloat16))

@@ -12,6 +12,8 @@ import torch
 
 from te_assembly import load
 from te_assembly.analysis.recipes import load_recipe
+from te_assembly.analysis.settings import RunSettings
+from te_assembly.engines.target import Target
 from te_assembly.jobs.verify import TOLERANCES, compare
 
 pytestmark = pytest.mark.gpu
@@ -62,7 +64,9 @@ def test_decoder_layer_verifies_with_te_kernels(dtype: torch.dtype) -> None:
     from te_assembly.jobs.verify import verify
 
     plan = load(LAYER, ["model.dims.hidden=64", "model.dims.head_dim=16", "model.dims.ffn=64"]).checked_plan()
-    report = verify(plan, kernels="te", device="cuda", dtype=dtype, tokens=256, seq_len=64)
+    report = verify(
+        plan, Target.of("te", kernels="te", device="cuda", dtype=dtype), RunSettings(tokens=256, seq_len=64)
+    )
     assert report.kernels == "te"
     assert report.passed, [(c.name, c.max_abs, c.max_rel) for c in report.failures]
 
@@ -93,7 +97,9 @@ def test_fp8_recipe_quantizes_the_linears_around_bf16_attention() -> None:
     }
     plan = load(mapping).checked_plan()
     report = verify(
-        plan, kernels="te", device="cuda", dtype=torch.bfloat16, recipe=recipe, tokens=256, seq_len=64
+        plan,
+        Target.of("te", kernels="te", device="cuda", dtype=torch.bfloat16, recipe=recipe),
+        RunSettings(tokens=256, seq_len=64),
     )
     assert report.precision == "fp8"
     assert report.passed, [(c.name, c.max_abs, c.max_rel) for c in report.failures]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from te_assembly import load
-from te_assembly.engines import build
+from te_assembly.engines import Target, build
 from te_assembly.engines.base import AssembledModel
 from te_assembly.jobs.verify import copy_weights, fill_constant_parameters, state_dict_parameters
 
@@ -23,8 +23,8 @@ def _model(engine: str, align: int) -> AssembledModel:
     dims = ["model.dims.hidden=16", "model.dims.ffn=8", "model.dims.experts=4", f"model.dims.align={align}"]
     plan = load("moe_block", dims).checked_plan()
     torch.manual_seed(0)
-    kwargs = {"kernels": "reference"} if engine == "te" else {}
-    return build(plan, engine=engine, dtype=F64, **kwargs)
+    kernels = "reference" if engine == "te" else "te"
+    return build(plan, Target.of(engine, kernels=kernels, dtype=F64))
 
 
 def _starve_expert_3(model: AssembledModel) -> torch.Tensor:

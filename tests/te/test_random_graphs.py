@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from te_assembly.analysis.pipeline import load
+from te_assembly.analysis.settings import RunSettings
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS, load_object
+from te_assembly.engines.target import Target
 from tests.te.graphs import (
     MOE_OPS,
     TE_CPU_OPS,
@@ -140,7 +142,7 @@ def test_validator_agrees_with_sequential_first_forward_on_module_split_graphs(s
             checked["accepted"] += 1
         else:
             assert plan is not None and te_rejects, model
-            built = build(plan, engine="te", kernels="te", dtype=torch.float64)
+            built = build(plan, Target.of("te", kernels="te", dtype=torch.float64))
             assert len(built.fusers) == len(plan.fusers)
             checked["rerouted"] += 1
     assert min(checked.values()) >= 25, checked
@@ -182,7 +184,9 @@ def test_te_engine_equals_reference_engine_on_random_graphs(kernels: str) -> Non
     with_reroutes = sum(bool(load(g).checked_plan().reroutes) for g in graphs)
     with_public_inputs = 0
     for model in graphs:
-        report = verify(model, kernels=kernels, dtype=torch.float64, tokens=6, seed=3)
+        report = verify(
+            model, Target.of("te", kernels=kernels, dtype=torch.float64, seed=3), RunSettings(tokens=6)
+        )
         assert report.passed, (model, report.failures)
         with_public_inputs += any(
             c.name.startswith("grad ") and c.kind == "input grad" and c.name != "grad x"

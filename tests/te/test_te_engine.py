@@ -10,9 +10,11 @@ import torch
 
 from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.settings import RunSettings
 from te_assembly.config import available_models
 from te_assembly.engines import build
 from te_assembly.engines.base import CallError
+from te_assembly.engines.target import Target
 from te_assembly.engines.te.routing import rerouted_input_slots
 from te_assembly.errors import EngineUnavailableError
 
@@ -43,7 +45,7 @@ def test_fusers_are_built_and_every_op_locked_at_build_time(model: str, kernels:
     from transformer_engine.pytorch.ops.fuser import OperationFuser
 
     plan = load(model).checked_plan()
-    te_model = build(plan, engine="te", kernels=kernels, dtype=F64)
+    te_model = build(plan, Target.of("te", kernels=kernels, dtype=F64))
     assert te_model.engine == "te"
     assert len(te_model.fusers) == len(plan.fusers)
     assert all(isinstance(f, OperationFuser) for f in te_model.fusers)
@@ -93,10 +95,12 @@ def test_te_engine_matches_reference_engine_on_shipped_configs(model: str) -> No
 
     plan = load(model).checked_plan()
     for dtype in (F64, torch.float32):
-        report = verify(plan, kernels="reference", dtype=dtype, tokens=24, seed=5, seq_len=8)
+        report = verify(
+            plan, Target.of("te", kernels="reference", dtype=dtype, seed=5), RunSettings(tokens=24, seq_len=8)
+        )
         assert report.passed, report.failures
         names = {c.name for c in report.comparisons}
-        reference = build(plan, engine="reference")
+        reference = build(plan, "reference")
         assert {f"grad {n}" for n, _ in reference.named_parameters()} <= names
         inputs = [] if plan.takes_token_ids else ["grad x"]  # token ids have no gradient
         assert {"y", *inputs, *plan_output_names(plan)} <= names
@@ -120,7 +124,7 @@ def test_verify_catches_a_lost_channel_gradient(monkeypatch: pytest.MonkeyPatch)
         return original(self, ctxs, grad, basic_op_grad_extra_outputs=dropped)
 
     monkeypatch.setattr(ReferenceAdapter, "fuser_backward", lossy)
-    report = verify("moe_block", kernels="reference", dtype=F64, tokens=16)
+    report = verify("moe_block", Target.of("te", kernels="reference", dtype=F64), RunSettings(tokens=16))
     failed = {c.name for c in report.failures}
     # probs reach Dispatch, aux_loss reaches the caller: both carry gradient to the router weight.
     assert "grad steps.router.weight" in failed
@@ -133,8 +137,8 @@ def test_param_names_equal_te_ops_and_reference_engine() -> None:
 
     for name in available_models():
         plan = load(name).checked_plan()
-        adapted = build(plan, engine="te", kernels="reference", dtype=torch.float32)
-        reference = build(plan, engine="reference", dtype=torch.float32)
+        adapted = build(plan, Target.of("te", kernels="reference", dtype=torch.float32))
+        reference = build(plan, Target.of("reference", dtype=torch.float32))
         assert _tensor_names(adapted) == _tensor_names(reference), name
         for step in plan.steps:
             spec = OPS.get(step.type) if step.kind == "op" else None
@@ -165,20 +169,20 @@ def _tensor_names(model: torch.nn.Module) -> list[str]:
 
 def test_kernels_te_on_cpu_fails_early_naming_gpu_steps() -> None:
     with pytest.raises(EngineUnavailableError, match=r"norm \(RMSNorm\), fc1 \(GroupedLinear\), act"):
-        build("moe_block", engine="te", kernels="te")
+        build("moe_block", Target.of("te", kernels="te"))
 
 
 def test_quantization_recipe_needs_a_gpu_before_anything_runs() -> None:
     from te_assembly.analysis.recipes import load_recipe
 
     with pytest.raises(EngineUnavailableError, match="needs a CUDA GPU"):
-        build("channel_demo", engine="te", kernels="te", recipe=load_recipe("fp8_current"))
-    model = build("channel_demo", engine="te", kernels="te", recipe=load_recipe("bf16"))
+        build("channel_demo", Target.of("te", kernels="te", recipe=load_recipe("fp8_current")))
+    model = build("channel_demo", Target.of("te", kernels="te", recipe=load_recipe("bf16")))
     assert model.te_recipe is None
 
 
 def test_wrong_number_of_public_inputs_is_rejected() -> None:
-    model = build("two_stage", engine="te", kernels="reference", dtype=F64)
+    model = build("two_stage", Target.of("te", kernels="reference", dtype=F64))
     x = torch.randn(4, 32, dtype=F64)
     with pytest.raises(CallError, match="takes 1 public extra input"):
         model.forward_positional(x)
@@ -188,7 +192,7 @@ def test_wrong_number_of_public_inputs_is_rejected() -> None:
 
 
 def test_moe_model_rejects_x_that_is_not_2d() -> None:
-    model = build("moe_block", engine="te", kernels="reference", dtype=F64)
+    model = build("moe_block", Target.of("te", kernels="reference", dtype=F64))
     x = torch.randn(2, 3, 64, dtype=F64)
     for call in (model, model.forward_positional):
         with pytest.raises(CallError, match=r"\[tokens, features\].*x\.reshape\(-1, 64\)"):
@@ -204,7 +208,7 @@ H = 6
 
 def _te_model(ops: list[dict[str, Any]]) -> Any:
     plan = load({"name": "scenario", "in_features": H, "ops": ops}).checked_plan()
-    return build(plan, engine="te", kernels="te", dtype=F64)
+    return build(plan, Target.of("te", kernels="te", dtype=F64))
 
 
 TAP_HIDDEN = {

@@ -13,6 +13,7 @@ import torch
 
 from te_assembly.catalog import OPS
 from te_assembly.engines import build
+from te_assembly.engines.target import Target
 from te_assembly.jobs.verify import state_dict_parameters
 from tests.reference.op_cases import (
     TE_CASES,
@@ -41,7 +42,7 @@ def test_te_engine_op_matches_the_oracle(case: OpCase, kernels: str) -> None:
         "in_features": case.x_shape[-1],
         "ops": [{"name": "op", "op": case.op, "args": case.args}],
     }
-    model = build(mapping, engine="te", kernels=kernels, dtype=torch.float64)
+    model = build(mapping, Target.of("te", kernels=kernels, dtype=torch.float64))
     assert model.engine == "te"
     prefix = "steps.op."
     params = randomize_parameters(model, case.seed, prefix)

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from te_assembly.analysis.settings import RunSettings
+from te_assembly.engines.target import Target
 from te_assembly.jobs.verify import TOLERANCES, Tolerance, compare, precision_class
 
 TOL = Tolerance(atol=1e-6, rtol=1e-3)
@@ -148,9 +150,9 @@ def _shift_y(shift: float) -> Callable[[Outputs], Outputs]:
 def _reference_as_te(monkeypatch: pytest.MonkeyPatch, alter: Callable[[Outputs], Outputs]) -> None:
     """verify's 'TE engine' becomes a second reference engine whose outputs ``(y, *public outputs)`` pass
     through ``alter``: verify's own plumbing (thresholds by dtype, what is compared) runs without TE."""
-    import te_assembly.jobs.target as target_module
+    import te_assembly.engines.target as target_module
 
-    real_build = target_module.build  # every job builds through its Target
+    real_build = target_module.assemble  # every job builds through its Target
 
     def build(plan: Any, engine: str, **kwargs: Any) -> Any:
         model = real_build(plan, engine="reference", device=kwargs.get("device"), dtype=kwargs["dtype"])
@@ -165,17 +167,17 @@ def _reference_as_te(monkeypatch: pytest.MonkeyPatch, alter: Callable[[Outputs],
             model._forward_positional = altered  # type: ignore[method-assign]
         return model
 
-    monkeypatch.setattr(target_module, "build", build)
+    monkeypatch.setattr(target_module, "assemble", build)
 
 
 def test_verify_fails_on_a_1e_6_float64_difference_without_te(monkeypatch: pytest.MonkeyPatch) -> None:
     from te_assembly.jobs.verify import MAIN_OUTPUT, verify
 
     _reference_as_te(monkeypatch, _shift_y(0.0))
-    same = verify("residual_mlp", dtype=torch.float64, tokens=8)
+    same = verify("residual_mlp", Target.of("te", dtype=torch.float64), RunSettings(tokens=8))
     assert same.passed and same.precision == "float64" and same.tolerance == TOLERANCES["float64"]
     _reference_as_te(monkeypatch, _shift_y(1e-6))
-    shifted = verify("residual_mlp", dtype=torch.float64, tokens=8)
+    shifted = verify("residual_mlp", Target.of("te", dtype=torch.float64), RunSettings(tokens=8))
     assert [c.name for c in shifted.failures] == [MAIN_OUTPUT]
     assert shifted.failures[0].max_abs == pytest.approx(1e-6, rel=1e-3)
 
@@ -218,10 +220,10 @@ def test_verify_defaults_and_what_it_compares(monkeypatch: pytest.MonkeyPatch) -
 
 def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """What verify hands each engine and the inputs, and how it names the run (recorded, without TE)."""
-    import te_assembly.jobs.target as target_module
+    import te_assembly.engines.target as target_module
     import te_assembly.jobs.verify as verify_module
 
-    real_build = target_module.build  # every job builds through its Target
+    real_build = target_module.assemble  # every job builds through its Target
     calls: list[tuple[str, dict[str, Any]]] = []
     input_dtypes: list[torch.dtype] = []
 
@@ -237,10 +239,12 @@ def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: 
         model._forward_positional = recording  # type: ignore[method-assign]
         return model
 
-    monkeypatch.setattr(target_module, "build", build)
+    monkeypatch.setattr(target_module, "assemble", build)
     recipe = {"name": "fp8_delayed", "kind": "DelayedScaling"}
     report = verify_module.verify(
-        "two_stage", kernels="reference", dtype=torch.float64, recipe=recipe, tokens=8
+        "two_stage",
+        Target.of("te", kernels="reference", dtype=torch.float64, recipe=recipe),
+        RunSettings(tokens=8),
     )
     cpu = torch.device("cpu")
     same = {"kernels": "reference", "device": cpu, "dtype": torch.float64, "parallel": None}
@@ -249,7 +253,9 @@ def test_verify_passes_its_settings_to_both_engines_and_the_report(monkeypatch: 
     assert (report.model, report.recipe, report.precision) == ("two_stage", "fp8_delayed", "fp8")
     assert report.tolerance == TOLERANCES["fp8"]
     unnamed = verify_module.verify(
-        "two_stage", kernels="reference", recipe={"kind": "DelayedScaling"}, tokens=8
+        "two_stage",
+        Target.of("te", kernels="reference", recipe={"kind": "DelayedScaling"}),
+        RunSettings(tokens=8),
     )
     assert unnamed.recipe == "DelayedScaling"
 
@@ -260,7 +266,7 @@ def test_verify_follows_gradients_through_public_outputs(monkeypatch: pytest.Mon
     from te_assembly.jobs.verify import verify
 
     _reference_as_te(monkeypatch, lambda out: (out[0], *(t.detach() for t in out[1:])))
-    report = verify("two_stage", dtype=torch.float64, tokens=8)
+    report = verify("two_stage", Target.of("te", dtype=torch.float64), RunSettings(tokens=8))
     failed = {c.name for c in report.failures}
     assert "grad x" in failed and "grad steps.fc1.basic_ops.0.weight" in failed
     assert not failed & {"y", "stage2_in"}
@@ -270,7 +276,7 @@ def _two_models(first: str, second: str) -> tuple[Any, Any]:
     from te_assembly.engines import build
     from tests.engines._helpers import plan_from_yaml
 
-    return build(plan_from_yaml(first), engine="reference"), build(plan_from_yaml(second), engine="reference")
+    return build(plan_from_yaml(first), "reference"), build(plan_from_yaml(second), "reference")
 
 
 ONE_LINEAR = """
@@ -359,7 +365,9 @@ def test_verify_fails_when_engines_differ_only_in_a_zero_or_one_parameter(
                     value.fill_(1.0 if suffix == "norm.weight" else 0.0)
 
     monkeypatch.setattr(verify_module, "copy_weights", copy_then_reset)
-    report = verify_module.verify(model, dtype=torch.float64, tokens=32, seq_len=16)
+    report = verify_module.verify(
+        model, Target.of("te", dtype=torch.float64), RunSettings(tokens=32, seq_len=16)
+    )
     assert not report.passed
 
 
@@ -452,17 +460,23 @@ def test_wrong_main_output_fails_even_when_a_public_output_is_named_y(
     from tests.engines._helpers import plan_from_yaml
 
     plan = plan_from_yaml(PUBLIC_THEN_BIAS)
-    assert verify(plan, kernels="reference", dtype=torch.float64, tokens=8).passed
+    assert verify(
+        plan, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=8)
+    ).passed
     # A public output called ``y`` (the validator reserves the name; a plan built around it must still
     # not let the channel stand in for the main output).
     clash = plan_from_yaml(PUBLIC_THEN_BIAS)
     clash.public_outputs[0] = dataclasses.replace(clash.public_outputs[0], name=MAIN_OUTPUT)
-    assert verify(clash, kernels="reference", dtype=torch.float64, tokens=8).passed
+    assert verify(
+        clash, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=8)
+    ).passed
     _plant_wrong_main_output(monkeypatch)
-    clash_report = verify(clash, kernels="reference", dtype=torch.float64, tokens=8)
+    clash_report = verify(
+        clash, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=8)
+    )
     assert not clash_report.passed
     assert [c.kind for c in clash_report.comparisons if c.name == MAIN_OUTPUT] == ["main output", "output"]
-    report = verify(plan, kernels="reference", dtype=torch.float64, tokens=8)
+    report = verify(plan, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=8))
     assert [(c.name, c.kind) for c in report.failures][:1] == [(MAIN_OUTPUT, "main output")]
 
 
@@ -472,10 +486,15 @@ def test_dropout_models_are_compared_in_eval_mode(monkeypatch: pytest.MonkeyPatc
     from tests.engines._helpers import plan_from_yaml
 
     plan = plan_from_yaml(WITH_DROPOUT)
-    report = verify(plan, kernels="reference", dtype=torch.float64, tokens=32)
+    report = verify(plan, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=32))
     assert report.passed, report.failures
     _plant_wrong_main_output(monkeypatch)
-    assert "y" in {c.name for c in verify(plan, kernels="reference", dtype=torch.float64, tokens=32).failures}
+    assert "y" in {
+        c.name
+        for c in verify(
+            plan, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=32)
+        ).failures
+    }
 
 
 @pytest.mark.te
@@ -486,7 +505,9 @@ def test_te_engine_1e_6_off_fails_float64_verify(monkeypatch: pytest.MonkeyPatch
     from tests.engines._helpers import plan_from_yaml
 
     plan = plan_from_yaml(PUBLIC_THEN_BIAS)
-    assert verify(plan, kernels="reference", dtype=torch.float64, tokens=8).passed
+    assert verify(
+        plan, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=8)
+    ).passed
     original = TEModel.forward
 
     def off(self: TEModel, x: torch.Tensor, *extra: torch.Tensor, **named: torch.Tensor) -> Any:
@@ -494,5 +515,5 @@ def test_te_engine_1e_6_off_fails_float64_verify(monkeypatch: pytest.MonkeyPatch
         return out._replace(y=out.y + 1e-6)
 
     monkeypatch.setattr(TEModel, "forward", off)
-    report = verify(plan, kernels="reference", dtype=torch.float64, tokens=8)
+    report = verify(plan, Target.of("te", kernels="reference", dtype=torch.float64), RunSettings(tokens=8))
     assert [c.name for c in report.failures] == [MAIN_OUTPUT]

@@ -134,4 +134,4 @@ def test_rank_estimate_is_the_fullest_ranks_share() -> None:
 def te_build_params(plan: object) -> dict[str, object]:
     import te_assembly
 
-    return dict(te_assembly.build(plan, engine="reference").state_dict())  # type: ignore[arg-type]
+    return dict(te_assembly.build(plan, "reference").state_dict())  # type: ignore[arg-type]

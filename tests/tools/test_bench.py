@@ -14,7 +14,8 @@ from te_assembly.cli.main import main as cli_main
 from te_assembly.config import available_models
 from te_assembly.engines import build
 from te_assembly.engines.data import rows_per_step, sample_public_inputs, sample_x
-from te_assembly.jobs.benchmark import (
+from te_assembly.engines.target import Target
+from te_assembly.jobs.bench import (
     PHASES,
     SplitError,
     SplitModel,
@@ -27,8 +28,8 @@ from te_assembly.jobs.benchmark import (
     run_benchmark,
     split_plan,
 )
-from te_assembly.jobs.benchmark.runner import Variant
-from te_assembly.jobs.benchmark.split import SplitPlan
+from te_assembly.jobs.bench.runner import Variant
+from te_assembly.jobs.bench.split import SplitPlan
 
 CPU = torch.device("cpu")
 
@@ -56,10 +57,7 @@ def test_plan_to_model_round_trips(model: str) -> None:
 def _float64_variants(plan: Plan) -> tuple[list[Variant], SplitPlan | None]:
     return build_variants(
         plan,
-        engine="reference",
-        kernels="te",
-        device=CPU,
-        dtype=torch.float64,
+        Target.of("reference", kernels="te", device=CPU, dtype=torch.float64),
         optimizer="sgd",
         lr=0.1,
         compare=True,
@@ -124,11 +122,11 @@ def test_split_model_forward_matches_with_explicit_cut() -> None:
     split = split_plan(plan, cut_at(plan, "fc2"))
     assert plan.steps[split.cut].name == "fc2"
     torch.manual_seed(3)
-    full = build(plan, engine="reference", dtype=torch.float64)
+    full = build(plan, Target.of("reference", dtype=torch.float64))
     two = SplitModel(
         split,
-        build(split.part1, "reference", dtype=torch.float64),
-        build(split.part2, "reference", dtype=torch.float64),
+        build(split.part1, Target.of("reference", dtype=torch.float64)),
+        build(split.part2, Target.of("reference", dtype=torch.float64)),
     )
     two.load_from(full)
     x, _ = _data(plan, 8, torch.float64)
@@ -163,10 +161,7 @@ def test_run_benchmark_gives_positive_medians() -> None:
     torch.manual_seed(0)
     variants, _ = build_variants(
         plan,
-        engine="reference",
-        kernels="te",
-        device=CPU,
-        dtype=torch.float32,
+        Target.of("reference", kernels="te", device=CPU, dtype=torch.float32),
         optimizer="adamw",
         lr=1e-3,
         compare=True,

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from te_assembly.engines import build
-from te_assembly.jobs.bench import noise_warnings
-from te_assembly.jobs.benchmark import peaks
-from te_assembly.jobs.benchmark.flops import CATALOG, COUNTER, count_flops, forward_flops
-from te_assembly.jobs.benchmark.runner import VariantResult, bench_loss
-from te_assembly.jobs.benchmark.timing import NOISE_THRESHOLD, PhaseTimer, Stats
+from te_assembly.jobs.bench import peaks
+from te_assembly.jobs.bench.flops import CATALOG, COUNTER, count_flops, forward_flops
+from te_assembly.jobs.bench.job import noise_warnings
+from te_assembly.jobs.bench.runner import VariantResult, bench_loss
+from te_assembly.jobs.bench.timing import NOISE_THRESHOLD, PhaseTimer, Stats
 from tests.engines._helpers import plan_from_yaml
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
@@ -88,7 +88,7 @@ def test_phase_timer_uses_torch_utils_benchmark() -> None:
 def test_flop_counter_counts_what_the_catalog_predicts_for_dense_gemms() -> None:
     plan = plan_from_yaml(DENSE)
     torch.manual_seed(0)
-    model = build(plan, engine="reference")
+    model = build(plan, "reference")
     tokens = 7
     x = torch.randn(tokens, 6)
 

@@ -47,10 +47,11 @@ def test_bench_cell_reports_tokens_per_second() -> None:
 
 @pytest.mark.te
 def test_recipe_effect_without_quantization_is_not_active() -> None:
+    from te_assembly.engines.target import Target
     from te_assembly.jobs.verify import recipe_effect
 
     # channel_demo's TE kernels run on CPU; a recipe that quantizes nothing moves nothing.
-    effect = recipe_effect("channel_demo", {"kind": "none", "name": "bf16"}, device="cpu", tokens=32)
+    effect = recipe_effect("channel_demo", Target.of("te"), {"kind": "none", "name": "bf16"}, tokens=32)
     assert effect.shift == 0 and not effect.active and effect.scale > 0
 
 

@@ -81,7 +81,7 @@ def test_build_rejects_duplicate_keys_as_the_cli_does(
     path = tmp_path / "dup.yaml"
     path.write_text("name: dup\nin_features: 4\nops: [{name: a, op: Identity}]\nin_features: 8\n")
     with pytest.raises(ConfigError) as caught:
-        te_assembly.build(path, engine="reference")
+        te_assembly.build(path, "reference")
     [diag] = caught.value.diagnostics
     assert (diag.code, diag.path, diag.file, diag.line) == (
         "duplicate-key",
@@ -96,14 +96,14 @@ def test_build_rejects_duplicate_keys_as_the_cli_does(
 @pytest.mark.parametrize("bad", [None, 5, 3.5])
 def test_build_refuses_what_is_not_a_config(bad: object) -> None:
     with pytest.raises(TypeError, match="a model name"):
-        te_assembly.build(bad, engine="reference")  # type: ignore[arg-type]
+        te_assembly.build(bad, "reference")  # type: ignore[arg-type]
 
 
 def test_build_of_a_file_with_a_syntax_error_reports_only_that(tmp_path: Path) -> None:
     path = tmp_path / "my model, v2.yaml"  # a name Hydra's override grammar needs quoted
     path.write_text("name: x\nin_features: 8\nops:\n  - name: a\n    op: Bias\n   args: {size: 8}\n")
     with pytest.raises(ConfigError) as caught:
-        te_assembly.build(path, engine="reference")
+        te_assembly.build(path, "reference")
     assert [(d.code, d.file, d.line) for d in caught.value.diagnostics] == [("yaml-syntax", str(path), 6)]
     path.write_text("name: x\nin_features: 8\nops:\n  - {name: a, op: Bias, args: {size: 8}}\n")
-    assert te_assembly.build(str(path), engine="reference").plan.name == "x"
+    assert te_assembly.build(str(path), "reference").plan.name == "x"

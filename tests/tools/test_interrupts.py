@@ -78,18 +78,16 @@ def test_sigterm_says_what_the_run_keeps_and_how_to_continue(tmp_path: Path) -> 
 def test_ctrl_c_says_what_the_run_keeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C (KeyboardInterrupt) after the run has checkpoints, in process: the same report."""
     from te_assembly.cli import main as cli
-    from te_assembly.cli.commands import train as train_command
+    from te_assembly.jobs.train.loop import Loop
 
-    real = train_command.train
+    real = Loop._checkpoint
 
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        settings = args[1]
-        import dataclasses
+    def interrupted(self: Loop, settings: Any, step: int) -> None:
+        real(self, settings, step)
+        if step == 4:
+            raise KeyboardInterrupt  # Ctrl-C once step 4's checkpoint is written
 
-        real(args[0], dataclasses.replace(settings, steps=4, stop_after=4), *args[2:], **kwargs)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train_command, "train", interrupted)
+    monkeypatch.setattr(Loop, "_checkpoint", interrupted)
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     buffer = io.StringIO()
@@ -114,7 +112,7 @@ def _signalled_during_checkpoint(
     """Train in process; while step 4's checkpoint is being written, ``signum`` arrives ``times``
     times. Returns the exit code and what was printed."""
     from te_assembly.cli import main as cli
-    from te_assembly.jobs.training import parallel_checkpoint
+    from te_assembly.formats import checkpoint as parallel_checkpoint
 
     real = parallel_checkpoint.save
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from te_assembly.engines.base import ModelOutput
-from te_assembly.jobs.benchmark.runner import bench_loss
+from te_assembly.jobs.bench.runner import bench_loss
 from te_assembly.jobs.run import loss_of
-from te_assembly.jobs.training.task import loss_terms
+from te_assembly.jobs.train.task import loss_terms
 
 CASES = [(torch.bfloat16, torch.float32), (torch.float32, torch.float32), (torch.float64, torch.float64)]
 

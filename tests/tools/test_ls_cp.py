@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS
-from te_assembly.cli.commands.ls import _default
 from te_assembly.config import configs_dir
 from te_assembly.config.locations import recipes_dir
+from te_assembly.views.op_sheet import default_text as _default
 from tests.tools.test_run_outputs import user_cli
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]

@@ -1,7 +1,7 @@
-"""The README's two-file example (a layer block and a model repeating it) as a new user would use it:
-both files copied from the README into a folder of their own, every command run from a directory
-outside the repository with the README's words (``python -m te_assembly COMMAND -cd mine model=my_moe``).
-"""
+"""The configs guide's two-file example (docs/guides/configs-and-blocks.md) (a layer block and a model
+repeating it) as a new user would use it: both files copied from the README into a folder of their own,
+every command run from a directory outside the repository with the README's words (``python -m
+te_assembly COMMAND -cd mine model=my_moe``)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_text import blocks
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FILE_LINE = re.compile(r"^# (mine/(?:block|model)/\w+\.yaml)\b")
 
 
 def readme_files() -> dict[str, str]:
-    """Every ```yaml block of the README whose first line names a file under mine/."""
-    text = (REPO_ROOT / "README.md").read_text()
+    """Every ```yaml block of the blocks guide whose first line names a file under mine/."""
     found = {}
-    for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
+    for block in blocks("guides/configs-and-blocks.md"):
         match = FILE_LINE.match(block)
         if match:
             found[match.group(1)] = block

@@ -31,23 +31,26 @@ from safetensors.torch import load_file, save_file
 from te_assembly.analysis.pipeline import load
 from te_assembly.analysis.plan import Plan
 from te_assembly.engines import build
+from te_assembly.engines.target import Target
 from te_assembly.errors import ConfigError, NonFiniteError, RunDirectoryInUseError
-from te_assembly.jobs import train as loop_module
-from te_assembly.jobs.train import train
-from te_assembly.jobs.training import checkpoint as ckpt_module
-from te_assembly.jobs.training.checkpoint import (
+from te_assembly.formats.checkpoint import (
     CheckpointError,
     checkpoint_path,
     list_checkpoints,
     load_checkpoint,
+    prune,
     read_header,
     save_checkpoint,
     verify,
 )
-from te_assembly.jobs.training.optim import make_optimizer
-from te_assembly.jobs.training.run_dir import LOCK_NAME, RunLock, resume_point
-from te_assembly.jobs.training.run_record import ExistingRunError, record_sha256
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.formats.checkpoint import file as ckpt_module
+from te_assembly.jobs.train import job as loop_module
+from te_assembly.jobs.train.job import train
+from te_assembly.jobs.train.lock import LOCK_NAME, RunLock
+from te_assembly.jobs.train.run_dir import resume_point
+from te_assembly.jobs.train.run_record import ExistingRunError, record_sha256
+from te_assembly.jobs.train.schedule import make_optimizer
+from te_assembly.jobs.train.settings import TrainSettings
 from tests.conftest import REPO_ROOT
 
 SMALL = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]
@@ -96,9 +99,9 @@ def _unchanged_but_metrics(before: dict[str, bytes], after: dict[str, bytes], st
     assert [json.loads(line)["step"] for line in metrics.splitlines()] == list(range(1, steps + 1))
 
 
-def _flip(path: Path, offset: int) -> None:
+def _flip(path: Path, offset: int, mask: int = 0x10) -> None:
     data = bytearray(path.read_bytes())
-    data[offset] ^= 0x10
+    data[offset] ^= mask
     path.write_bytes(bytes(data))
 
 
@@ -147,7 +150,7 @@ def _craft(
 _HOLD = """
 import sys
 from pathlib import Path
-from te_assembly.jobs.training.run_dir import RunLock
+from te_assembly.jobs.train.lock import RunLock
 lock = RunLock(Path(sys.argv[1])).acquire()
 print("locked", flush=True)
 sys.stdin.read()
@@ -169,7 +172,7 @@ def _holder(out: Path) -> subprocess.Popen[str]:
 def test_a_second_run_on_a_held_directory_is_refused_and_touches_nothing(
     small_plan: Plan, tmp_path: Path
 ) -> None:
-    train(small_plan, _settings(tmp_path, steps=4), seed=0)
+    train(small_plan, Target.of("reference", seed=0), _settings(tmp_path, steps=4))
     live_temp = tmp_path / ".ckpt-0000008.safetensors.live.tmp"  # the other run's write in progress
     live_temp.write_bytes(b"half a checkpoint")
     before = _bytes(tmp_path)
@@ -181,7 +184,7 @@ def test_a_second_run_on_a_held_directory_is_refused_and_touches_nothing(
             _settings(tmp_path, steps=4),
         ):
             with pytest.raises(RunDirectoryInUseError) as info:
-                train(small_plan, settings, seed=0)
+                train(small_plan, Target.of("reference", seed=0), settings)
             message = str(info.value)
             assert f"in use by another training run: pid {proc.pid} on host" in message
             assert "use another train.out_dir" in message
@@ -192,7 +195,7 @@ def test_a_second_run_on_a_held_directory_is_refused_and_touches_nothing(
         proc.wait(timeout=60)
     # The holder is gone (its flock went with it): the directory is free, and the stale temp file is
     # removed by the run that now holds the lock.
-    result = train(small_plan, _settings(tmp_path, steps=8, resume=True), seed=0)
+    result = train(small_plan, Target.of("reference", seed=0), _settings(tmp_path, steps=8, resume=True))
     assert result.start_step == 4 and not live_temp.exists()
     assert f"removed stale temp file {live_temp}" in result.notes
 
@@ -287,7 +290,7 @@ _CONTENDER = """
 import sys, time
 from pathlib import Path
 from te_assembly.errors import RunDirectoryInUseError
-from te_assembly.jobs.training.run_dir import RunLock
+from te_assembly.jobs.train.lock import RunLock
 
 out, rounds = Path(sys.argv[1]), int(sys.argv[2])
 done = 0
@@ -330,9 +333,9 @@ def _run_to_12_template(
     small_plan: Plan, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, list[float]]:
     root = tmp_path_factory.mktemp("run12")
-    full = train(small_plan, _settings(root / "full", steps=16), seed=7).losses
+    full = train(small_plan, Target.of("reference", seed=7), _settings(root / "full", steps=16)).losses
     out = root / "run"
-    train(small_plan, _settings(out, steps=16, stop_after=12), seed=7)
+    train(small_plan, Target.of("reference", seed=7), _settings(out, steps=16, stop_after=12))
     assert [s for s, _ in list_checkpoints(out)] == [4, 8, 12]
     return out, full
 
@@ -351,7 +354,9 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "tensor byte": (lambda p: _flip(p, _tensor_offset(p)), "does not match its checksum"),
     "rng byte": (lambda p: _flip(p, _tensor_offset(p, "rng/torch_cpu")), "'rng/torch_cpu' does not match"),
     "metadata byte": (
-        lambda p: _flip(p, p.read_bytes().index(b"run_sha256") + 20),  # inside the run record's hash
+        # Inside the run record's hash; bit 0 keeps a hex digit a hex-ish letter (0x10 could make '2' a
+        # quote, which breaks the header's JSON instead of its checksum).
+        lambda p: _flip(p, p.read_bytes().index(b"run_sha256") + 20, 0x01),
         "metadata does not match the checksum",
     ),
     "header length": (lambda p: _flip(p, 5), "the header claims"),
@@ -381,7 +386,7 @@ def test_a_corrupt_newest_checkpoint_is_refused_naming_the_good_one(
     before = _bytes(out)
     good = checkpoint_path(out, 8)
     with pytest.raises(CheckpointError) as info:
-        train(small_plan, _settings(out, steps=16, resume=True), seed=7)
+        train(small_plan, Target.of("reference", seed=7), _settings(out, steps=16, resume=True))
     message = str(info.value)
     assert problem in message and str(newest) in message
     assert f"the newest good checkpoint is {good} (step 8" in message
@@ -390,7 +395,11 @@ def test_a_corrupt_newest_checkpoint_is_refused_naming_the_good_one(
 
     # The command it gives works: the run continues from step 8, exactly as if never interrupted, and
     # the corrupt file is kept aside, never read again.
-    resumed = train(small_plan, _settings(out, steps=16, resume=True, resume_from=str(good)), seed=7)
+    resumed = train(
+        small_plan,
+        Target.of("reference", seed=7),
+        _settings(out, steps=16, resume=True, resume_from=str(good)),
+    )
     assert resumed.start_step == 8 and resumed.losses == full
     assert any(f"set aside {newest}" in note for note in resumed.notes)
     assert (out / f"{newest.name}.corrupt").exists()
@@ -433,7 +442,7 @@ def test_all_checkpoints_corrupt_is_refused_with_the_way_out(
         path = checkpoint_path(out, step)
         _flip(path, _tensor_offset(path))
     with pytest.raises(CheckpointError, match=r"holds no good checkpoint:(\n  .*checksum){3}\nstart over"):
-        train(small_plan, _settings(out, steps=16, resume=True), seed=7)
+        train(small_plan, Target.of("reference", seed=7), _settings(out, steps=16, resume=True))
 
 
 def test_an_old_unreadable_file_does_not_block_a_newer_good_one(
@@ -442,7 +451,7 @@ def test_an_old_unreadable_file_does_not_block_a_newer_good_one(
     out, full = run_to_12
     old = checkpoint_path(out, 4)
     old.write_bytes(b"junk")
-    resumed = train(small_plan, _settings(out, steps=16, resume=True), seed=7)
+    resumed = train(small_plan, Target.of("reference", seed=7), _settings(out, steps=16, resume=True))
     assert resumed.start_step == 12 and resumed.losses == full
     assert any(note.startswith(f"ignored {old} (older than step 12)") for note in resumed.notes)
 
@@ -480,7 +489,7 @@ def test_crafted_fields_with_valid_checksums_are_still_refused(
     changes, problem = CRAFTED[case]
     _craft(newest, **changes)
     with pytest.raises(CheckpointError, match=problem):
-        train(small_plan, _settings(out, steps=16, resume=True), seed=7)
+        train(small_plan, Target.of("reference", seed=7), _settings(out, steps=16, resume=True))
 
 
 # --- the step inside is authoritative -------------------------------------------------------------
@@ -490,14 +499,14 @@ def test_a_renamed_checkpoint_keeps_its_step(small_plan: Plan, run_to_12: tuple[
     out, full = run_to_12
     checkpoint_path(out, 12).rename(out / "ckpt-0000002.safetensors")  # would sort before step 4
     assert [s for s, _ in list_checkpoints(out)] == [4, 8, 12]
-    resumed = train(small_plan, _settings(out, steps=16, resume=True), seed=7)
+    resumed = train(small_plan, Target.of("reference", seed=7), _settings(out, steps=16, resume=True))
     assert resumed.start_step == 12 and resumed.losses == full
     assert "ckpt-0000002.safetensors holds step 12: the step stored inside the file is used" in resumed.notes
 
 
 def test_step_counts_beyond_seven_digits(small_plan: Plan, tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = build(small_plan, engine="reference")
+    model = build(small_plan, "reference")
     optimizer = make_optimizer(model.parameters(), _settings(tmp_path))
     meta = {"losses": [], "run": {}}
     paths = [
@@ -524,14 +533,14 @@ def test_step_counts_beyond_seven_digits(small_plan: Plan, tmp_path: Path) -> No
 def test_resume_lists_every_difference_of_the_resolved_model(tmp_path: Path) -> None:
     plan = _plan(MOE)
     s = _settings(tmp_path, steps=4, stop_after=2, checkpoint_every=2)
-    train(plan, s, seed=0)
+    train(plan, Target.of("reference", seed=0), s)
     meta = read_header(checkpoint_path(tmp_path, 2)).meta
     assert meta["run"]["model"]["ops"][2]["args"]["aux_loss_coeff"] == 0.01  # resolved, defaults in
     assert meta["run_sha256"] == record_sha256(meta["run"])
     before = _bytes(tmp_path)
     resume = dataclasses.replace(s, resume=True)
     with pytest.raises(CheckpointError) as info:
-        train(_plan([*MOE, "model.dims.top_k=1"]), resume, seed=0)
+        train(_plan([*MOE, "model.dims.top_k=1"]), Target.of("reference", seed=0), resume)
     message = str(info.value)
     for line in (
         "model.dims.top_k: checkpoint 2, now 1",
@@ -543,34 +552,35 @@ def test_resume_lists_every_difference_of_the_resolved_model(tmp_path: Path) -> 
     with pytest.raises(
         CheckpointError, match=r"\n  model\.ops\[2\]\.args\.aux_loss_coeff: checkpoint 0\.01, now 0\.02\n"
     ):
-        train(_plan([*MOE, "+model.ops.2.args.aux_loss_coeff=0.02"]), resume, seed=0)
+        train(_plan([*MOE, "+model.ops.2.args.aux_loss_coeff=0.02"]), Target.of("reference", seed=0), resume)
     with pytest.raises(
         CheckpointError, match=r"\n  model\.ops\[6\]\.args\.scale_bias: checkpoint True, now False\n"
     ):
         train(
             _plan([*MOE, "model.ops.6.args.scale_bias=false", "~model.ops.6.extra_inputs.scales"]),
+            Target.of("reference", seed=0),
             resume,
-            seed=0,
         )
     assert _bytes(tmp_path) == before
-    train(plan, resume, seed=0)  # the same model resumes
+    train(plan, Target.of("reference", seed=0), resume)  # the same model resumes
 
 
 def test_resume_refuses_another_recipe(small_plan: Plan, tmp_path: Path) -> None:
     s = _settings(tmp_path, steps=4, stop_after=2, checkpoint_every=2)
     bf16 = {"name": "bf16", "kind": "none", "description": "prose is not compared"}
-    train(small_plan, s, seed=0, recipe_config=bf16)
+    # The reference engine ignores a recipe, but the run records it: another recipe is another run.
+    train(small_plan, Target.of("reference", seed=0, recipe=bf16), s)
     resume = dataclasses.replace(s, resume=True)
-    other = {"name": "fp8_delayed", "kind": "delayed_scaling", "amax_history_len": 16}
+    other = {"name": "fp8_delayed", "kind": "DelayedScaling", "amax_history_len": 16}
     with pytest.raises(CheckpointError) as info:
-        train(small_plan, resume, seed=0, recipe_config=other)
+        train(small_plan, Target.of("reference", seed=0, recipe=other), resume)
     message = str(info.value)
     for line in (
         "recipe.name: checkpoint 'bf16', now 'fp8_delayed'",
         "recipe.amax_history_len: checkpoint (not recorded), now 16",
     ):
         assert f"\n  {line}" in message, message
-    train(small_plan, resume, seed=0, recipe_config={**bf16, "description": "other words"})
+    train(small_plan, Target.of("reference", seed=0, recipe={**bf16, "description": "other words"}), resume)
 
 
 # --- writing never loses the last good state -------------------------------------------------------
@@ -580,7 +590,7 @@ def test_a_checkpoint_that_does_not_read_back_is_never_renamed_into_place(
     small_plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = _settings(tmp_path, steps=8, keep_checkpoints=1)
-    train(small_plan, dataclasses.replace(s, stop_after=4), seed=0)
+    train(small_plan, Target.of("reference", seed=0), dataclasses.replace(s, stop_after=4))
     before = _bytes(tmp_path)
     real = ckpt_module.save_file
 
@@ -592,7 +602,7 @@ def test_a_checkpoint_that_does_not_read_back_is_never_renamed_into_place(
     with pytest.raises(
         CheckpointError, match=r"cannot write .*ckpt-0000008.*checksum|does not match its checksum"
     ):
-        train(small_plan, dataclasses.replace(s, resume=True), seed=0)
+        train(small_plan, Target.of("reference", seed=0), dataclasses.replace(s, resume=True))
     # keep_checkpoints=1, yet step 4 (the last good one) is still there, and so is every other file.
     _unchanged_but_metrics(before, _bytes(tmp_path), 8)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -604,7 +614,7 @@ def test_disk_full_is_a_one_line_error_and_loses_nothing(
     from safetensors import SafetensorError
 
     s = _settings(tmp_path, steps=8)
-    train(small_plan, dataclasses.replace(s, stop_after=4), seed=0)
+    train(small_plan, Target.of("reference", seed=0), dataclasses.replace(s, stop_after=4))
     before = _bytes(tmp_path)
 
     def full(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str]) -> None:
@@ -616,7 +626,7 @@ def test_disk_full_is_a_one_line_error_and_loses_nothing(
         CheckpointError,
         match=r"cannot write .*ckpt-0000008\.safetensors: No space left on device \(any previous file",
     ):
-        train(small_plan, dataclasses.replace(s, resume=True), seed=0)
+        train(small_plan, Target.of("reference", seed=0), dataclasses.replace(s, resume=True))
     _unchanged_but_metrics(before, _bytes(tmp_path), 8)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
@@ -674,7 +684,7 @@ def test_non_finite_parameters_are_never_saved(
     with pytest.raises(
         NonFiniteError, match=r"non-finite value in parameter steps\..* after step 8: not saved"
     ):
-        train(small_plan, _settings(tmp_path, steps=12), seed=0)
+        train(small_plan, Target.of("reference", seed=0), _settings(tmp_path, steps=12))
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4]
 
 
@@ -685,14 +695,21 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     small_plan: Plan, tmp_path: Path
 ) -> None:
     old = _settings(tmp_path, steps=6)
-    train(small_plan, old, seed=0, config={"marker": "old run"})
+    train(small_plan, Target.of("reference", seed=0), old, config={"marker": "old run"})
     before = _bytes(tmp_path)
     assert {"metrics.jsonl", "config.yaml"} <= set(before)
     failing = _settings(tmp_path, steps=8, overwrite=True, inject_nan_at_step=3, lr=1e-2)
     with pytest.raises(NonFiniteError):
-        train(small_plan, failing, seed=1, config={"marker": "new run"})  # fails before its checkpoint 4
+        train(
+            small_plan, Target.of("reference", seed=1), failing, config={"marker": "new run"}
+        )  # fails before its checkpoint 4
     assert _bytes(tmp_path) == before  # its metrics and config waited for that checkpoint
-    result = train(small_plan, dataclasses.replace(failing, inject_nan_at_step=None), seed=1, config={})
+    result = train(
+        small_plan,
+        Target.of("reference", seed=1),
+        dataclasses.replace(failing, inject_nan_at_step=None),
+        config={},
+    )
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 8]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in records] == result.losses and len(records) == 8
@@ -705,7 +722,7 @@ def test_fresh_start_counts_unreadable_checkpoint_files(small_plan: Plan, tmp_pa
     with pytest.raises(
         ExistingRunError, match=r"1 file\(s\) named like checkpoints that cannot be read \(.*is a directory"
     ):
-        train(small_plan, _settings(tmp_path, steps=2), seed=0)
+        train(small_plan, Target.of("reference", seed=0), _settings(tmp_path, steps=2))
 
 
 # --- models that cannot run, sizes that cannot fit ---------------------------------------------------
@@ -737,7 +754,7 @@ def test_a_model_without_parameters(tmp_path: Path) -> None:
     code, out, _ = _cli_run(["run", *NO_PARAMS, "engine=reference", "run.steps=2", "run.tokens=8"])
     assert code == 0 and "parameter-gradient norm 0" in out
     with pytest.raises(ConfigError, match="nothing to train"):
-        train(_plan(NO_PARAMS), _settings(tmp_path), seed=0)
+        train(_plan(NO_PARAMS), Target.of("reference", seed=0), _settings(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -803,7 +820,7 @@ def test_prune_never_deletes_the_last_good_checkpoint(run_to_12: tuple[Path, lis
     out, _ = run_to_12
     newest, good = checkpoint_path(out, 12), checkpoint_path(out, 8)
     _flip(newest, _tensor_offset(newest))  # readable header, corrupt data
-    assert ckpt_module.prune(out, keep=1) == [checkpoint_path(out, 4)]
+    assert prune(out, keep=1) == [checkpoint_path(out, 4)]
     assert newest.exists() and good.exists()  # the corrupt one is not counted as good; 8 is kept
     verify(good)
 
@@ -818,7 +835,11 @@ def _header_bytes(path: Path) -> int:
 def test_checkpoints_do_not_grow_with_the_step_count(small_plan: Plan, tmp_path: Path) -> None:
     """Checkpoints at step 12 and step 40 of one run have headers of the same size: no per-step history.
     (Steps with as many digits: the step is written in the header, which safetensors pads to 8 bytes.)"""
-    train(small_plan, _settings(tmp_path, steps=40, checkpoint_every=4, keep_checkpoints=20), seed=7)
+    train(
+        small_plan,
+        Target.of("reference", seed=7),
+        _settings(tmp_path, steps=40, checkpoint_every=4, keep_checkpoints=20),
+    )
     sizes = {step: _header_bytes(path) for step, path in list_checkpoints(tmp_path)}
     assert sizes[12] == sizes[40], sizes
 
@@ -829,12 +850,12 @@ def test_a_resume_reads_the_loss_history_from_metrics(
     out, full = run_to_12
     bare = tmp_path / "bare"
     shutil.copytree(out, bare)
-    resumed = train(small_plan, _settings(out, steps=16, resume=True), seed=7)
+    resumed = train(small_plan, Target.of("reference", seed=7), _settings(out, steps=16, resume=True))
     assert resumed.losses == full
     # with metrics.jsonl cut short the resume still continues exactly; the unknown losses are said
     metrics = bare / "metrics.jsonl"
     metrics.write_text("\n".join(metrics.read_text().splitlines()[:3]) + "\n")  # steps 1-3 only
-    again = train(small_plan, _settings(bare, steps=16, resume=True), seed=7)
+    again = train(small_plan, Target.of("reference", seed=7), _settings(bare, steps=16, resume=True))
     assert again.losses[:3] == full[:3] and all(math.isnan(v) for v in again.losses[3:12])
     assert again.losses[12:] == full[12:]
     assert any("lacks the loss of 9 of the 12 steps" in n for n in again.notes)

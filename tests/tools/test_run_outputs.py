@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from te_assembly.jobs.training.metrics import tensorboard_writer_class
-from te_assembly.jobs.training.optim import lr_at
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.train.metrics import tensorboard_writer_class
+from te_assembly.jobs.train.schedule import lr_at
+from te_assembly.jobs.train.settings import TrainSettings
 from tests.conftest import REPO_ROOT
 
 STAMP = re.compile(r"^\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(_\d+)?$")

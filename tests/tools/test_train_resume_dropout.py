@@ -20,8 +20,11 @@ import pytest
 import torch
 
 from te_assembly.cli.main import main as cli_main
-from te_assembly.jobs.train import StepRecord, train
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.engines.target import Target
+from te_assembly.jobs.events import only
+from te_assembly.jobs.train.job import train
+from te_assembly.jobs.train.result import StepRecord
+from te_assembly.jobs.train.settings import TrainSettings
 from tests.engines._helpers import plan_from_yaml
 
 DROPOUT_MLP = """
@@ -70,14 +73,14 @@ ENGINES = [
 @pytest.mark.parametrize(("engine", "kernels"), ENGINES)
 def test_resume_with_dropout_is_bit_identical(tmp_path: Path, engine: str, kernels: str) -> None:
     plan = plan_from_yaml(DROPOUT_MLP)
-    run = {"engine": engine, "kernels": kernels, "seed": 3}
-    full = train(plan, _settings(tmp_path / "full"), **run)  # type: ignore[arg-type]
+    run = Target.of(engine, kernels=kernels, seed=3)
+    full = train(plan, run, _settings(tmp_path / "full"))
     part_settings = _settings(tmp_path / "part", stop_after=STOP)
-    part = train(plan, part_settings, **run)  # type: ignore[arg-type]
+    part = train(plan, run, part_settings)
     assert part.losses == full.losses[:STOP]
     torch.manual_seed(12345)  # whatever state the process is in, the resume must not depend on it
     torch.rand(1000)
-    resumed = train(plan, dataclasses.replace(part_settings, stop_after=None, resume=True), **run)  # type: ignore[arg-type]
+    resumed = train(plan, run, dataclasses.replace(part_settings, stop_after=None, resume=True))
     assert resumed.start_step == STOP
     assert resumed.losses == full.losses  # exact, float for float
     assert full.model is not None and resumed.model is not None
@@ -91,14 +94,16 @@ def test_the_dropout_masks_change_the_losses(tmp_path: Path, engine: str, kernel
     (a resume that did not restore it starts from the state right after building the model) draws
     other dropout masks and other losses."""
     plan = plan_from_yaml(DROPOUT_MLP)
-    run = {"engine": engine, "kernels": kernels, "seed": 3}
-    full = train(plan, _settings(tmp_path / "full"), **run).losses  # type: ignore[arg-type]
+    run = Target.of(engine, kernels=kernels, seed=3)
+    full = train(plan, run, _settings(tmp_path / "full")).losses
 
     def reseed_after_stop(record: StepRecord) -> None:
         if record.step == STOP:
             torch.manual_seed(3)
 
-    other = train(plan, _settings(tmp_path / "other"), on_step=reseed_after_stop, **run).losses  # type: ignore[arg-type]
+    other = train(
+        plan, run, _settings(tmp_path / "other"), on_event=only(StepRecord, reseed_after_stop)
+    ).losses
     assert other[:STOP] == full[:STOP]
     assert all(a != b for a, b in zip(other[STOP:], full[STOP:], strict=True)), (other, full)
 

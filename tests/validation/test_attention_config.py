@@ -294,8 +294,8 @@ def test_restore_with_a_public_token_shape_is_valid() -> None:
 def test_synthetic_batches_must_be_whole_sequences(section: str, key: str, tokens: int) -> None:
     from te_assembly.analysis.analyze import COMMON_SECTIONS
     from te_assembly.analysis.settings import RunSettings
-    from te_assembly.jobs.benchmark.settings import BenchSettings
-    from te_assembly.jobs.training.settings import TrainSettings
+    from te_assembly.jobs.bench.settings import BenchSettings
+    from te_assembly.jobs.train.settings import TrainSettings
 
     classes = {"run": RunSettings, "train": TrainSettings, "bench": BenchSettings}
     sections = {**COMMON_SECTIONS, section: classes[section]}
@@ -353,16 +353,14 @@ def test_ranks_read_whole_sequences() -> None:
 
 
 def test_the_readme_attention_example_is_valid() -> None:
-    import re
-    from pathlib import Path
 
     import yaml
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text[text.index("### Attention, token views and input layouts") :]
-    block = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
-    assert block is not None
-    plan = load(yaml.safe_load(block.group(1))).checked_plan()
+    from tests.docs_text import block_after
+
+    marker = "## Attention, token views and input layouts"
+    block = block_after("guides/configs-and-blocks.md", marker, "yaml")
+    plan = load(yaml.safe_load(block)).checked_plan()
     assert plan.input_layout == "sequence"
     assert (plan.step("attn").in_width, plan.step("attn").out_width) == (128, 64)
 

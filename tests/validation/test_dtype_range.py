@@ -7,8 +7,8 @@ import pytest
 
 from te_assembly.analysis.analyze import DEFAULT_SECTIONS
 from te_assembly.analysis.pipeline import load
-from te_assembly.jobs.benchmark.settings import BenchSettings
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.bench.settings import BenchSettings
+from te_assembly.jobs.train.settings import TrainSettings
 
 SECTIONS = {**DEFAULT_SECTIONS, "train": TrainSettings, "bench": BenchSettings}
 

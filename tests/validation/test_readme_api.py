@@ -1,9 +1,8 @@
-"""The README's "Python API" snippet runs as written, from a directory outside the repository, and does
-what its comments say."""
+"""The Python API guide's first snippet (docs/guides/python-api.md) runs as written, from a directory
+outside the repository, and does what its comments say."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +13,13 @@ import yaml
 import te_assembly
 from te_assembly.analysis.pipeline import load
 from te_assembly.config import configs_dir
+from tests.docs_text import block_after
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _snippet() -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text[text.index("## Python API") :]
-    section = section[: section.index("\n## ", 1)]
-    found = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    assert found, "no python block in the README's Python API section"
-    return found.group(1)
+    return block_after("guides/python-api.md", "# The Python API")
 
 
 def test_readme_python_api_snippet_runs_from_another_directory(
@@ -32,7 +27,7 @@ def test_readme_python_api_snippet_runs_from_another_directory(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # a user's own directory: no configs/ next to it
     namespace: dict[str, Any] = {}
-    exec(compile(_snippet(), "README.md", "exec"), namespace)
+    exec(compile(_snippet(), "python-api.md", "exec"), namespace)
     x, y, extras = namespace["x"], namespace["y"], namespace["extras"]
     assert y.shape == x.shape
     assert set(extras) == {"aux_loss"} and extras["aux_loss"].dim() == 0
@@ -63,7 +58,7 @@ def test_build_accepts_a_raw_model_mapping() -> None:
     plan = load(raw).checked_plan()
     assert plan.in_features == 64 and plan.step("fc1").args["out_features"] == 256
     assert load({"model": raw}).checked_plan().step("fc1").args == plan.step("fc1").args
-    model = te_assembly.build(raw, engine="reference")
+    model = te_assembly.build(raw, "reference")
     assert model.plan.step("fc1").args == plan.step("fc1").args
 
 

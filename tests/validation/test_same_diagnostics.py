@@ -48,7 +48,7 @@ def test_validate_graph_and_build_report_the_same_diagnostics(tmp_path: Path) ->
     path = tmp_path / "broken.yaml"
     path.write_text(BROKEN)
     with pytest.raises(ConfigError) as caught:
-        te_assembly.build(path, engine="reference")
+        te_assembly.build(path, "reference")
     from_build = [d.format() for d in caught.value.diagnostics]
     from_load = [d.format() for d in te_assembly.load(path).diagnostics]
     validate = _cli(tmp_path, "validate", f"model={path}")

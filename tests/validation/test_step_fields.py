@@ -48,7 +48,7 @@ def test_dotted_step_names_nest_their_parameters(name: str) -> None:
     model = copy.deepcopy(BASE)
     model["ops"][1]["name"] = name
     assert _errors(model) == []
-    built = build(model, engine="reference")
+    built = build(model, "reference")
     assert f"steps.{name}.weight" in built.state_dict()
 
 

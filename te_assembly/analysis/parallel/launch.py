@@ -1,4 +1,4 @@
-"""What ``torchrun`` tells each process, and printing from one rank only. Pure Python: no torch import.
+"""What ``torchrun`` tells each process. Pure Python: no torch import.
 
 ``torchrun --nproc_per_node=N -m te_assembly ...`` starts N processes and sets ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` in each; ``torch.distributed`` reads them.
@@ -6,13 +6,9 @@
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from rich.console import Console
 
 
 @dataclass(frozen=True)
@@ -65,37 +61,10 @@ def torchrun_command(world_size: int, command: str = "run") -> str:
     return f"torchrun --nproc_per_node={world_size} -m te_assembly {command} ..."
 
 
-class RankConsole(Console):
-    """A console whose every printed string starts with this rank's tag, so the lines of several ranks
-    interleaved in one terminal (or torchrun's log) stay attributable."""
-
-    def __init__(self, tag: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._tag = tag
-
-    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        if objects and isinstance(objects[0], str):
-            objects = (self._tag + objects[0], *objects[1:])
-        super().print(*objects, **kwargs)
-
-
-def rank_consoles(console: Console, err: Console, launch: Launch | None = None) -> tuple[Console, Console]:
-    """(stdout, stderr) consoles for this rank: under torchrun only rank 0 prints tables and progress;
-    every rank prints its errors, tagged with its rank."""
-    launch = current_launch() if launch is None else launch
-    if not launch.under_torchrun:
-        return console, err
-    out = console if launch.is_main else Console(file=io.StringIO(), quiet=True)
-    tagged = RankConsole(launch.tag, stderr=True, highlight=False, width=err.width)
-    return out, tagged
-
-
 __all__ = [
     "REPORT_GRACE_S",
     "Launch",
-    "RankConsole",
     "current_launch",
     "let_main_rank_report",
-    "rank_consoles",
     "torchrun_command",
 ]

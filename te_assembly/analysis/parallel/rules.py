@@ -57,59 +57,20 @@ def tensor_regions(plan: Plan, entries: dict[int, Sharding]) -> tuple[list[Regio
     for step in plan.steps:
         entry = entries[step.index]
         mode = tp_mode(step) if entry.tensor == "linear" else None
-        where = f"{step.name!r} ({step.type})"
         if open_region is None:
             if mode == "column":
                 open_region = Region(step.index)
                 regions.append(open_region)
             elif mode == "row":
-                diags.append(
-                    error(
-                        step_path(step, f"args.{TP_MODE}"),
-                        "parallel-row-without-column",
-                        f"row-parallel {where} needs its input features split by a column-parallel Linear "
-                        "before it, and none is open here",
-                        "mark the Linear that widens the features tensor_parallel_mode: column, or drop "
-                        "this mode",
-                    )
-                )
+                diags.append(_row_without_column(step))
             continue
-        opened = plan.steps_by_index[open_region.column]
-        inside = (
-            f"between the column-parallel {opened.name!r} (model.ops[{opened.index}]) and its row-parallel "
-            "Linear"
-        )
         if mode == "row":
             open_region.row = step.index
             open_region = None
-        elif mode == "column":
-            diags.append(
-                error(
-                    step_path(step, f"args.{TP_MODE}"),
-                    "parallel-column-in-region",
-                    f"column-parallel {where} needs whole input features, but it sits {inside}",
-                    "close the open region with a row-parallel Linear first",
-                )
-            )
-        elif entry.tensor == "linear":
-            diags.append(
-                error(
-                    step_path(step, f"args.{TP_MODE}"),
-                    "parallel-unmarked-linear",
-                    f"{where} receives a slice of the features: it sits {inside}",
-                    f"mark it {TP_MODE}: row",
-                )
-            )
-        elif entry.tensor == "replicated":
-            diags.append(
-                error(
-                    step_path(step, "op" if step.kind == "op" else "module"),
-                    "parallel-needs-whole-features",
-                    f"{where} needs whole feature vectors; it cannot sit {inside}",
-                    entry.note
-                    or "move it outside the region, or end the region before it with a row-parallel Linear",
-                )
-            )
+            continue
+        problem = _inside_region(plan, step, entry, mode, open_region)
+        if problem is not None:
+            diags.append(problem)
         else:
             open_region.steps.append(step.index)
             if entry.tensor == "gated":
@@ -126,6 +87,50 @@ def tensor_regions(plan: Plan, entries: dict[int, Sharding]) -> tuple[list[Regio
             )
         )
     return regions, diags
+
+
+def _row_without_column(step: PlannedStep) -> Diagnostic:
+    return error(
+        step_path(step, f"args.{TP_MODE}"),
+        "parallel-row-without-column",
+        f"row-parallel {step.name!r} ({step.type}) needs its input features split by a column-parallel "
+        "Linear before it, and none is open here",
+        "mark the Linear that widens the features tensor_parallel_mode: column, or drop this mode",
+    )
+
+
+def _inside_region(
+    plan: Plan, step: PlannedStep, entry: Sharding, mode: Any, region: Region
+) -> Diagnostic | None:
+    """Why ``step`` cannot work on the feature slice of an open region, or None when it can."""
+    where = f"{step.name!r} ({step.type})"
+    opened = plan.steps_by_index[region.column]
+    inside = (
+        f"between the column-parallel {opened.name!r} (model.ops[{opened.index}]) and its row-parallel Linear"
+    )
+    if mode == "column":
+        return error(
+            step_path(step, f"args.{TP_MODE}"),
+            "parallel-column-in-region",
+            f"column-parallel {where} needs whole input features, but it sits {inside}",
+            "close the open region with a row-parallel Linear first",
+        )
+    if entry.tensor == "linear":
+        return error(
+            step_path(step, f"args.{TP_MODE}"),
+            "parallel-unmarked-linear",
+            f"{where} receives a slice of the features: it sits {inside}",
+            f"mark it {TP_MODE}: row",
+        )
+    if entry.tensor == "replicated":
+        return error(
+            step_path(step, "op" if step.kind == "op" else "module"),
+            "parallel-needs-whole-features",
+            f"{where} needs whole feature vectors; it cannot sit {inside}",
+            entry.note
+            or "move it outside the region, or end the region before it with a row-parallel Linear",
+        )
+    return None
 
 
 def blocks(regions: list[Region]) -> tuple[dict[int, int], dict[int, int]]:
@@ -256,87 +261,90 @@ def _slot_depth(step: PlannedStep, slot: Slot, output: bool) -> int:
 
 
 def expert_rules(plan: Plan, settings: ParallelSettings, entries: dict[int, Sharding]) -> list[Diagnostic]:
+    """What ``parallel.expert > 1`` needs of the model: experts between one Dispatch and its Combine,
+    the rows that stay with the tokens read by that Combine alone, no public tensor of dispatched rows."""
     if settings.expert == 1:
         return []
     out: list[Diagnostic] = []
-    steps = plan.steps_by_index
     for step in plan.steps:
-        entry = entries[step.index]
-        depth = step.row_depth or 0
-        if entry.expert == "experts" and depth != 1:
-            out.append(
-                error(
-                    step_path(step, "op"),
-                    "parallel-experts-outside-dispatch",
-                    f"{step.name!r} ({step.type}) is not between a Dispatch and a Combine: its groups are "
-                    "not "
-                    "experts holding dispatched rows, so parallel.expert cannot split them",
-                )
-            )
-        if entry.expert == "dispatch" and depth != 0:
-            out.append(
-                error(
-                    step_path(step, "op"),
-                    "parallel-nested-dispatch",
-                    "expert parallelism supports one level of Dispatch/Combine",
-                )
-            )
-        if entry.expert == "dispatch":
-            covered = {*entry.exchanged, *entry.stays, *((entry.group_counts,) if entry.group_counts else ())}
-            missing = [s.name for s in step.output_slots if s.name not in covered]
-            if missing:
-                out.append(
-                    error(
-                        step_path(step, "op"),
-                        "parallel-undeclared",
-                        f"the catalog's sharding entry for {step.type} does not say where output(s) "
-                        f"{', '.join(missing)} go under expert parallelism",
-                    )
-                )
-        if entry.expert == "combine":
-            for slot, bound in zip(step.input_slots, step.input_channels, strict=True):
-                producer = steps[plan.channels[bound].producer.step] if bound is not None else None
-                source = entries[producer.index] if producer is not None else None
-                if source is None or source.expert != "dispatch" or slot.name not in source.stays:
-                    out.append(
-                        error(
-                            f"model.ops[{step.index}].extra_inputs.{slot.name}",
-                            "parallel-combine-unpaired",
-                            f"under expert parallelism {step.name!r} must take {slot.name} from the Dispatch "
-                            "whose rows it brings back (a channel), not from the caller or another op",
-                        )
-                    )
+        out.extend(_expert_step(plan, step, entries))
     for name, channel in plan.channels.items():
-        producer = steps[channel.producer.step]
+        producer = plan.steps_by_index[channel.producer.step]
         entry = entries[producer.index]
         slot = producer.output_slots[channel.producer.slot]
-        if entry.expert == "dispatch" and slot.name in entry.stays:
-            for ref in channel.consumers:
-                if entries[ref.step].expert != "combine":
-                    out.append(
-                        error(
-                            f"model.ops[{ref.step}].extra_inputs.{ref.slot_name}",
-                            "parallel-stays-with-tokens",
-                            f"channel {name!r} ({producer.name}.{slot.name}) stays on the tokens' rank under "
-                            "expert parallelism; only a Combine can read it",
-                        )
-                    )
-    for direction, tensors in (("input", plan.public_inputs), ("output", plan.public_outputs)):
-        for tensor in tensors:
-            step = steps[tensor.ref.step]
-            slots = step.input_slots if direction == "input" else step.output_slots
-            slot = slots[tensor.ref.slot]
-            if slot.shape != "scalar" and _slot_depth(step, slot, direction == "output") >= 1:
-                key = "extra_inputs" if direction == "input" else "extra_outputs"
+        if entry.expert != "dispatch" or slot.name not in entry.stays:
+            continue
+        for ref in channel.consumers:
+            if entries[ref.step].expert != "combine":
                 out.append(
                     error(
-                        f"model.ops[{step.index}].{key}.{slot.name}",
-                        "parallel-public-expert-rows",
-                        f"public {direction} {tensor.name!r} belongs to dispatched rows, which live on other "
-                        "ranks under expert parallelism",
-                        "bind it to a channel, or use parallel.expert=1",
+                        f"model.ops[{ref.step}].extra_inputs.{ref.slot_name}",
+                        "parallel-stays-with-tokens",
+                        f"channel {name!r} ({producer.name}.{slot.name}) stays on the tokens' rank under "
+                        "expert parallelism; only a Combine can read it",
                     )
                 )
+    out.extend(_public_expert_rows(plan))
+    return out
+
+
+def _expert_step(plan: Plan, step: PlannedStep, entries: dict[int, Sharding]) -> list[Diagnostic]:
+    entry, depth, path = entries[step.index], step.row_depth or 0, step_path(step, "op")
+    out: list[Diagnostic] = []
+    if entry.expert == "experts" and depth != 1:
+        message = (
+            f"{step.name!r} ({step.type}) is not between a Dispatch and a Combine: its groups are not "
+            "experts holding dispatched rows, so parallel.expert cannot split them"
+        )
+        out.append(error(path, "parallel-experts-outside-dispatch", message))
+    if entry.expert == "dispatch" and depth != 0:
+        out.append(
+            error(
+                path, "parallel-nested-dispatch", "expert parallelism supports one level of Dispatch/Combine"
+            )
+        )
+    if entry.expert == "dispatch":
+        covered = {*entry.exchanged, *entry.stays, *((entry.group_counts,) if entry.group_counts else ())}
+        missing = [s.name for s in step.output_slots if s.name not in covered]
+        if missing:
+            message = (
+                f"the catalog's sharding entry for {step.type} does not say where output(s) "
+                f"{', '.join(missing)} go under expert parallelism"
+            )
+            out.append(error(path, "parallel-undeclared", message))
+    if entry.expert == "combine":
+        for slot, bound in zip(step.input_slots, step.input_channels, strict=True):
+            producer = plan.steps_by_index[plan.channels[bound].producer.step] if bound is not None else None
+            source = entries[producer.index] if producer is not None else None
+            if source is None or source.expert != "dispatch" or slot.name not in source.stays:
+                message = (
+                    f"under expert parallelism {step.name!r} must take {slot.name} from the Dispatch "
+                    "whose rows it brings back (a channel), not from the caller or another op"
+                )
+                where = f"model.ops[{step.index}].extra_inputs.{slot.name}"
+                out.append(error(where, "parallel-combine-unpaired", message))
+    return out
+
+
+def _public_expert_rows(plan: Plan) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for direction, tensors in (("input", plan.public_inputs), ("output", plan.public_outputs)):
+        for tensor in tensors:
+            step = plan.steps_by_index[tensor.ref.step]
+            slots = step.input_slots if direction == "input" else step.output_slots
+            slot = slots[tensor.ref.slot]
+            if slot.shape == "scalar" or _slot_depth(step, slot, direction == "output") < 1:
+                continue
+            key = "extra_inputs" if direction == "input" else "extra_outputs"
+            out.append(
+                error(
+                    f"model.ops[{step.index}].{key}.{slot.name}",
+                    "parallel-public-expert-rows",
+                    f"public {direction} {tensor.name!r} belongs to dispatched rows, which live on other "
+                    "ranks under expert parallelism",
+                    "bind it to a channel, or use parallel.expert=1",
+                )
+            )
     return out
 
 

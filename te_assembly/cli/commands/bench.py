@@ -1,4 +1,4 @@
-"""``bench``: the ``bench`` job (``jobs/bench.py``: forward, backward and full-step times, tokens/s,
+"""``bench``: the ``bench`` job (``jobs/bench/``: forward, backward and full-step times, tokens/s,
 peak memory, achieved TFLOP/s and FLOPs, ``bench.compare`` variants interleaved) with a progress bar,
 then its result as tables and warnings.
 
@@ -22,16 +22,15 @@ from te_assembly.cli import job_dir
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.session import Session, progress_bar, start
 from te_assembly.diagnostics import printable
-from te_assembly.jobs.bench import Measuring, bench, check_settings, check_split_at
-from te_assembly.jobs.benchmark.flops import FlopCount
-from te_assembly.jobs.benchmark.peaks import Peak
-from te_assembly.jobs.benchmark.runner import PHASES, VariantResult, process_peak_rss_mib
-from te_assembly.jobs.benchmark.settings import BenchSettings
-from te_assembly.jobs.benchmark.split import SplitPlan
-from te_assembly.jobs.benchmark.throughput import rank_table
-from te_assembly.jobs.benchmark.timing import Stats
+from te_assembly.engines.target import Target
+from te_assembly.jobs.bench.flops import FlopCount
+from te_assembly.jobs.bench.job import Measuring, bench, check_settings, check_split_at
+from te_assembly.jobs.bench.peaks import Peak
+from te_assembly.jobs.bench.runner import PHASES, VariantResult, process_peak_rss_mib
+from te_assembly.jobs.bench.settings import BenchSettings
+from te_assembly.jobs.bench.split import SplitPlan
+from te_assembly.jobs.bench.timing import Stats
 from te_assembly.jobs.events import Note
-from te_assembly.jobs.target import Target
 from te_assembly.outputs import check_not_a_run, check_not_theirs, write_text_atomic
 
 SECTIONS = {**COMMON_SECTIONS, "bench": BenchSettings}
@@ -82,6 +81,33 @@ def compare_table(results: Sequence[VariantResult], tokens: int) -> Table:
         step = r.stats["step"]
         peak = f"{r.peak_bytes / 2**20:,.1f}" if r.peak_bytes is not None else "n/a"
         table.add_row(r.name, *cells, f"{_ms(step.q1)}-{_ms(step.q3)}", f"{tokens / step.median:,.0f}", peak)
+    return table
+
+
+def rank_table(rows: list[dict[str, Any]], global_tokens: int) -> Table:
+    table = Table(title="per rank: full step (forward + backward + optimizer)", title_justify="left")
+    for col in ("rank", "data/expert/tensor", "rows", "median ms", "tokens/s", "in collectives"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        d, e, t = r["coords"]
+        table.add_row(
+            str(r["rank"]),
+            f"{d}/{e}/{t}",
+            str(r["tokens"]),
+            f"{r['step'] * 1e3:.3f}",
+            f"{r['tokens'] / r['step']:,.0f}",
+            f"{r['comm']:.0%}",
+        )
+    slowest = max(r["step"] for r in rows)
+    comm = sum(r["comm"] for r in rows) / len(rows)
+    table.add_row(
+        "job",
+        "",
+        str(global_tokens),
+        f"{slowest * 1e3:.3f}",
+        f"{global_tokens / slowest:,.0f}",
+        f"{comm:.0%} (mean)",
+    )
     return table
 
 
@@ -137,7 +163,7 @@ def _bench(session: Session, target: Target, settings: BenchSettings, console: C
                 _describe(plan.name, event, target, settings, console)
             progress.on_event(event)
 
-        result = bench(plan, target, settings, on_event)
+        result = bench(plan, target, settings, on_event=on_event)
     console.print(single_table(result.results[0], result.tokens, result.flops, result.peak))
     if result.ranks is not None:
         console.print(rank_table(result.ranks, settings.tokens))

@@ -26,6 +26,8 @@ from te_assembly.sections import setting
 
 @dataclass(frozen=True)
 class CpSettings:
+    """``cp:``: what to copy and where (``cp SOURCE DEST``)."""
+
     source: str | None = setting(
         None, nonempty=True, doc="what to copy: NAME, or GROUP/NAME (model/moe_block, recipe/fp8_delayed)"
     )

@@ -1,7 +1,7 @@
 """``export``: a training checkpoint as a pretrained model directory, ``model.safetensors`` (weights
 only, plain parameter names) and ``config.yaml`` (the model as trained), which
-``te_assembly.from_pretrained(DIR, engine=...)`` loads in either engine. ``export.format=hf``: a run or
-a pretrained directory as a Hugging Face checkpoint (``config.json``, Hub-layout safetensors,
+``te_assembly.from_pretrained(DIR, "reference" or "te")`` loads in either engine. ``export.format=hf``:
+a run or a pretrained directory as a Hugging Face checkpoint (``config.json``, Hub-layout safetensors,
 ``generation_config.json``, the tokenizer), for the model families ``import-hf`` reads.
 
 ``export RUN_DIR [DEST]`` (or ``export.checkpoint=... export.to=...``). ``export.checkpoint`` is a
@@ -25,6 +25,8 @@ from te_assembly.sections import setting
 
 @dataclass(frozen=True)
 class ExportSettings:
+    """``export:``: the checkpoint or run to export, where to, in which format (``export SOURCE DEST``)."""
+
     checkpoint: str | None = setting(
         None, nonempty=True, doc="a checkpoint file, or a run directory (its newest good checkpoint)"
     )
@@ -47,7 +49,7 @@ def main(analysis: Analysis, console: Console) -> int:
         raise ConfigError([error("export.checkpoint", "missing", message, hint)])
     if settings.format == "hf":
         return _export_hf(settings, console)
-    from te_assembly.jobs.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
+    from te_assembly.formats.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
 
     out = export_checkpoint(settings.checkpoint, settings.to, overwrite=settings.overwrite)
     size = (out / WEIGHTS_FILE).stat().st_size / 2**20
@@ -58,7 +60,7 @@ def main(analysis: Analysis, console: Console) -> int:
         soft_wrap=True,
     )
     console.print(
-        f"load it with: te_assembly.from_pretrained({printable(repr(str(out)))}, engine='reference' or 'te')",
+        f"load it with: te_assembly.from_pretrained({printable(repr(str(out)))}, 'reference' or 'te')",
         markup=False,
         soft_wrap=True,
     )
@@ -69,7 +71,7 @@ def _export_hf(settings: ExportSettings, console: Console) -> int:
     from pathlib import Path
 
     from te_assembly.cli.report import tensor_progress
-    from te_assembly.jobs.hf.convert import export_hf
+    from te_assembly.formats.hf.convert import export_hf
 
     assert settings.checkpoint is not None
     source = Path(settings.checkpoint).expanduser()

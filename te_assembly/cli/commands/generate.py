@@ -1,10 +1,11 @@
 """``generate [PROMPT] [SOURCE]``: a language model continues a prompt, streamed to the terminal (the job:
-``jobs/generate.py``). SOURCE (``generate.source``) is a run directory, a checkpoint or a pretrained
+``jobs/generate/``). SOURCE (``generate.source``) is a run directory, a checkpoint or a pretrained
 directory; without one, the chosen ``model=`` with the seed's random weights (a smoke test of the model).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from rich.console import Console
 from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis
 from te_assembly.cli.commands.session import start
 from te_assembly.diagnostics import printable
-from te_assembly.jobs.text.settings import GenerateSettings
+from te_assembly.jobs.generate.settings import GenerateSettings
 
 SECTIONS = {**COMMON_SECTIONS, "generate": GenerateSettings}
 
@@ -24,7 +25,7 @@ def _tokenizer_words(tokenizer: object) -> str:
 
 
 def main(analysis: Analysis, console: Console) -> int:
-    from te_assembly.jobs.generate import generate, load_source, read_prompt, tokenizer_for
+    from te_assembly.jobs.generate.job import Text, generate, load_source, read_prompt, tokenizer_for
 
     session = start(analysis, console)
     settings: GenerateSettings = session.section("generate")
@@ -32,13 +33,7 @@ def main(analysis: Analysis, console: Console) -> int:
     prompt = read_prompt(settings)
     source = Path(settings.source).expanduser() if settings.source is not None else None
     if settings.source is not None:
-        model = load_source(
-            settings.source,
-            engine=target.engine,
-            kernels=target.kernels,
-            device=target.device,
-            dtype=target.dtype,
-        )
+        model = load_source(settings.source, target)
         where = f"from {settings.source}"
     else:
         model = target.build(session.plan, seed=target.seed)
@@ -61,11 +56,18 @@ def main(analysis: Analysis, console: Console) -> int:
     out = console.file
     out.write(prompt)
 
-    def stream(text: str) -> None:
-        out.write(text)
-        out.flush()
+    def stream(event: object) -> None:
+        if isinstance(event, Text):
+            out.write(event.text)
+            out.flush()
 
-    result = generate(model, prompt, settings, tokenizer=tokenizer, seed=target.seed, on_text=stream)
+    result = generate(
+        model,
+        target,
+        dataclasses.replace(settings, prompt=prompt, prompt_file=None),
+        tokenizer=tokenizer,
+        on_event=stream,
+    )
     out.write("\n")
     console.rule(style="dim")
     ending = (

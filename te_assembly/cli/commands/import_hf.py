@@ -20,6 +20,8 @@ from te_assembly.sections import setting
 
 @dataclass(frozen=True)
 class ImportSettings:
+    """``import_hf:``: the Hugging Face checkpoint, where to import it, the model's name (``import-hf``)."""
+
     source: str | None = setting(None, nonempty=True, doc="the Hugging Face checkpoint directory")
     to: str | None = setting(
         None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>_te)"
@@ -47,8 +49,8 @@ def main(analysis: Analysis, console: Console) -> int:
             ]
         )
     from te_assembly.cli.report import tensor_progress
-    from te_assembly.jobs.hf.config import FAMILIES
-    from te_assembly.jobs.hf.convert import import_hf, model_name, read_spec
+    from te_assembly.formats.hf.config import FAMILIES
+    from te_assembly.formats.hf.convert import import_hf, model_name, read_spec
 
     source = Path(settings.source).expanduser()
     dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / f"{source.name}_te"

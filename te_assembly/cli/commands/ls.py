@@ -21,12 +21,14 @@ from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec
 from te_assembly.config.locations import FILE_GROUPS, SUFFIXES, configs_dir, group_dir
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.errors import ConfigError
-from te_assembly.fields import show
 from te_assembly.sections import setting
+from te_assembly.views.op_sheet import op_sheet
 
 
 @dataclass(frozen=True)
 class LsSettings:
+    """``ls:``: what to list (``ls [models|recipes|blocks|ops]``, ``ls op NAME``)."""
+
     what: str | None = setting(
         None,
         nonempty=True,
@@ -139,76 +141,19 @@ def catalog_table() -> Table:
     return table
 
 
-def _default(value: object) -> str:
-    from te_assembly.fields import REQUIRED
-
-    return "required" if value is REQUIRED else show(value)
-
-
 def op_tables(spec: OpSpec | ModuleSpec) -> list[Table | str]:
-    """One op or module as the catalog declares it."""
+    """One op or module as the catalog declares it (``views/op_sheet.py``), as rich tables."""
     out: list[Table | str] = []
-    if isinstance(spec, OpSpec):
-        te = (
-            spec.te_class.replace(":", ".")
-            if spec.te_class
-            else "none: our own op (the TE engine adapts the reference)"
-        )
-        out.append(f"{spec.name} (op): {spec.doc}")
-        out.append(f"TE class: {te}")
-        out.append(f"reference class: {spec.reference.replace(':', '.')}")
-    else:
-        out.append(f"{spec.name} (module, ends the fuser it follows): {spec.doc}")
-        out.append(f"torch class: {spec.torch_class.replace(':', '.')}")
-    arguments = Table(title="arguments (args:)", title_justify="left")
-    for column in ("name", "type", "default", "allowed", "what it does"):
-        arguments.add_column(column)
-    for p in spec.params:
-        allowed = (
-            ", ".join(show(c) for c in p.choices)
-            if p.choices
-            else p.spec.range_text()
-            if p.spec.type in (int, float)
-            else ""
-        )
-        arguments.add_row(*map(Text, (p.name, p.type_name, _default(p.default), allowed, p.doc)))
-    out.append(arguments if spec.params else "arguments: none")
-    if isinstance(spec, OpSpec):
-        for title, slots in (
-            ("extra inputs (extra_inputs:)", spec.inputs),
-            ("extra outputs (extra_outputs:)", spec.outputs),
-        ):
-            if not slots:
-                out.append(f"{title.split(' (')[0]}: none")
-                continue
-            table = Table(title=f"{title}, in TE's slot order", title_justify="left")
-            for column in ("#", "slot", "carries", "what it is"):
-                table.add_column(column)
-            for i, slot in enumerate(slots):
-                table.add_row(*map(Text, (str(i), slot.name, slot.describe(), slot.doc)))
-            out.append(table)
-    out.append(f"width: {spec.width.describe()}")
-    if isinstance(spec, OpSpec):
-        if spec.expands_to is not None:
-            out.append("TE builds it as several basic ops (explain shows them and their indices per step)")
-        if spec.rows_delta:
-            change = (
-                "fans each token row out to expert rows"
-                if spec.rows_delta > 0
-                else "folds expert rows back to tokens"
-            )
-            out.append(f"rows: {change} (a model with it takes x as [tokens, features])")
-        if spec.in_place_arg:
-            out.append(
-                "in_place: aliases the channel tensor instead of copying it (a hazard at channel endpoints)"
-            )
-        if spec.te_class is None:  # no TE kernel to ask about: the reference op runs everywhere
-            out.append("TE's own kernel: none (the reference op runs inside TE's fuser, on CPU and GPU)")
-        else:
-            out.append(
-                "TE's own kernel runs on CPU: "
-                + ("yes" if spec.te_runs_on_cpu else "no (a GPU, or kernels=reference)")
-            )
+    for part in op_sheet(spec):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        table = Table(title=part.title, title_justify="left")
+        for column in part.columns:
+            table.add_column(column)
+        for row in part.rows:
+            table.add_row(*map(Text, row))
+        out.append(table)
     return out
 
 

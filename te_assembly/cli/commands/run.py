@@ -14,6 +14,7 @@ from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.settings import RunSettings
 from te_assembly.cli.commands.session import Session, progress_bar, start
 from te_assembly.diagnostics import printable
+from te_assembly.engines.target import Target
 from te_assembly.jobs.events import Built
 from te_assembly.jobs.run import ChannelGrad, OutputStats, RunResult, run, step_time_note
 from te_assembly.views.explain import plan_tables
@@ -61,15 +62,12 @@ def main(analysis: Analysis, console: Console) -> int:
                         console.print(table)
                 progress.on_event(event)
 
-            result = run(session.plan, target, settings, on_event)
+            result = run(session.plan, target, settings, on_event=on_event)
         _report(session, result, console)
     return 0
 
 
-def _header(session: Session, target: object, console: Console) -> None:
-    from te_assembly.jobs.target import Target
-
-    assert isinstance(target, Target)
+def _header(session: Session, target: Target, console: Console) -> None:
     recipe = target.recipe
     header = f"{printable(session.plan.name)}: device {target.device}, dtype {target.dtype_name}"
     header += f", seed {target.seed}"

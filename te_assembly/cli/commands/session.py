@@ -19,8 +19,8 @@ from te_assembly.analysis.analyze import COMMON, PARALLEL, Analysis
 from te_assembly.analysis.plan import Plan
 from te_assembly.analysis.settings import CommonSettings
 from te_assembly.cli.commands.common import checked_plan
+from te_assembly.engines.target import Target
 from te_assembly.jobs.events import Advanced
-from te_assembly.jobs.target import Target
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.analysis.plan import Plan
 from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.common import checked_plan
+from te_assembly.data.settings import DataSettings
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
-from te_assembly.jobs.benchmark.settings import BenchSettings
-from te_assembly.jobs.text.settings import DataSettings, GenerateSettings
-from te_assembly.jobs.training.settings import TrainSettings
+from te_assembly.jobs.bench.settings import BenchSettings
+from te_assembly.jobs.generate.settings import GenerateSettings
+from te_assembly.jobs.train.settings import TrainSettings
 from te_assembly.views.graph import GraphSettings
 from te_assembly.views.outline import ExplainSettings, parse_expand
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,9 +28,12 @@ from te_assembly.cli import job_dir
 from te_assembly.cli.commands.common import checked_plan
 from te_assembly.diagnostics import printable
 from te_assembly.engines import te_available
+from te_assembly.engines.target import Target
 from te_assembly.errors import EngineUnavailableError
-from te_assembly.jobs.target import Target
 from te_assembly.jobs.verify import VerifyReport, verify
+
+if TYPE_CHECKING:
+    from te_assembly.jobs.verify_hf import HFReport
 from te_assembly.outputs import write_text_atomic
 
 SECTIONS = DEFAULT_SECTIONS
@@ -85,9 +88,7 @@ def main(analysis: Analysis, console: Console) -> int:
     job_dir.check_claimable(job_dir.current("verify"))  # where it writes, before both models are built
     target = Target.from_settings(common, analysis.recipe)
     kernels = _kernels(analysis.resolved.overrides, common.kernels, target.device.type == "cuda")
-    report = verify(
-        plan, dataclasses.replace(target, kernels=kernels), tokens=run.tokens, seq_len=run.seq_len
-    )
+    report = verify(plan, dataclasses.replace(target, kernels=kernels), run)
     console.print(report_table(report))
     job = job_dir.current("verify")
     out = job_dir.claim(job)
@@ -114,68 +115,20 @@ def report_json(report: VerifyReport) -> dict[str, Any]:
     return data
 
 
-HF_TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 5e-2}
-"""``verify hf=``: the largest difference allowed, relative to the largest magnitude of each tensor
-transformers computes (float64: with its float32 islands removed, ``jobs/hf/compare.py``)."""
-
-
 def _verify_hf(analysis: Analysis, common: CommonSettings, run: RunSettings, console: Console) -> int:
-    import torch
-
-    from te_assembly.jobs.hf.compare import compare, load_transformers
-    from te_assembly.jobs.hf.convert import from_hf, read_spec
+    from te_assembly.jobs.verify_hf import verify_hf
 
     assert common.hf is not None
     job_dir.check_claimable(job_dir.current("verify"))
-    dtype = getattr(torch, common.dtype)
-    spec = read_spec(common.hf)
-    engine = "reference" if common.engine == "auto" and not te_available() else common.engine
-    model = from_hf(
-        common.hf,
-        engine=engine,
-        kernels=common.kernels,
-        dtype=dtype,
-        device="cpu" if common.device == "auto" else common.device,
-    )
-    theirs = load_transformers(common.hf, dtype).to(next(model.parameters()).device)
-    generator = torch.Generator().manual_seed(common.seed)
-    ids = torch.randint(0, spec.vocab, (2, run.seq_len), generator=generator).to(
-        next(model.parameters()).device
-    )
-    result = compare(model.train(), theirs.train(), ids)
-    tolerance = HF_TOLERANCE[common.dtype]
-    table = Table(
-        title=f"{printable(spec.architecture)} from {printable(str(common.hf))}: te_assembly "
-        f"(engine={engine}) vs transformers, {common.dtype}, 2 x {run.seq_len} token ids "
-        f"(pass: max abs <= {tolerance:g} * max|transformers|)",
-        title_justify="left",
-    )
-    for col in ("tensor", "max abs diff", "max |transformers|", "result"):
-        table.add_column(col, justify="right" if "max" in col else "left")
-    for name in result.differences:
-        ok = result.relative(name) <= tolerance
-        table.add_row(
-            Text(printable(name)),
-            _fmt(result.differences[name]),
-            _fmt(result.scales[name]),
-            "[green]pass[/green]" if ok else "[bold red]FAIL[/bold red]",
-        )
-    console.print(table)
+    report = verify_hf(common.hf, Target.from_settings(common, None), run)
+    console.print(hf_table(report))
     job = job_dir.current("verify")
     out = job_dir.claim(job)
     job_dir.write_config(out, analysis.resolved.as_config(), job)
-    data = {
-        "hf": str(common.hf),
-        "architecture": spec.architecture,
-        "dtype": common.dtype,
-        "tolerance": tolerance,
-        "differences": result.differences,
-        "scales": result.scales,
-        "passed": result.within(tolerance),
-    }
-    written = write_text_atomic(out / "verify.json", json.dumps(data, indent=1))
+    written = write_text_atomic(out / "verify.json", json.dumps(report.json(), indent=1))
     console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
-    if not result.within(tolerance):
+    result = report.comparison
+    if not report.passed:
         worst, diff = result.worst()
         console.print(
             f"verify FAILED: {printable(worst)} differs from transformers' by {diff:.3e} "
@@ -190,3 +143,24 @@ def _verify_hf(analysis: Analysis, common: CommonSettings, run: RunSettings, con
         markup=False,
     )
     return 0
+
+
+def hf_table(report: HFReport) -> Table:
+    tolerance, result = report.tolerance, report.comparison
+    table = Table(
+        title=f"{printable(report.architecture)} from {printable(report.source)}: te_assembly "
+        f"(engine={report.engine}) vs transformers, {report.dtype}, 2 x {report.seq_len} token ids "
+        f"(pass: max abs <= {tolerance:g} * max|transformers|)",
+        title_justify="left",
+    )
+    for col in ("tensor", "max abs diff", "max |transformers|", "result"):
+        table.add_column(col, justify="right" if "max" in col else "left")
+    for name in result.differences:
+        ok = result.relative(name) <= tolerance
+        table.add_row(
+            Text(printable(name)),
+            _fmt(result.differences[name]),
+            _fmt(result.scales[name]),
+            "[green]pass[/green]" if ok else "[bold red]FAIL[/bold red]",
+        )
+    return table

@@ -30,6 +30,7 @@ from te_assembly.engines.parallel.expert_ops import (
     ExpertParallelDispatch,
 )
 from te_assembly.engines.parallel.mesh import Mesh, group_size
+from te_assembly.engines.parallel.pieces import holders, is_cut, local_piece, reduce_grads, whole
 from te_assembly.engines.parallel.sharding import join_slices, local_state
 from te_assembly.engines.parallel.tensor_ops import TensorParallelBasicLinear, TensorParallelLinear
 from te_assembly.errors import InjectedFailure, TeAssemblyError
@@ -228,7 +229,7 @@ class ParallelContext:
         no rule is taken from rank 0."""
         rules = self.global_rules if rules is None else rules
         mesh = self.mesh
-        local = {k: _whole(v).detach().to("cpu") for k, v in tensors.items()}
+        local = {k: whole(v).detach().to("cpu") for k, v in tensors.items()}
         if mesh is None or mesh.world_size == 1:
             return local
         # Data-parallel replicas hold copies (FSDP2 pieces were made whole above): only data rank 0's
@@ -381,10 +382,10 @@ class ParallelContext:
         named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
         if s.expert > 1 and not s.is_sharded:  # FSDP2 reduced them (``fsdp.py``)
             experts = [p for n, p in named if self._rule(n).kind == "expert"]
-            _reduce_grads(experts, mesh.data_group, 1.0 / s.data_shards)
+            reduce_grads(experts, mesh.data_group, 1.0 / s.data_shards)
         if s.sequence_parallel:
             whole = [p for n, p in named if self._rule(n).kind != "tensor"]
-            _reduce_grads(whole, mesh.tensor_group, 1.0)
+            reduce_grads(whole, mesh.tensor_group, 1.0)
             for _, p in named:
                 assert p.grad is not None
                 p.grad.div_(s.tensor)
@@ -411,7 +412,7 @@ class ParallelContext:
         shards = {"tensor": self.settings.tensor, "expert": self.settings.expert}
         parts = [
             local_piece(p.grad).detach().double().square().sum()
-            / (_holders(p.grad) if _cut(p.grad) else world / shards.get(self._rule(name).kind, 1))
+            / (holders(p.grad) if is_cut(p.grad) else world / shards.get(self._rule(name).kind, 1))
             for name, p in model.named_parameters()
             if p.grad is not None
         ]
@@ -454,50 +455,6 @@ def _local_name(name: str, rule: ParamShard, expert_rank: int, groups: int) -> s
     from te_assembly.analysis.parallel.layout import local_name
 
     return local_name(name, rule, expert_rank, groups)
-
-
-def _cut(t: torch.Tensor) -> bool:
-    """An FSDP2 piece (a ``DTensor`` sharded over its mesh), not a whole tensor."""
-    return hasattr(t, "to_local") and any(p.is_shard() for p in t.placements)  # type: ignore[attr-defined]
-
-
-def _holders(t: Any) -> int:
-    """How many ranks hold the same piece of the FSDP2 ``DTensor`` ``t``: its mesh's ranks over the
-    pieces its shard dimensions cut (the replicas of HSDP)."""
-    mesh = t.device_mesh
-    pieces = 1
-    for dim, placement in enumerate(t.placements):
-        if placement.is_shard():
-            pieces *= mesh.size(dim)
-    return int(mesh.size()) // pieces
-
-
-def local_piece(t: torch.Tensor) -> torch.Tensor:
-    """This rank's piece of an FSDP2 ``DTensor``; any other tensor as it is."""
-    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[operator]
-
-
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    """A ``DTensor``'s global value (a collective: every rank asks for the same tensors in the same
-    order); any other tensor as it is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t  # type: ignore[operator]
-
-
-def _reduce_grads(params: list[torch.nn.Parameter], group: Any, scale: float) -> None:
-    """Sum the gradients over ``group`` (one flat all-reduce), times ``scale``."""
-    if not params:
-        return
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads if g is not None])
-    if group_size(group) > 1:
-        flat = all_reduce(flat, group)
-    if scale != 1.0:
-        flat = flat * scale
-    offset = 0
-    for g in grads:
-        assert g is not None
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
 
 
 def _fail(rank: int) -> Any:

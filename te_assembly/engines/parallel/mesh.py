@@ -95,57 +95,16 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
     """Coordinates and subgroups of this rank; the default process group must exist."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != settings.world_size:
-        raise ConfigError(
-            [
-                error(
-                    "parallel",
-                    "parallel-world-size",
-                    f"{world} processes joined but the parallel sizes ({settings.describe()}) need "
-                    f"{settings.world_size}",
-                )
-            ]
+        message = (
+            f"{world} processes joined but the parallel sizes ({settings.describe()}) need "
+            f"{settings.world_size}"
         )
-    data, shard, expert, tensor = settings.data, settings.shard, settings.expert, settings.tensor
-
-    def at(d: int, e: int, t: int, s: int = 0) -> int:
-        return ((d * shard + s) * expert + e) * tensor + t
-
+        raise ConfigError([error("parallel", "parallel-world-size", message)])
+    shard, expert, tensor = settings.shard, settings.expert, settings.tensor
     d, rest = divmod(rank, shard * expert * tensor)
     sr, rest = divmod(rest, expert * tensor)
     e, t = divmod(rest, tensor)
-    timeout = datetime.timedelta(seconds=settings.timeout_s)
-
-    def groups(members: list[list[int]]) -> Group:
-        mine = None
-        for ranks in members:
-            if len(ranks) == 1:
-                continue
-            group = dist.new_group(ranks, timeout=timeout)
-            if rank in ranks:
-                mine = group
-        return mine
-
-    # A shard rank is one more data-parallel coordinate for every group but FSDP2's own meshes.
-    replicas = [(a, z) for a in range(data) for z in range(shard)]
-    tensor_group = groups(
-        [[at(a, b, c, z) for c in range(tensor)] for a, z in replicas for b in range(expert)]
-    )
-    expert_group = groups(
-        [[at(a, b, c, z) for b in range(expert)] for a, z in replicas for c in range(tensor)]
-    )
-    data_group = groups(
-        [
-            [at(a, b, c, z) for a in range(data) for z in range(shard)]
-            for b in range(expert)
-            for c in range(tensor)
-        ]
-    )
-    replica_group = groups(
-        [
-            [at(a, b, c, z) for a in range(data) for z in range(shard) for b in range(expert)]
-            for c in range(tensor)
-        ]
-    )
+    tensor_group, expert_group, data_group, replica_group = _subgroups(settings, rank)
     device_mesh, expert_device_mesh = fsdp_meshes(settings, device) if settings.is_sharded else (None, None)
     return Mesh(
         settings,
@@ -163,6 +122,43 @@ def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:
         device_mesh,
         expert_device_mesh,
     )
+
+
+def _subgroups(settings: ParallelSettings, rank: int) -> tuple[Group, Group, Group, Group]:
+    """This rank's tensor, expert, data and replica groups (None where it is alone). Every rank creates
+    every group, in the same order (``dist.new_group`` is collective)."""
+    data, shard, expert, tensor = settings.data, settings.shard, settings.expert, settings.tensor
+    timeout = datetime.timedelta(seconds=settings.timeout_s)
+
+    def at(d: int, e: int, t: int, s: int = 0) -> int:
+        return ((d * shard + s) * expert + e) * tensor + t
+
+    def groups(members: list[list[int]]) -> Group:
+        mine = None
+        for ranks in members:
+            if len(ranks) == 1:
+                continue
+            group = dist.new_group(ranks, timeout=timeout)
+            if rank in ranks:
+                mine = group
+        return mine
+
+    # A shard rank is one more data-parallel coordinate for every group but FSDP2's own meshes.
+    replicas = [(a, z) for a in range(data) for z in range(shard)]
+    every_data = [(a, z) for a in range(data) for z in range(shard)]
+    tensor_group = groups(
+        [[at(a, b, c, z) for c in range(tensor)] for a, z in replicas for b in range(expert)]
+    )
+    expert_group = groups(
+        [[at(a, b, c, z) for b in range(expert)] for a, z in replicas for c in range(tensor)]
+    )
+    data_group = groups(
+        [[at(a, b, c, z) for a, z in every_data] for b in range(expert) for c in range(tensor)]
+    )
+    replica_group = groups(
+        [[at(a, b, c, z) for a, z in every_data for b in range(expert)] for c in range(tensor)]
+    )
+    return tensor_group, expert_group, data_group, replica_group
 
 
 def fsdp_meshes(settings: ParallelSettings, device: torch.device) -> tuple[Any, Any]:

@@ -1,0 +1,207 @@
+"""What a ``data.path`` names, as documents: text files, JSON Lines records, or pre-tokenized files.
+
+Every problem is a ``DataError`` that names the file (and line): a path that does not exist, a folder or
+glob with no text in it, a binary or non-UTF-8 file, a JSON Lines record without its text field.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from te_assembly.data.settings import DataSettings
+from te_assembly.errors import DataError
+
+DEFAULT_CORPUS = "the Python standard library's source"
+_DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json")
+"""What ``datasets``' ``save_to_disk`` writes into a dataset's folder (a Dataset; a DatasetDict)."""
+_SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    """Its file (and ``:line`` for a JSON Lines record): what errors and the split read."""
+    text: str
+
+
+@dataclass(frozen=True)
+class Sources:
+    kind: str
+    """``text`` (text files and JSON Lines: documents to tokenize), ``datasets`` (a Hugging Face dataset
+    saved with ``save_to_disk``: documents too) or ``tokens`` (pre-tokenized files)."""
+    files: tuple[Path, ...]
+    description: str
+    """For messages and the run: ``data.path=notes/ (12 files)``."""
+    root: Path | None = None
+    """A ``datasets`` dataset's folder."""
+
+    def fingerprint(self) -> str:
+        """SHA-256 of every file's name and content, in order: a changed file changes it."""
+        digest = hashlib.sha256()
+        for path in self.files:
+            digest.update(str(path).encode() + b"\0")
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+
+def stdlib_files() -> list[Path]:
+    """The default corpus: the standard library's ``.py`` files, without its tests and site-packages."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(
+        p
+        for p in root.rglob("*.py")
+        if not any(
+            part in _SKIPPED_DIRS or part.startswith("test") for part in p.relative_to(root).parts[:-1]
+        )
+        and not p.name.startswith("test_")
+    )
+
+
+def find_sources(settings: DataSettings) -> Sources:
+    if settings.path is None:
+        files = stdlib_files()
+        if not files:
+            raise DataError(
+                "the default corpus (the Python standard library's source) is not on this machine"
+            )
+        return Sources("text", tuple(files), f"{DEFAULT_CORPUS} ({len(files)} files)")
+    given = settings.path
+    path = Path(given).expanduser()
+    if any(c in given for c in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise DataError(f"data.path={given}: the pattern matches no file")
+        where = f"data.path={given} ({len(files)} files)"
+    elif path.is_dir() and any((path / marker).is_file() for marker in _DATASET_MARKERS):
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return Sources("datasets", tuple(files), f"data.path={given} (a datasets dataset)", path)
+    elif path.is_dir():
+        suffixes = {s.lower() for s in settings.suffixes}
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file()
+            and p.suffix.lower() in suffixes | {".jsonl", ".bin"}
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if not files:
+            raise DataError(
+                f"data.path={given}: the folder holds no file ending in {', '.join(sorted(suffixes))}, "
+                ".jsonl or .bin (data.suffixes chooses the text files)"
+            )
+        where = f"data.path={given} ({len(files)} files)"
+    elif path.is_file():
+        files, where = [path], f"data.path={given}"
+    else:
+        raise DataError(f"data.path={given}: no such file or folder")
+    kinds = {_kind(p, settings.format) for p in files}
+    if len(kinds) > 1:
+        raise DataError(
+            f"{where} mixes pre-tokenized .bin files with text: give one kind (data.format chooses)"
+        )
+    return Sources(kinds.pop(), tuple(files), where)
+
+
+def _kind(path: Path, fmt: str) -> str:
+    if fmt == "tokens" or (fmt == "auto" and path.suffix.lower() == ".bin"):
+        return "tokens"
+    return "text"
+
+
+def documents(sources: Sources, settings: DataSettings) -> Iterator[Document]:
+    """Every non-empty document, in file order (a JSON Lines file gives one per record, a ``datasets``
+    dataset one per row of each split)."""
+    if sources.kind == "datasets":
+        assert sources.root is not None
+        yield from _dataset_rows(sources.root, settings.text_field)
+        return
+    for path in sources.files:
+        jsonl = settings.format == "jsonl" or (settings.format == "auto" and path.suffix.lower() == ".jsonl")
+        if jsonl:
+            yield from _records(path, settings.text_field)
+            continue
+        text = read_text(path)
+        if text:
+            yield Document(str(path), text)
+
+
+def read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if b"\0" in raw[:65536]:
+        raise DataError(
+            f"{path} is a binary file, not text (a NUL byte at its start): leave it out of data.path"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(
+            f"{path} is not UTF-8 text: byte {exc.start} (line {line}) is 0x{raw[exc.start]:02x}; convert it "
+            "(iconv -t utf-8) or leave it out of data.path"
+        ) from None
+
+
+def _dataset_rows(root: Path, field: str) -> Iterator[Document]:
+    try:
+        import datasets
+    except ImportError:
+        from te_assembly.errors import MissingToolError
+
+        raise MissingToolError(
+            f"data.path={root} is a Hugging Face datasets dataset: reading it needs the datasets library "
+            "(pip install 'te_assembly[datasets]')"
+        ) from None
+    try:
+        loaded = datasets.load_from_disk(str(root))
+    except Exception as exc:  # datasets raises many kinds for a damaged folder
+        raise DataError(f"data.path={root}: datasets cannot load it: {exc}") from None
+    splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
+    for split, table in splits:
+        if field not in table.column_names:
+            raise DataError(
+                f"data.path={root}{f' (split {split})' if split else ''} has no column {field!r} (it has: "
+                f"{', '.join(table.column_names)}); data.text_field names the text's column"
+            )
+        for number, value in enumerate(table[field]):
+            where = f"{root}:{split + ':' if split else ''}{number}"
+            if not isinstance(value, str):
+                raise DataError(f"{where}: {field!r} is a {type(value).__name__}, not text")
+            if value:
+                yield Document(where, value)
+
+
+def _records(path: Path, field: str) -> Iterator[Document]:
+    text = read_text(path)
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where} is not a JSON object: {exc.msg}") from None
+        if not isinstance(record, dict) or field not in record:
+            keys = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
+            raise DataError(
+                f"{where} has no {field!r} field (it has: {keys}); data.text_field names the text's field"
+            )
+        value = record[field]
+        if not isinstance(value, str):
+            raise DataError(f"{where}: {field!r} is a {type(value).__name__}, not text")
+        if value:
+            yield Document(where, value)
+
+
+__all__ = ["DEFAULT_CORPUS", "Document", "Sources", "documents", "find_sources", "read_text", "stdlib_files"]

@@ -1,0 +1,379 @@
+"""A Hugging Face ``config.json`` as a ``HFSpec``: every field is honoured or refused, never skipped.
+
+The families and the fields each honours are data (``FAMILIES``, ``HONOURED``), the README's table is
+this table. A field that changes the math and that te_assembly cannot express (a RoPE type it does not
+implement, sliding windows per layer, an activation other than SiLU...) is an error naming the field,
+its value and what is supported; so is a field te_assembly does not know at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.errors import ConfigError
+from te_assembly.formats.hf.families import (
+    FAMILIES,
+    HONOURED,
+    KEPT_FIELDS,
+    METADATA_FIELDS,
+    ROPE_TYPES,
+    Family,
+)
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    """A checkpoint's architecture in te_assembly's terms (``layout.py`` writes it as YAML)."""
+
+    architecture: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    tied: bool
+    rope: dict[str, Any]
+    """``rope_theta``, ``rope_type`` and, for the scaled types, ``factor`` etc. (hf_*_layer's dims)."""
+    sliding_window: int | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    experts: int = 0
+    top_k: int = 0
+    pre_softmax: bool = False
+    aux_loss_coeff: float = 0.0
+    shared_ffn: int = 0
+    init_std: float = 0.02
+    dtype: str = "float32"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The checkpoint's own metadata fields (token ids, max_position_embeddings...), kept for export."""
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.architecture]
+
+
+class HFConfigError(ConfigError):
+    """A ``config.json`` te_assembly cannot express; ``.diagnostics`` names every field at fault."""
+
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``config.json`` as a mapping (``HFConfigError`` for a file that is no JSON object)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except FileNotFoundError:
+        raise HFConfigError(
+            [_located(error("config.json", "hf-no-config", f"{path} does not exist"), path)]
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HFConfigError(
+            [_located(error("config.json", "hf-bad-config", f"{path} is not readable JSON: {exc}"), path)]
+        ) from None
+    if not isinstance(data, dict):
+        raise HFConfigError(
+            [_located(error("config.json", "hf-bad-config", "config.json holds no JSON object"), path)]
+        )
+    return data
+
+
+def _located(diagnostic: Diagnostic, path: Path, key: str | None = None) -> Diagnostic:
+    line = None
+    if key is not None:
+        try:
+            for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                if re.search(rf'"{re.escape(key)}"\s*:', text):
+                    line = number
+                    break
+        except OSError:
+            pass
+    return diagnostic.located(str(path), line)
+
+
+class _Reader:
+    """Reads fields of one config, collecting every refusal."""
+
+    def __init__(self, data: Mapping[str, Any], path: Path, architecture: str) -> None:
+        self.data = data
+        self.path = path
+        self.architecture = architecture
+        self.problems: list[Diagnostic] = []
+
+    def refuse(self, key: str, message: str, hint: str | None = None, code: str = "hf-unsupported") -> None:
+        self.problems.append(_located(error(f"config.json:{key}", code, message, hint), self.path, key))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def integer(self, key: str, default: Any = None, minimum: int = 1) -> int:
+        value = self.data.get(key, default)
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.refuse(key, f"{key} = {value!r}: expected an integer >= {minimum}", code="hf-bad-value")
+            return max(minimum, 1)
+        return value
+
+    def number(self, key: str, default: Any = None, positive: bool = True) -> float:
+        value = self.data.get(key, default)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (positive and value <= 0):
+            self.refuse(
+                key,
+                f"{key} = {value!r}: expected a finite{' positive' if positive else ''} number",
+                code="hf-bad-value",
+            )
+            return 1.0
+        return float(value)
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.data.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.refuse(key, f"{key} = {value!r}: expected true or false", code="hf-bad-value")
+            return default
+        return value
+
+    def require(self, key: str, allowed: Callable[[Any], bool], supported: str) -> None:
+        if key in self.data and not allowed(self.data[key]):
+            self.refuse(
+                key,
+                f"{key} = {self.data[key]!r} is not supported by te_assembly's {self.architecture} import: "
+                f"supported: {supported}",
+            )
+
+
+def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
+    """The ``HFSpec`` of a ``config.json``; ``HFConfigError`` lists every field it refuses."""
+    family = _family(data, path)
+    r = _Reader(data, path, family.architecture)
+    _known_fields(r, data, family)
+    hidden, heads, kv_heads, head_dim = _attention_shape(r, data)
+    _supported_values(r)
+    sliding_window = None
+    if family.sliding == "window" and data.get("sliding_window") is not None:
+        sliding_window = r.integer("sliding_window")
+    rope = _rope(r, data)
+    qkv_bias, o_bias = _biases(r, family)
+    moe, ffn_key = _experts(r, data, family)
+    dtype = _dtype(r, data)
+    spec = HFSpec(
+        architecture=family.architecture,
+        vocab=r.integer("vocab_size"),
+        hidden=hidden,
+        layers=r.integer("num_hidden_layers"),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn=r.integer(ffn_key),
+        eps=r.number("rms_norm_eps", 1e-6),
+        tied=r.flag("tie_word_embeddings", False),
+        rope=rope,
+        sliding_window=sliding_window,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=r.flag("mlp_bias", False) if family.architecture == "LlamaForCausalLM" else False,
+        qk_norm=family.qk_norm,
+        init_std=r.number("initializer_range", 0.02),
+        dtype=dtype,
+        metadata={k: data[k] for k in KEPT_FIELDS if k in data},
+        **moe,
+    )
+    if r.problems:
+        raise HFConfigError(r.problems)
+    return spec
+
+
+def _family(data: Mapping[str, Any], path: Path) -> Family:
+    architectures = data.get("architectures")
+    if isinstance(architectures, list) and len(architectures) == 1 and architectures[0] in FAMILIES:
+        return FAMILIES[architectures[0]]
+    hint = None
+    if isinstance(architectures, list) and len(architectures) == 1 and isinstance(architectures[0], str):
+        hint = did_you_mean(architectures[0], FAMILIES)
+    message = f"architectures = {architectures!r}: te_assembly imports one of {', '.join(FAMILIES)}"
+    found = error("config.json:architectures", "hf-unknown-architecture", message, hint)
+    raise HFConfigError([_located(found, path, "architectures")])
+
+
+def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family) -> None:
+    """Every field is one the family honours or metadata, and ``model_type`` is the family's."""
+    known = set(HONOURED[family.architecture]) | set(METADATA_FIELDS)
+    for key in data:
+        if key not in known:
+            r.refuse(
+                key,
+                f"{key} = {data[key]!r}: te_assembly does not know this {family.architecture} field, so it "
+                "cannot say the import keeps its meaning",
+                did_you_mean(key, sorted(known))
+                or "remove it from config.json if it has no effect on the model",
+                code="hf-unknown-field",
+            )
+    if data.get("model_type") not in (None, family.model_type):
+        r.refuse(
+            "model_type",
+            f"model_type = {data.get('model_type')!r} does not match architectures "
+            f"{family.architecture} ({family.model_type})",
+        )
+
+
+def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """hidden size, query heads, key/value heads, head width."""
+    hidden = r.integer("hidden_size")
+    heads = r.integer("num_attention_heads")
+    kv_heads = r.integer("num_key_value_heads", heads)
+    if data.get("head_dim") is not None:
+        head_dim = r.integer("head_dim")
+    elif hidden % heads:
+        message = (
+            f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} and head_dim is not set"
+        )
+        r.refuse("num_attention_heads", message)
+        head_dim = 1
+    else:
+        head_dim = hidden // heads
+    if heads % kv_heads:
+        message = f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        r.refuse("num_key_value_heads", message)
+    return hidden, heads, kv_heads, head_dim
+
+
+def _supported_values(r: _Reader) -> None:
+    """Fields that change the math, held to the values te_assembly expresses."""
+    r.require("hidden_act", lambda v: v == "silu", "silu (SwiGLU MLPs)")
+    r.require("attention_dropout", lambda v: v in (0, 0.0), "0.0 (te_assembly's Attention has no dropout)")
+    r.require("partial_rotary_factor", lambda v: v in (1, 1.0), "1.0 (rotary embeddings on the whole head)")
+    r.require("pretraining_tp", lambda v: v == 1, "1")
+    r.require("router_jitter_noise", lambda v: v in (0, 0.0), "0.0 (no jitter on the router input)")
+    r.require("decoder_sparse_step", lambda v: v == 1, "1 (every layer a mixture of experts)")
+    r.require("mlp_only_layers", lambda v: v in ([], None), "[] (every layer a mixture of experts)")
+    r.require(
+        "layer_types",
+        lambda v: isinstance(v, list) and all(t == "full_attention" for t in v),
+        "every layer 'full_attention'",
+    )
+    r.require(
+        "use_sliding_window",
+        lambda v: v in (False, None),
+        "false (sliding windows on some layers only are not expressible)",
+    )
+
+
+def _biases(r: _Reader, family: Family) -> tuple[bool, bool]:
+    """Whether q/k/v, and o, have biases."""
+    if family.qkv_bias == "always":
+        return True, False
+    if family.qkv_bias == "qkv_bias":
+        return r.flag("qkv_bias", True), False
+    if family.qkv_bias == "attention_bias":
+        both = r.flag("attention_bias", False)
+        return both, both
+    return False, False
+
+
+def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> tuple[dict[str, Any], str]:
+    """A mixture of experts' settings (none for a dense family), and the field of the MLP's width."""
+    if family.mlp == "dense":
+        return {}, "intermediate_size"
+    spelt = [k for k in (family.experts_field, *family.experts_aliases) if data.get(k) is not None]
+    if len({data[k] for k in spelt}) > 1:
+        r.refuse(spelt[1], f"{' and '.join(spelt)} disagree ({', '.join(str(data[k]) for k in spelt)})")
+    experts = r.integer(spelt[0] if spelt else family.experts_field)
+    top_k = r.integer("num_experts_per_tok")
+    if top_k > experts:
+        r.refuse("num_experts_per_tok", f"num_experts_per_tok {top_k} is more than the {experts} experts")
+    renormalise = True if family.norm_topk_field is None else r.flag(family.norm_topk_field, False)
+    moe: dict[str, Any] = {
+        "experts": experts,
+        "top_k": top_k,
+        "pre_softmax": not renormalise,
+        "aux_loss_coeff": r.number("router_aux_loss_coef", 0.001, positive=False),
+    }
+    if family.mlp == "shared_moe":
+        moe["shared_ffn"] = r.integer("shared_expert_intermediate_size")
+    return moe, "intermediate_size" if family.model_type == "mixtral" else "moe_intermediate_size"
+
+
+def _dtype(r: _Reader, data: Mapping[str, Any]) -> str:
+    dtype_name = data.get("dtype", data.get("torch_dtype")) or "float32"
+    if dtype_name in DTYPES:
+        return DTYPES[dtype_name]
+    message = f"dtype = {dtype_name!r}: te_assembly keeps float32, bfloat16, float16 or float64 weights"
+    r.refuse("dtype", message)
+    return "float32"
+
+
+def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
+    """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``."""
+    params = data.get("rope_parameters")
+    key = "rope_parameters"
+    if params is None:
+        key = "rope_scaling"
+        params = dict(data.get("rope_scaling") or {})
+        if "rope_theta" in data:
+            params["rope_theta"] = data["rope_theta"]
+    if not isinstance(params, dict):
+        r.refuse(key, f"{key} = {params!r}: expected a mapping")
+        return {"rope_theta": 10000.0, "rope_type": "default"}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        r.refuse(
+            key,
+            f"{key}.rope_type = {rope_type!r}: te_assembly implements {', '.join(ROPE_TYPES)}",
+            did_you_mean(str(rope_type), ROPE_TYPES),
+        )
+        rope_type = "default"
+    theta = params.get("rope_theta", 10000.0)
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta >= 1:
+        r.refuse(key, f"rope_theta = {theta!r}: expected a number >= 1", code="hf-bad-value")
+        theta = 10000.0
+    out: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    allowed = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
+    if rope_type in ("linear", "llama3"):
+        out["rope_factor"] = _positive(r, key, params, "factor")
+        allowed.add("factor")
+    if rope_type == "llama3":
+        out["rope_low_freq_factor"] = _positive(r, key, params, "low_freq_factor")
+        out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor")
+        original = params.get("original_max_position_embeddings")
+        if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
+            r.refuse(
+                key,
+                f"{key}.original_max_position_embeddings = {original!r}: expected a positive integer",
+                code="hf-bad-value",
+            )
+            original = 8192
+        out["rope_original_max_positions"] = original
+        allowed |= {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+        if out["rope_low_freq_factor"] >= out["rope_high_freq_factor"]:
+            r.refuse(key, f"{key}: llama3 needs low_freq_factor < high_freq_factor", code="hf-bad-value")
+    if params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
+        r.refuse(key, f"{key}.partial_rotary_factor = {params['partial_rotary_factor']!r}: supported: 1.0")
+    for extra in sorted(set(params) - allowed):
+        r.refuse(
+            key,
+            f"{key}.{extra} = {params[extra]!r}: not read by rope_type {rope_type!r}",
+            code="hf-unknown-field",
+        )
+    return out
+
+
+def _positive(r: _Reader, key: str, params: Mapping[str, Any], name: str) -> float:
+    value = params.get(name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        r.refuse(key, f"{key}.{name} = {value!r}: expected a positive number", code="hf-bad-value")
+        return 1.0
+    return float(value)

@@ -1,0 +1,468 @@
+"""Import and export: a Hugging Face checkpoint directory as a te_assembly model, and back.
+
+Import reads ``config.json`` (``config.py``: every field honoured or refused), writes the model as
+te_assembly YAML (``layout.py``), checks every tensor's shape against the model before reading any
+(from the safetensors headers), then reads them one at a time from the memory-mapped shards
+(``shards.py``) into their te_assembly names and layouts (``names.py``). Export goes through the same
+table the other way. ``transformers`` is needed for neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import yaml
+
+from te_assembly.engines.target import Target, for_source
+from te_assembly.errors import ArgumentError, CheckpointError
+from te_assembly.formats.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_config, read_config
+from te_assembly.formats.hf.layout import BLOCKS, check_same_steps, model_config, spec_of_plan
+from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, renamed, rules
+from te_assembly.formats.hf.shards import HFCheckpoint, write_shards
+from te_assembly.formats.pretrained import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    check_finite,
+    config_of,
+    expected_shapes,
+    weights_dtype,
+    write_directory,
+    write_pretrained,
+)
+
+if TYPE_CHECKING:
+    from te_assembly.analysis.analyze import Analysis
+    from te_assembly.analysis.plan import Plan
+    from te_assembly.engines.base import AssembledModel
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, what)``: called as tensors are read or written (the CLI draws a bar)."""
+
+SOURCE_CONFIG = "hf_config.json"
+"""An imported checkpoint's own ``config.json``, kept in the pretrained directory for export."""
+INERT_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+"""Tensors some checkpoints carry that are recomputed, never learned (old Llama's RoPE buffers)."""
+DEFAULT_SHARD_BYTES = 5 * 2**30
+"""The Hub's default shard size (``save_pretrained(max_shard_size="5GB")``)."""
+
+
+def read_spec(hf_dir: str | os.PathLike[str]) -> HFSpec:
+    """The ``HFSpec`` of ``hf_dir``'s ``config.json`` (``HFConfigError`` names every refused field)."""
+    folder = _hf_folder(hf_dir)
+    path = folder / "config.json"
+    return parse_config(read_config(path), path)
+
+
+def _hf_folder(hf_dir: str | os.PathLike[str]) -> Path:
+    if not isinstance(hf_dir, (str, os.PathLike)):
+        raise ArgumentError(f"a Hugging Face checkpoint directory is a path, not {type(hf_dir).__name__}")
+    folder = Path(hf_dir).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"{folder} is not a directory (a Hugging Face checkpoint is a directory with config.json)"
+        )
+    return folder
+
+
+def analysis_of(spec: HFSpec, name: str) -> tuple[Analysis, dict[str, Any]]:
+    """The checked te_assembly model of ``spec``, and the model mapping it was loaded from."""
+    from te_assembly.analysis.pipeline import load
+
+    model = model_config(spec, name)
+    analysis = load(model)
+    analysis.checked_plan()
+    return analysis, model
+
+
+def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tuple[Rule, tuple[Any, ...]]]:
+    """Each rule with the layout it reads, every shape checked first; ``CheckpointError`` lists every
+    missing, misshapen or unexpected tensor (a checkpoint that disagrees with its ``config.json``)."""
+    wanted = expected_shapes(plan)
+    table = rules(spec)
+    names = {r.te for r in table}
+    if names != set(wanted):  # the mapping and the model come from one spec: a bug if they differ
+        raise RuntimeError(f"te_assembly's {spec.architecture} mapping misses {sorted(set(wanted) ^ names)}")
+    problems: list[str] = []
+    used: set[str] = set()
+    chosen: list[tuple[Rule, tuple[Any, ...]]] = []
+    for rule in table:
+        layout = chosen_layout(rule, checkpoint)
+        if layout is None:
+            missing = [p.name for p in rule.hub if p.name not in checkpoint]
+            problems.append(f"missing {', '.join(missing)}")
+            continue
+        rest = wanted[rule.te][1:]
+        for part in layout:
+            used.add(part.name)
+            shape, rows = checkpoint.shape(part.name), (part.rows, *rest)
+            if part.index is None:
+                ok, expected_text = tuple(shape) == rows, str(rows)
+            else:  # one expert's slice of a stacked tensor
+                ok = len(shape) == 1 + len(rows) and shape[0] > part.index and tuple(shape[1:]) == rows
+                expected_text = f"[>{part.index}, {', '.join(map(str, rows))}]"
+            if not ok:
+                problems.append(f"{part.name} has shape {tuple(shape)}, config.json says {expected_text}")
+        chosen.append((rule, layout))
+    for name in sorted(set(checkpoint) - used):
+        if INERT_TENSORS.search(name) or (spec.tied and name == "lm_head.weight"):
+            continue
+        problems.append(f"{name} is not part of a {spec.architecture} of this config (it would be dropped)")
+    if problems:
+        raise CheckpointError(
+            f"{checkpoint.directory} does not match its config.json: " + "; ".join(problems)
+        )
+    return chosen
+
+
+def _stream(
+    chosen: list[tuple[Rule, tuple[Any, ...]]],
+    checkpoint: HFCheckpoint,
+    dtype: torch.dtype,
+    progress: Progress | None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for done, (rule, layout) in enumerate(chosen, start=1):
+        tensor = gather(layout, checkpoint).to(dtype)
+        if not torch.isfinite(tensor).all():
+            raise CheckpointError(
+                f"{checkpoint.directory}: {', '.join(p.name for p in layout)} holds NaN or inf"
+            )
+        yield rule.te, tensor
+        if progress is not None:
+            progress(done, len(chosen), rule.te)
+
+
+def model_name(dest: Path) -> str:
+    """A model name from a directory name: letters, digits and underscores."""
+    name = re.sub(r"\W+", "_", dest.name).strip("_") or "imported"
+    return name if not name[0].isdigit() else f"m_{name}"
+
+
+def import_hf(
+    hf_dir: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Turn the Hugging Face checkpoint ``hf_dir`` into the pretrained directory ``dest`` (what
+    ``from_pretrained`` loads): ``model.safetensors`` and ``config.yaml``, the model as te_assembly YAML
+    (``model/<name>.yaml`` and its blocks in ``block/``, so ``-cd DEST model=<name>`` validates,
+    explains and trains it), the checkpoint's ``config.json`` as ``hf_config.json`` and its
+    ``tokenizer.json``. Nothing is written unless everything checks: ``dest`` is whole or absent."""
+    folder = _hf_folder(hf_dir)
+    spec = read_spec(folder)
+    out = Path(dest).expanduser()
+    model_id = name or model_name(out)
+    analysis, model = analysis_of(spec, model_id)
+    plan = analysis.checked_plan()
+    dtype = getattr(torch, spec.dtype)
+    from te_assembly.engines.memory import check_fits, estimate
+
+    # The converted weights are held once in memory before they are written (the shards stay mapped).
+    check_fits(
+        estimate(plan, dtype),
+        torch.device("cpu"),
+        f"importing {spec.architecture} from {folder}",
+        "free memory first",
+    )
+    with HFCheckpoint(folder) as checkpoint:
+        chosen = _tensor_plan(spec, plan, checkpoint)
+        weights = dict(_stream(chosen, checkpoint, dtype, progress))
+    from te_assembly.config.locations import configs_dir
+    from te_assembly.formats.model_record import model_record
+
+    # The block goes with the model under the model's own name: DEST is complete on its own, and an
+    # edit to it never shadows (or is shadowed by) the shipped block it started as.
+    shipped = BLOCKS[spec.family.mlp]
+    block = f"{model_id}_layer"
+    block_text = (configs_dir() / "block" / f"{shipped}.yaml").read_text(encoding="utf-8")
+    block_text = re.sub(rf"(?m)^name: {shipped}$", f"name: {block}", block_text)
+    model["ops"][1]["block"] = block
+    extra = {
+        f"model/{model_id}.yaml": _model_yaml(model, folder),
+        f"block/{block}.yaml": f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n"
+        + block_text,
+        SOURCE_CONFIG: (folder / "config.json").read_text(encoding="utf-8"),
+    }
+    tokenizer = folder / TOKENIZER_FILE
+    config = config_of(model_record(plan), None, spec.dtype, plan.tied_params)
+    return write_pretrained(
+        out,
+        weights,
+        config,
+        overwrite=overwrite,
+        tokenizer=tokenizer if tokenizer.is_file() else None,
+        extra_files=extra,
+    )
+
+
+def _model_yaml(model: Mapping[str, Any], source: Path) -> str:
+    header = (
+        f"# Imported from {source.name} ({model['description'].split(' as ')[0]}) by te_assembly import-hf.\n"
+        "# Every dim is a config.json field (hf_config.json beside this folder); edit them to change the\n"
+        "# model, e.g. python -m te_assembly validate -cd <this pretrained directory> model=<name>.\n"
+    )
+    return header + yaml.safe_dump(dict(model), sort_keys=False, default_flow_style=False)
+
+
+def from_hf(
+    hf_dir: str | os.PathLike[str], target: Target | str = "auto", *, progress: Progress | None = None
+) -> AssembledModel:
+    """Build the Hugging Face checkpoint ``hf_dir`` as a te_assembly model on ``target`` (an engine name:
+    in the checkpoint's dtype) and load its weights tensor by tensor. The memory estimate checks the
+    target's device first; every shape is checked before a tensor is read."""
+    folder = _hf_folder(hf_dir)
+    spec = read_spec(folder)
+    analysis, _ = analysis_of(spec, model_name(folder))
+    plan = analysis.checked_plan()
+    chosen = for_source(target, getattr(torch, spec.dtype))
+    chosen.check_fits(
+        plan,
+        f"{spec.architecture} from {folder}",
+        "load it in a narrower dtype or on a device with more memory",
+    )
+    with HFCheckpoint(folder) as checkpoint:
+        tensors = _tensor_plan(spec, plan, checkpoint)
+        model = chosen.build(plan)
+        state = model.state_dict()
+        with torch.no_grad():
+            for te_name, tensor in _stream(tensors, checkpoint, chosen.dtype, progress):
+                state[te_name].copy_(tensor)
+    return model.eval()
+
+
+def _mapping(model: AssembledModel, metadata: Mapping[str, Any] | None = None) -> tuple[HFSpec, list[Rule]]:
+    """The spec ``model`` expresses and its rules under the model's own step names."""
+    from te_assembly.analysis.pipeline import load
+
+    read = spec_of_plan(model.plan, metadata)
+    # Through config.json and back: what the family cannot say (a Mistral's q/k/v biases) is dropped
+    # here, so the comparison below names the step instead of an export that silently loses it.
+    spec = parse_config(hf_config(read, "float32"), Path("config.json"))
+    rebuilt = load(model_config(spec, model.plan.name)).checked_plan()
+    names = check_same_steps(model.plan, rebuilt, spec.architecture)
+    return spec, renamed(rules(spec), names)
+
+
+def to_hf_state_dict(
+    model: AssembledModel, tensors: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """``tensors`` (default: ``model``'s state dict; or anything keyed like it, such as each
+    parameter's gradient by ``named_parameters`` name) under Hugging Face names and layouts. A tied
+    weight appears once, as ``model.embed_tokens.weight``. ``UnexportableError`` for a model no family
+    expresses."""
+    _, table = _mapping(model)
+    if tensors is None:
+        return hub_tensors(table, dict(model.state_dict()))
+    # Keys may be named_parameters() names (TE's own Linear lists its weights under shorter ones too).
+    by_id = {id(t): k for k, t in model.state_dict(keep_vars=True).items()}
+    aliases = {n: by_id[id(p)] for n, p in model.named_parameters(remove_duplicate=False) if id(p) in by_id}
+    source = {aliases.get(k, k): v for k, v in tensors.items()}
+    return hub_tensors(table, source)
+
+
+def from_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of ``to_hf_state_dict``: Hugging Face-named ``tensors`` (the Hub layout or the
+    stacked-expert one) under ``model``'s own names, ready for ``model.load_state_dict``."""
+    _, table = _mapping(model)
+    out = {}
+    for rule in table:
+        layout = chosen_layout(rule, tensors)
+        if layout is not None:
+            out[rule.te] = gather(layout, tensors)
+    return out
+
+
+def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
+    """The ``config.json`` of ``spec``: the family's own fields, each one ``config.py`` reads back."""
+    family = spec.family
+    # The family and the dtype are the model's own now; the rest of the import's metadata is kept.
+    written = {"architectures", "model_type", "dtype", "torch_dtype"}
+    keep = {k: v for k, v in spec.metadata.items() if k in KEPT_FIELDS and k not in written}
+    out: dict[str, Any] = {
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": spec.eps,
+        "tie_word_embeddings": spec.tied,
+        "attention_dropout": 0.0,
+        "initializer_range": spec.init_std,
+        "max_position_embeddings": keep.pop("max_position_embeddings", 4096),
+        "rope_theta": spec.rope["rope_theta"],
+        "rope_scaling": _rope_scaling(spec),
+        "dtype": dtype,
+        **keep,
+    }
+    if family.qkv_bias == "attention_bias":
+        out["attention_bias"] = spec.qkv_bias
+    if family.qkv_bias == "qkv_bias":
+        out["qkv_bias"] = spec.qkv_bias
+    if family.architecture == "LlamaForCausalLM":
+        out["mlp_bias"] = spec.mlp_bias
+    if family.sliding == "window":
+        out["sliding_window"] = spec.sliding_window
+    if family.sliding == "qwen":
+        out["use_sliding_window"] = False
+    if family.mlp != "dense":
+        out[family.experts_field] = spec.experts
+        out["num_experts_per_tok"] = spec.top_k
+        out["router_aux_loss_coef"] = spec.aux_loss_coeff
+        if family.norm_topk_field is not None:
+            out[family.norm_topk_field] = not spec.pre_softmax
+        if family.model_type != "mixtral":
+            out["moe_intermediate_size"] = spec.ffn
+            out["decoder_sparse_step"] = 1
+            out["mlp_only_layers"] = []
+    if family.mlp == "shared_moe":
+        out["shared_expert_intermediate_size"] = spec.shared_ffn
+    return out
+
+
+def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
+    rope = spec.rope
+    if rope["rope_type"] == "default":
+        return None
+    out: dict[str, Any] = {"rope_type": rope["rope_type"], "factor": rope["rope_factor"]}
+    if rope["rope_type"] == "llama3":
+        out.update(
+            low_freq_factor=rope["rope_low_freq_factor"],
+            high_freq_factor=rope["rope_high_freq_factor"],
+            original_max_position_embeddings=rope["rope_original_max_positions"],
+        )
+    return out
+
+
+def to_hf(
+    model: AssembledModel,
+    dest: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    tokenizer: str | os.PathLike[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: Progress | None = None,
+) -> Path:
+    """Write ``model`` as a Hugging Face checkpoint directory ``dest``: ``config.json``,
+    ``generation_config.json``, safetensors in the Hub layout (sharded past ``max_shard_bytes``) and the
+    ``tokenizer`` when given, all or nothing. ``metadata``: an imported checkpoint's own fields (token
+    ids, architecture) to keep. ``UnexportableError`` names the step no family expresses."""
+    from te_assembly.engines.base import AssembledModel
+
+    if not isinstance(model, AssembledModel):
+        raise ArgumentError(f"to_hf() takes a model built by te_assembly; got {type(model).__name__}")
+    if not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
+        raise ArgumentError(f"max_shard_bytes must be a positive integer, got {max_shard_bytes!r}")
+    spec, table = _mapping(model, metadata)
+    state = {
+        k: v.detach().to("cpu") for k, v in model.state_dict().items() if not k.endswith("._extra_state")
+    }
+    check_finite(state, f"{model.plan.name}'s parameters")
+    dtype = weights_dtype(state)
+    hf_tensors = hub_tensors(table, state)
+    config = hf_config(spec, dtype)
+    generation = {
+        k: spec.metadata[k]
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if spec.metadata.get(k) is not None
+    }
+    tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
+    if tokenizer_file is not None and not tokenizer_file.is_file():
+        raise ArgumentError(f"to_hf(tokenizer=...): {tokenizer_file} is no file")
+
+    def fill(staging: Path) -> None:
+        items = sorted(hf_tensors.items())
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            for done, item in enumerate(items, start=1):
+                yield item
+                if progress is not None:
+                    progress(done, len(items), item[0])
+
+        write_shards(staging, counted(), max_shard_bytes)
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        (staging / "generation_config.json").write_text(
+            json.dumps(generation, indent=2) + "\n", encoding="utf-8"
+        )
+        if tokenizer_file is not None:
+            shutil.copyfile(tokenizer_file, staging / TOKENIZER_FILE)
+
+    return write_directory(dest, fill, overwrite=overwrite)
+
+
+def export_hf(
+    source: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: Progress | None = None,
+) -> Path:
+    """``export SOURCE DEST format=hf``: a pretrained directory or a training run (its newest good
+    checkpoint) as a Hugging Face checkpoint directory, with its tokenizer and, for an import, the
+    original checkpoint's metadata."""
+    from te_assembly.formats.pretrained import from_checkpoint, from_pretrained
+
+    folder = Path(source).expanduser()
+    if (
+        (folder / WEIGHTS_FILE).is_file()
+        and (folder / CONFIG_FILE).is_file()
+        and not any(folder.glob("ckpt-*.safetensors"))
+    ):
+        model = from_pretrained(folder, "reference")
+    else:
+        model = from_checkpoint(folder, "reference")
+    base = folder if folder.is_dir() else folder.parent
+    metadata = _source_metadata(base / SOURCE_CONFIG)
+    tokenizer = base / TOKENIZER_FILE
+    return to_hf(
+        model,
+        dest,
+        overwrite=overwrite,
+        tokenizer=tokenizer if tokenizer.is_file() else None,
+        metadata=metadata,
+        max_shard_bytes=max_shard_bytes,
+        progress=progress,
+    )
+
+
+def _source_metadata(path: Path) -> dict[str, Any] | None:
+    """An import's original ``config.json``: only its metadata fields (token ids, architecture,
+    context length); every field of the math comes from the model as it is now."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {k: data[k] for k in KEPT_FIELDS if k in data}
+
+
+__all__ = [
+    "FAMILIES",
+    "export_hf",
+    "from_hf",
+    "from_hf_state_dict",
+    "hf_config",
+    "import_hf",
+    "read_spec",
+    "to_hf",
+    "to_hf_state_dict",
+]

@@ -1,0 +1,442 @@
+"""Weights that load anywhere: a directory with ``model.safetensors`` and ``config.yaml``.
+
+``save_pretrained(model, dir)`` writes the model's weights under their plain parameter names
+(``steps.<step>.<TE parameter name>``, the same in every engine; TE's ``_extra_state`` quantization
+metadata is not a weight and stays out) and the fully resolved model (every step with its arguments,
+defaults filled in, and its channel bindings), the recipe it was built with and the weights' dtype.
+``from_pretrained(dir, target)`` builds that model in any engine and loads the weights.
+``export_checkpoint`` (the ``export`` command) does the same from a training checkpoint: its model
+tensors (global tensors, whatever parallel layout trained it) and its run record.
+
+``model.safetensors`` is a plain safetensors file (``safetensors.torch.load_file`` reads it; its header
+says ``format: pt``) that also carries every tensor's SHA-256 and the SHA-256 of ``config.yaml``, checked
+by ``from_pretrained`` before any weight is used (directories written before the config's checksum was
+recorded load without that check). Non-finite weights are never written or loaded. The directory is
+written as a whole: both files go into a hidden directory beside it (each fsynced; the weights read
+back and verified), which then takes its place, so a save killed at any point leaves the old pretrained
+directory as it was and loadable. A directory that already holds files is refused unless ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import yaml
+
+from te_assembly.analysis.plan import Plan
+from te_assembly.engines.target import Target, for_source
+from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError, OutputPathError
+from te_assembly.formats.checkpoint import CheckpointError, model_state, read_verified, write_verified
+from te_assembly.formats.model_record import model_record
+from te_assembly.outputs import fsync_dir, prepare_out_dir, write_text_atomic
+
+if TYPE_CHECKING:
+    from te_assembly.engines.base import AssembledModel
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.yaml"
+TOKENIZER_FILE = "tokenizer.json"
+"""A language model's tokenizer (a tokenizer file or a BPE trained for it); byte-level models have none."""
+FORMAT = "te_assembly.pretrained/1"
+_EXTRA_STATE = "._extra_state"
+_STAGING = ".saving"
+"""Suffix of the hidden directory a save writes into before it takes the pretrained directory's place."""
+
+
+def expected_shapes(plan: Plan) -> dict[str, tuple[int, ...]]:
+    """Every weight of ``plan`` by its plain name, at its full (single-process) shape."""
+    tied = plan.tied_params  # stored once, under the name of the weight they are tied to
+    shapes = {
+        f"steps.{step.name}.{name}": tuple(shape)
+        for step in plan.steps
+        for name, shape in step.param_shapes.items()
+    }
+    return {name: shape for name, shape in shapes.items() if name not in tied}
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: value.detach().to("cpu").contiguous().clone()
+        for name, value in model.state_dict().items()
+        if isinstance(value, torch.Tensor) and not name.endswith(_EXTRA_STATE)
+    }
+
+
+def _check_fits(plan: Plan, weights: Mapping[str, torch.Tensor], where: str) -> None:
+    """``CheckpointError`` naming every weight that is missing, unexpected or of another shape."""
+    wanted = expected_shapes(plan)
+    missing = sorted(set(wanted) - set(weights))
+    extra = sorted(set(weights) - set(wanted))
+    shapes = [
+        f"{k}: {tuple(weights[k].shape)}, the model has {wanted[k]}"
+        for k in sorted(set(wanted) & set(weights))
+        if tuple(weights[k].shape) != wanted[k]
+    ]
+    if missing or extra or shapes:
+        parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
+        parts += shapes
+        raise CheckpointError(
+            f"{where} does not fit the model {plan.name}: {'; '.join(p for p in parts if p)}"
+        )
+
+
+def _target(directory: str | os.PathLike[str], overwrite: bool) -> Path:
+    out = Path(directory).expanduser()
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputPathError(
+            f"{out} is not empty: refusing to write over what is there (choose an empty or new "
+            "directory, or pass overwrite=True; on the command line export.overwrite=true or "
+            "import_hf.overwrite=true)"
+        )
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"cannot write to {out}: it exists and is not a directory")
+    prepare_out_dir(out.parent if out.parent != Path("") else Path("."))
+    return out
+
+
+def config_of(
+    model_config: Mapping[str, Any],
+    recipe: Mapping[str, Any] | None,
+    dtype: str,
+    tied: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The content of a pretrained directory's ``config.yaml``: what ``te_assembly.load`` takes back, and
+    (``tied_weights``) each tied weight with the one it is stored as."""
+    config = {
+        "format": FORMAT,
+        "model": dict(model_config),
+        "recipe": dict(recipe) if recipe else None,
+        "dtype": dtype,
+    }
+    if tied:
+        config["tied_weights"] = dict(tied)
+    return config
+
+
+def write_pretrained(
+    directory: str | os.PathLike[str],
+    weights: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    *,
+    overwrite: bool = False,
+    tokenizer: Path | None = None,
+    extra_files: Mapping[str, str] | None = None,
+) -> Path:
+    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring), a copy
+    of the ``tokenizer`` file (a language model's ``tokenizer.json``) when given, and ``extra_files``
+    (relative path -> text: an imported model's YAML and source ``config.json``)."""
+    check_finite(weights, "the weights")
+
+    def fill(staging: Path) -> None:
+        _write_files(staging, weights, config)
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, staging / TOKENIZER_FILE)
+        for relative, text in (extra_files or {}).items():
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+
+    return write_directory(directory, fill, overwrite=overwrite)
+
+
+def write_directory(
+    directory: str | os.PathLike[str], fill: Callable[[Path], None], *, overwrite: bool = False
+) -> Path:
+    """Make ``directory`` whole or not at all: ``fill`` writes it into a staging directory beside it,
+    which then takes its place (an old directory stays readable until the swap); a failure or a kill
+    leaves no half-written ``directory``."""
+    out = _target(directory, overwrite)
+    staging = _staging(out)
+    try:
+        fill(staging)
+        _swap_into(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _staging(out: Path) -> Path:
+    """A new hidden directory beside ``out`` to write the whole pretrained directory into (made with the
+    user's normal permissions); stale ones a killed save left behind are removed first."""
+    for stale in out.parent.glob(f".{out.name}.*{_STAGING}"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for _ in range(100):
+        candidate = out.parent / f".{out.name}.{secrets.token_hex(4)}{_STAGING}"
+        try:
+            candidate.mkdir(0o777)  # the umask applies, as for any directory of the user
+            return candidate
+        except FileExistsError:
+            continue
+    raise OutputPathError(f"cannot create a staging directory next to {out}")
+
+
+def _swap_into(staging: Path, out: Path) -> None:
+    """Put the complete ``staging`` directory where ``out`` is: a reader sees the old pretrained
+    directory or the new one (the old one is moved aside, then removed, only once the new one is in
+    place)."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if out.exists():
+        old = out.parent / f".{out.name}.{secrets.token_hex(4)}.old"
+        os.rename(out, old)
+        os.rename(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, out)
+    fsync_dir(out.parent)
+
+
+def _write_files(out: Path, weights: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+    header = (
+        '# te_assembly pretrained model: te_assembly.from_pretrained(<this directory>, "reference" or "te")\n'
+        "# the model as built (each step, its arguments with defaults, its channels), its recipe, its dtype\n"
+    )
+    body = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    text = header + body
+    # The weights file records the config's checksum, so an edited or corrupt config.yaml is refused too.
+    meta = {"model": config["model"].get("name"), "config_sha256": _sha256(text.encode())}
+    if config.get("tied_weights"):
+        meta["tied_weights"] = dict(config["tied_weights"])
+    write_verified(out / WEIGHTS_FILE, weights, meta, FORMAT, {"format": "pt"})
+    write_text_atomic(out / CONFIG_FILE, text)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def weights_dtype(weights: Mapping[str, torch.Tensor]) -> str:
+    """The dtype a model's weights are saved in, by name (``float32`` with no float tensor)."""
+    floats = [w.dtype for w in weights.values() if w.is_floating_point()]
+    return str(floats[0] if floats else torch.float32).removeprefix("torch.")
+
+
+def check_finite(weights: Mapping[str, torch.Tensor], where: str) -> None:
+    """``NonFiniteError`` naming the first weight with a NaN or an infinity: such weights are never saved
+    or loaded (as training never checkpoints them)."""
+    for name, value in weights.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise NonFiniteError(0, name, f"non-finite value in {name} of {where}: refusing to use it")
+
+
+def save_pretrained(
+    model: AssembledModel,
+    directory: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    recipe: Mapping[str, Any] | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Write ``model``'s weights (``model.safetensors``, plain parameter names; a tied weight once) and
+    its resolved config (``config.yaml``) into ``directory``; returns it. ``tokenizer``: a language
+    model's ``tokenizer.json`` to keep beside it (byte-level models need none). ``recipe``: the
+    quantization recipe to record
+    (default: the one a TE model was built with). Raises ``OutputPathError`` for a directory that is not
+    empty (unless ``overwrite``) or cannot be written, and ``ArgumentError`` for a model that holds one
+    rank's part of a parallel layout (export its training checkpoint instead: global tensors)."""
+    from te_assembly.engines.base import AssembledModel
+
+    if not isinstance(model, AssembledModel):
+        raise ArgumentError(
+            f"save_pretrained() takes a model built by te_assembly.build(); got {type(model).__name__}"
+        )
+    weights = _weights(model)
+    try:
+        _check_fits(model.plan, weights, "this model's state")
+    except CheckpointError:
+        raise ArgumentError(
+            f"{model.plan.name} holds one rank's slices of a parallel layout, not the whole model: save "
+            "the training checkpoint and export it (python -m te_assembly export export.checkpoint=...), "
+            "which gathers every rank's part"
+        ) from None
+    dtype = weights_dtype(weights)
+    chosen = recipe if recipe is not None else getattr(model, "recipe", None)
+    tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
+    if tokenizer_file is not None and not tokenizer_file.is_file():
+        raise ArgumentError(f"save_pretrained(tokenizer=...): {tokenizer_file} is no file")
+    config = config_of(model_record(model.plan), chosen, dtype, model.plan.tied_params)
+    return write_pretrained(directory, weights, config, overwrite=overwrite, tokenizer=tokenizer_file)
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """A pretrained directory's ``config.yaml``, read with the same limits as every config file."""
+    from te_assembly.config.source import read_file
+
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a pretrained model directory: no {CONFIG_FILE}")
+    source = read_file(str(path), "config", "")
+    errors = [d for d in source.diagnostics if d.is_error]
+    if errors:
+        raise ConfigError(errors)
+    if not isinstance(source.data, dict) or not isinstance(source.data.get("model"), dict):
+        raise CheckpointError(f"{path} holds no model (a mapping under 'model')")
+    return dict(source.data)
+
+
+def _load_weights(model: AssembledModel, weights: Mapping[str, torch.Tensor]) -> None:
+    """Load checked weights; TE's ``_extra_state`` entries (never saved) stay the model's own."""
+    own_extra = {k: v for k, v in model.state_dict().items() if k.endswith(_EXTRA_STATE)}
+    model.load_state_dict({**weights, **own_extra}, strict=True)
+
+
+def _check_directory(folder: Path) -> None:
+    """``CheckpointError`` unless ``folder`` is a pretrained directory (a run is told to export)."""
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a pretrained model directory (no such directory)")
+    if not (folder / WEIGHTS_FILE).exists() and any(folder.glob("ckpt-*.safetensors")):
+        raise CheckpointError(
+            f"{folder} is a training run, not a pretrained model directory: export it first "
+            f"(python -m te_assembly export {folder} DEST, or te_assembly.export_checkpoint), then load DEST"
+        )
+
+
+def _verified_weights(folder: Path, plan: Plan) -> dict[str, torch.Tensor]:
+    """A pretrained directory's weights (the directory already checked by ``_check_directory``), every
+    check ``from_pretrained`` makes done: they fit ``plan``, ``config.yaml`` matches its recorded
+    checksum, nothing is NaN or inf."""
+    if not (folder / WEIGHTS_FILE).exists():
+        raise CheckpointError(f"{folder} is not a pretrained model directory: no {WEIGHTS_FILE}")
+    header, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
+    _check_fits(plan, weights, str(folder / WEIGHTS_FILE))  # weights of another model: name them first
+    recorded = header.meta.get("config_sha256")
+    if recorded is not None and recorded != _sha256((folder / CONFIG_FILE).read_bytes()):
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE} does not match the checksum recorded in {WEIGHTS_FILE}: it was edited "
+            "or is corrupt (save or export the model again)"
+        )
+    check_finite(weights, str(folder / WEIGHTS_FILE))
+    return weights
+
+
+def load_pretrained_weights(model: AssembledModel, directory: str | os.PathLike[str]) -> None:
+    """Load a pretrained directory's weights into ``model`` (``train.init_from``), every check of
+    ``from_pretrained`` made; ``CheckpointError`` names each weight that does not fit the model."""
+    folder = Path(directory).expanduser()
+    _check_directory(folder)
+    _load_weights(model, _verified_weights(folder, model.plan))
+
+
+def from_pretrained(directory: str | os.PathLike[str], target: Target | str = "auto") -> AssembledModel:
+    """Build the model saved in ``directory`` (``save_pretrained`` or the ``export`` command) on
+    ``target`` and load its weights, every tensor's checksum verified first. ``target``: a ``Target``,
+    or an engine name (``reference``, ``te``, ``auto``) that loads it in the saved weights' dtype; either
+    takes the saved recipe when it names none (the TE engine's quantization). Returned in eval mode, as
+    a model for inference (``.train()`` to train it further).
+
+    Raises ``CheckpointError`` for a missing, corrupt or mismatched file (names every weight that does
+    not fit), ``ConfigError`` for a config that does not validate, and what ``build`` raises."""
+    from te_assembly.analysis.pipeline import load
+    from te_assembly.engines import build
+
+    folder = Path(directory).expanduser()
+    _check_directory(folder)
+    config = read_config(folder)
+    analysis = load({k: v for k, v in config.items() if k in ("model", "recipe")})
+    plan = analysis.checked_plan()
+    weights = _verified_weights(folder, plan)
+    saved = str(config.get("dtype") or "float32")
+    dtype = getattr(torch, saved, None) if saved in ("float32", "float64", "bfloat16", "float16") else None
+    if dtype is None:
+        raise CheckpointError(f"{folder / CONFIG_FILE}: unknown dtype {saved!r}")
+    model = build(analysis, for_source(target, dtype))
+    _load_weights(model, weights)
+    return model.eval()
+
+
+def newest_checkpoint(path: Path, verb: str) -> Path:
+    """``path`` itself (a checkpoint file), or a run directory's newest good checkpoint (every tensor
+    verified); a corrupt newest one is refused, naming the newest good one. ``verb``: what is being done,
+    for messages (``export``)."""
+    from te_assembly.formats.checkpoint import newest_good, scan
+
+    if path.is_dir():
+        good, problems, _ = newest_good(scan(path))
+        if problems:
+            listed = "\n".join(f"  {p}" for p in problems)
+            advice = (
+                f"the newest good checkpoint is {good.path} (step {good.step}, every tensor verified): "
+                f"{verb} it with python -m te_assembly {verb} {good.path} [DEST]"
+                if good is not None
+                else "it holds no good checkpoint"
+            )
+            raise CheckpointError(f"cannot {verb} the newest checkpoint of {path}:\n{listed}\n{advice}")
+        if good is None:
+            raise CheckpointError(f"{path} holds no checkpoint to {verb}")
+        return good.path
+    if not path.exists():
+        raise CheckpointError(f"cannot {verb} {path}: no such checkpoint file or run directory")
+    return path
+
+
+def _checkpoint_model(source: Path) -> tuple[Mapping[str, Any], Plan, dict[str, torch.Tensor]]:
+    """A checkpoint's run record, its model's plan and its (global) model weights, checked to fit."""
+    from te_assembly.analysis.pipeline import load
+
+    header, weights = model_state(source)
+    run = header.meta.get("run")
+    if not isinstance(run, Mapping) or not isinstance(run.get("model"), Mapping):
+        raise CheckpointError(f"{source} does not record its model, so it cannot be exported")
+    plan = load(dict(run["model"])).checked_plan()
+    _check_fits(plan, weights, str(source))
+    return run, plan, weights
+
+
+def from_checkpoint(checkpoint: str | os.PathLike[str], target: Target | str = "auto") -> AssembledModel:
+    """The model of a training checkpoint (or a run directory's newest good one) with its weights, in
+    eval mode, on ``target`` (an engine name: in the run's dtype; the run's recipe unless the target
+    names one): what ``export`` writes, without writing it."""
+    from te_assembly.engines import build
+
+    source = newest_checkpoint(Path(checkpoint).expanduser(), "load")
+    run, plan, weights = _checkpoint_model(source)
+    dtype = getattr(torch, str(run.get("dtype") or "float32"))
+    model = build(plan, for_source(target, dtype, run.get("recipe")))
+    _load_weights(model, weights)
+    return model.eval()
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """A training checkpoint (or a run directory: its newest checkpoint, every tensor verified) as a
+    pretrained directory (default: ``pretrained/`` in the checkpoint's run directory). The model tensors
+    are global (a parallel run gathers them before saving), so the result loads in one process; a
+    language model's ``tokenizer.json`` beside the run is copied with it."""
+    source = newest_checkpoint(Path(checkpoint).expanduser(), "export")
+    run, plan, weights = _checkpoint_model(source)
+    config = config_of(run["model"], run.get("recipe"), str(run.get("dtype") or "float32"), plan.tied_params)
+    target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
+    if target.resolve() == source.parent.resolve() or any(target.glob("ckpt-*.safetensors")):
+        raise OutputPathError(
+            f"{target} holds a training run: export writes a pretrained directory of its own, never into a "
+            "run (choose another DEST; the default is <run dir>/pretrained)"
+        )
+    tokenizer = source.parent / TOKENIZER_FILE
+    return write_pretrained(
+        target, weights, config, overwrite=overwrite, tokenizer=tokenizer if tokenizer.is_file() else None
+    )
+
+
+__all__ = [
+    "CONFIG_FILE",
+    "FORMAT",
+    "TOKENIZER_FILE",
+    "WEIGHTS_FILE",
+    "export_checkpoint",
+    "from_checkpoint",
+    "from_pretrained",
+    "save_pretrained",
+    "write_pretrained",
+]
