@@ -160,8 +160,17 @@ EXAMPLES: dict[str, Example] = {
     "duplicate-key": Example(V, {"m.yaml": "name: m\nname: n\n"}),
     "bad-key": Example(V, {"m.yaml": "? [a, b]\n: 1\n"}),
     "bad-number": Example(V, {"m.yaml": "name: m\nin_features: " + "9" * 5000 + "\n"}),
-    "recursive-structure": Example(python="m = {'name': 'm'}\nm['self'] = m\nte_assembly.load(m)"),
+    "recursive-structure": Example(python='m = {"name": "m"}\nm["self"] = m\nte_assembly.load(m)'),
     # composition
+    "outside-folder": Example(
+        python=(
+            'import os\n\nos.makedirs("configs/model")\nopen("elsewhere.yaml", "w").write("name: m")\n'
+            'os.symlink(os.path.abspath("elsewhere.yaml"), "configs/model/m.yaml")\n'
+            'te_assembly.load("m", config_dirs=["configs"])'
+        )
+    ),
+    "bad-file-name": Example(("import-hf", "hf", "import_hf.name=../../evil")),
+    "model-too-large": Example(("validate", "model=residual_mlp", "model.dims.ffn=100000000000")),
     "no-model": Example(("validate", "~model")),
     "missing-key": Example(corpus="missing-in-features"),
     "unknown-key": Example(corpus="unknown-step-key"),
@@ -177,8 +186,8 @@ EXAMPLES: dict[str, Example] = {
         ("validate", "-cd", "mine", "model=moe_block"), {"mine/model/moe_block.yaml": "name: x\n"}
     ),
     "conflicting-settings": Example(("validate", "model=moe_block", "train.resume_from=ckpt.safetensors")),
-    "bad-engine": Example(python="te_assembly.engines.resolve_engine('tee')"),
-    "bad-kernels": Example(python="te_assembly.engines.resolve_engine('te', 'fast')"),
+    "bad-engine": Example(python='te_assembly.engines.resolve_engine("tee")'),
+    "bad-kernels": Example(python='te_assembly.engines.resolve_engine("te", "fast")'),
     # steps
     "empty-model": Example(corpus="empty-ops"),
     "unknown-op": Example(corpus="unknown-op-typo"),
@@ -284,7 +293,7 @@ EXAMPLES: dict[str, Example] = {
     "unknown-dim": Example(("validate", "model=moe_transformer", "+model.ops.0.dims.expertz=8")),
     "too-many-steps": Example(("validate", "model=dense_transformer", "model.dims.layers=20000")),
     # recipes
-    "unknown-recipe": Example(python="te_assembly.analysis.recipes.load_recipe('fp9')"),
+    "unknown-recipe": Example(python='te_assembly.analysis.recipes.load_recipe("fp9")'),
     "unknown-recipe-kind": Example(
         ("validate", "model=moe_block", "recipe=fp8_delayed", "recipe.kind=Float9Scaling")
     ),

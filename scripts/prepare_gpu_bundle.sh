@@ -64,11 +64,12 @@ CUDNN_FRONTEND=nvidia-cudnn-frontend==1.32.0   # headers only, for the fallback 
 
 measure() {
   # Bytes that travel to the device: the repository's tracked and untracked-but-not-ignored files, plus
-  # the bundle (carried). Fails when over LIMIT_MIB.
+  # the bundle (carried). Fails when over LIMIT_MIB. A tracked file deleted but not yet committed is
+  # listed by git and gone from disk: it travels as nothing (stat's failure for it is not the script's).
   local bundle_bytes tree_bytes total limit
   bundle_bytes=$(du -sb "$DEST" | cut -f1)
   tree_bytes=$(cd "$REPO" && git ls-files -z --cached --others --exclude-standard \
-    | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    | { xargs -0 -r stat -c %s 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}')
   total=$((bundle_bytes + tree_bytes))
   limit=$((LIMIT_MIB * 1024 * 1024))
   awk -v b="$bundle_bytes" -v t="$tree_bytes" -v l="$LIMIT_MIB" 'BEGIN {

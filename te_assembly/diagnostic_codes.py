@@ -11,6 +11,7 @@ _AREAS: dict[str, dict[str, str]] = {
         "no-such-file": "a config file that is not there, or is a directory or another non-regular file",
         "unreadable-file": "a config file that exists but cannot be read (its permissions, a disk error)",
         "file-too-large": "a config file is over the 32 MiB limit",
+        "outside-folder": "a config file found by name in a config folder is a symlink out of that folder",
         "bad-encoding": "a config file is not UTF-8 text",
         "empty-file": "a model, recipe or block file holds nothing",
         "yaml-syntax": "YAML that does not parse",
@@ -31,6 +32,7 @@ _AREAS: dict[str, dict[str, str]] = {
         "bad-choice": "a value that is not one of the allowed choices",
         "out-of-range": "a number outside its allowed range",
         "not-finite": "NaN or infinity where a finite number belongs",
+        "bad-file-name": "a name that becomes a file name is no plain name (`/`, `..`, a control character)",
         "bad-interpolation": "a `${...}` that does not resolve, or names what config files may not use",
         "bad-override": "a command-line override that cannot be applied",
         "code-in-config": "a `_target_`, callback or logging factory that would run code",
@@ -128,6 +130,9 @@ _AREAS: dict[str, dict[str, str]] = {
         "parallel-combine-unpaired": "a Combine not fed by its Dispatch under expert parallelism",
         "parallel-stays-with-tokens": "a Dispatch output that stays with the tokens read by another op",
         "parallel-public-expert-rows": "a public tensor of dispatched rows under expert parallelism",
+    },
+    "model size": {
+        "model-too-large": "a model no machine or cluster could hold (error), or no single rack (warning)",
     },
     "jobs": {
         "nothing-to-train": "`train` on a model without parameters",

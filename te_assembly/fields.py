@@ -9,6 +9,7 @@ code           message
 =============  =====================================================================
 wrong-type     ``lr must be float, got str ('fast')``
 bad-choice     ``optimizer must be one of adamw, sgd, got 'adam'`` (+ did-you-mean)
+bad-file-name  ``name='../x' cannot be a file name: '/' would make it a path``
 out-of-range   ``steps must be positive, got 0`` / ``p must be between 0.0 and 1.0, got 1.5``
 not-finite     ``lr must be a finite number, got .nan``
 =============  =====================================================================
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.files.names import name_problem
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -69,6 +71,9 @@ class FieldSpec:
     """A list field also takes one item on its own (``graph.formats=svg``)."""
     nonempty: bool = False
     """A string field must not be ``""``."""
+    file_name: bool = False
+    """A string that becomes one file or folder name (``import_hf.name``): the path sanitiser's rules
+    (``files.names``: no separators, ``..``, control characters...)."""
 
     @property
     def required(self) -> bool:
@@ -169,6 +174,9 @@ def check_value(spec: FieldSpec, value: Any, path: str, name: str | None = None)
         return [error(path, "wrong-type", f"{label} must be {spec.type_name}, got {_got(value)}")]
     if spec.nonempty and value == "":
         return [error(path, "wrong-type", f"{label} must be {spec.type_name}, got ''")]
+    if spec.file_name and isinstance(value, str) and name_problem(value) is not None:
+        message = f"{label}={show(value)} cannot be a file name: {name_problem(value)}"
+        return [error(path, "bad-file-name", message, "give a plain name: letters, digits, _ and -")]
     if isinstance(value, float) and spec.finite and not math.isfinite(value):
         return [error(path, "not-finite", f"{label} must be a finite number, got {show(value)}")]
     if spec.choices is not None and not _is_choice(spec, value):
@@ -191,7 +199,7 @@ def _plainly_valid(spec: FieldSpec, value: Any) -> bool:
         high = INT64_MAX if spec.maximum is None else spec.maximum
         return low < value <= high if spec.exclusive_minimum else low <= value <= high
     if kind is str:
-        return not (spec.nonempty and value == "")
+        return not (spec.nonempty and value == "") and not spec.file_name
     return kind is bool
 
 

@@ -22,6 +22,7 @@ from te_assembly.analysis.channels import ChannelGraph, RawChannels, check_chann
 from te_assembly.analysis.fusers import assign_fusers
 from te_assembly.analysis.fusions import FusionTarget, near_miss_warnings, predict
 from te_assembly.analysis.layouts import check_layouts
+from te_assembly.analysis.model_size import check_model_size
 from te_assembly.analysis.origins import present
 from te_assembly.analysis.parallel.layout import ShardPlan, shard_plan
 from te_assembly.analysis.parallel.settings import (
@@ -160,6 +161,7 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
     diags.extend(graph.diagnostics)
     layouts = check_layouts(steps, model.get("input_layout"), graph)
     diags.extend(layouts.diagnostics)
+    diags.extend(check_model_size(layouts.steps))
     return ModelAnalysis(
         tuple(layouts.steps), tuple(fusers), graph, tuple(diags), layouts.input_layout, layouts.source
     )

@@ -85,8 +85,8 @@ MODULES: tuple[ModuleSpec, ...] = (
                 "rotary_base",
                 float,
                 10000.0,
-                bounds=(1.0, None),
-                doc="Base of the rotary frequencies (theta).",
+                bounds=(1.0, 1e12),
+                doc="Base of the rotary frequencies (theta; models use 1e4 to 1e7).",
             ),
             Param(
                 "rope_type",
@@ -96,9 +96,9 @@ MODULES: tuple[ModuleSpec, ...] = (
                 doc="Frequency scaling, as Hugging Face's rope_scaling types: linear divides every "
                 "frequency by rope_factor; llama3 divides the low ones and blends the middle band.",
             ),
-            Param("rope_factor", float, 1.0, bounds=(1e-6, None), doc="linear and llama3: the factor."),
-            Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, None), doc="llama3: low_freq_factor."),
-            Param("rope_high_freq_factor", float, 4.0, bounds=(1e-6, None), doc="llama3: high_freq_factor."),
+            Param("rope_factor", float, 1.0, bounds=(1e-6, 1e6), doc="linear and llama3: the factor."),
+            Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, 1e6), doc="llama3: low_freq_factor."),
+            Param("rope_high_freq_factor", float, 4.0, bounds=(1e-6, 1e6), doc="llama3: high_freq_factor."),
             Param(
                 "rope_original_max_positions",
                 int,
@@ -112,7 +112,7 @@ MODULES: tuple[ModuleSpec, ...] = (
                 doc="RMS-normalise each query and key head over head_dim, with learned scales "
                 "q_norm_weight and k_norm_weight, before the rotation (Qwen3).",
             ),
-            Param("qk_norm_eps", float, 1e-6, bounds=(0.0, None), doc="qk_norm's epsilon."),
+            Param("qk_norm_eps", float, 1e-6, bounds=(0.0, 1.0), doc="qk_norm's epsilon."),
             Param(
                 "sliding_window",
                 (int, type(None)),

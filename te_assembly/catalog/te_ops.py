@@ -7,6 +7,10 @@ from typing import Any
 
 from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
 
+_EPS = (0.0, 1.0)
+"""A norm's epsilon: real models use 1e-5 to 1e-12; a value of 1 or more swamps the variance it is added
+to (``1e300`` makes every output 0), so it is refused at config time."""
+_EPS_DOC = "Added to the variance before the square root (0 to 1; models use 1e-5 or 1e-6)."
 _TE = "transformer_engine.pytorch.ops"
 _REF = "te_assembly.engines.reference.ops"
 
@@ -136,7 +140,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         doc="Layer normalization over the last dimension.",
         params=(
             Param("normalized_shape", int),
-            Param("eps", float, 1e-5),
+            Param("eps", float, 1e-5, bounds=_EPS, doc=_EPS_DOC),
             Param("zero_centered_gamma", bool, False),
         ),
         width=Width(in_arg="normalized_shape"),
@@ -149,7 +153,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         doc="RMS normalization over the last dimension.",
         params=(
             Param("normalized_shape", int),
-            Param("eps", float, 1e-5),
+            Param("eps", float, 1e-5, bounds=_EPS, doc=_EPS_DOC),
             Param("zero_centered_gamma", bool, False),
         ),
         width=Width(in_arg="normalized_shape"),

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from te_assembly.outputs import check_not_a_run, check_not_theirs, config_text, write_text_atomic
+from te_assembly.files.ownership import check_not_a_run, check_not_theirs, config_text
+from te_assembly.files.write import write_text_atomic
 
 CONFIG_FILE = "config.yaml"
 _DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")

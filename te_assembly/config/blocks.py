@@ -22,6 +22,7 @@ left unexpanded: the analysis then treats it as a step it cannot plan.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from te_assembly.config.locations import (
 )
 from te_assembly.config.source import Key, Source
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error, warning
+from te_assembly.errors import ConfigError
 
 MAX_STEPS = 200_000
 """Most steps a model may expand to (a 96-layer transformer is about 1,500): ``repeat: 1000000000``
@@ -172,7 +174,11 @@ class _Expander:
             sites = [s[2:] for s in self.ctx.inline_sites if len(s) > 2 and s[1] == ref]
             where = BlockSource(ref, f"model.blocks.{ref}", self.ctx.model_source)
             return self._checked(where, self.inline[ref], sites)
-        location = self._locate(ref, path)
+        try:
+            location = self._locate(ref, path)
+        except ConfigError as exc:  # found, but a symlink out of its config folder
+            self.diags.extend(dataclasses.replace(d, path=path) for d in exc.diagnostics)
+            return None
         if location is None:
             self.diags.append(self._not_found(ref, path))
             return None
@@ -185,9 +191,8 @@ class _Expander:
         self.diags.extend(source.diagnostics)
         if source.data is None:
             if source.ok:
-                self.diags.append(
-                    source.locate(error(f"block.{name}", "empty-file", "the block file is empty"))
-                )
+                found = error(f"block.{name}", "empty-file", "the block file is empty")
+                self.diags.append(found.located(source.file, None) if source.file else found)
             return None
         return self._checked(
             BlockSource(name, f"block.{name}", source), source.data, list(source.interpolations)

@@ -44,11 +44,19 @@ from te_assembly.config.locations import (
     FILE_GROUPS,
     configs_dir,
     is_path_choice,
+    kept_inside,
     recipes_dir,
     shipped_config,
 )
-from te_assembly.config.no_code import LOGGING, code_in_config, drop_file_handlers
+from te_assembly.config.no_code import (
+    LOGGING,
+    code_in_config,
+    drop_file_handlers,
+    refused_env_copy,
+    refused_searchpath,
+)
 from te_assembly.config.overrides import held_back
+from te_assembly.errors import ConfigError
 
 STUB_KEYS = ("_group_", "_choice_", "_source_")
 """Keys of the node Hydra composes for a file-group option; anything else under the group was merged
@@ -81,8 +89,8 @@ class GroupRepository(ConfigRepository):
                     root = Path(source.path)
                     folder = recipes_dir() if _is_shipped(root) and group == "recipe" else root / group
                     candidate = folder / f"{choice}{suffix}"
-                    if candidate.is_file():
-                        return str(candidate)
+                    if candidate.exists() or candidate.is_symlink():
+                        return str(kept_inside(candidate, folder, group))
                 elif scheme == "pkg" and source.is_config(relative):
                     return f"pkg://{source.path}/{relative}"
                 elif scheme == "structured" and source.is_config(relative):
@@ -142,6 +150,21 @@ class GroupConfigLoader(ConfigLoaderImpl):
         """False for a command that writes nothing: Hydra's log file (``hydra/job_logging=default``)
         is dropped, since its run directory is the folder the command runs in."""
 
+    def _process_config_searchpath(self, config_name: str | None, parsed_overrides: Any, repo: Any) -> None:
+        """Hydra's, after refusing a ``pkg://`` search path (``no_code.refused_searchpath``): Hydra
+        imports such a package as soon as it adds it to the search path, before composing anything."""
+        entries = next(
+            (o.value() for o in parsed_overrides if o.get_key_element() == "hydra.searchpath"), None
+        )
+        if entries is None and config_name is not None:
+            loaded = repo.load_config(config_path=config_name)
+            if loaded is not None and OmegaConf.is_dict(loaded.config):
+                entries = OmegaConf.select(loaded.config, "hydra.searchpath")
+        refused = refused_searchpath(entries)
+        if refused:
+            raise ConfigError(refused)
+        super()._process_config_searchpath(config_name, parsed_overrides, repo)
+
     def load_configuration(
         self,
         config_name: str | None,
@@ -156,19 +179,32 @@ class GroupConfigLoader(ConfigLoaderImpl):
         if held and validate_sweep_overrides:
             self.validate_sweep_overrides_legal(overrides=held, run_mode=run_mode, from_shell=from_shell)
         passed = [str(o.input_line) for o in parsed if not held_back(o, FILE_GROUPS)]
-        cfg = super().load_configuration(
-            config_name=config_name,
-            overrides=passed,
-            run_mode=run_mode,
-            from_shell=from_shell,
-            validate_sweep_overrides=validate_sweep_overrides,
-        )
+        try:
+            cfg = super().load_configuration(
+                config_name=config_name,
+                overrides=passed,
+                run_mode=run_mode,
+                from_shell=from_shell,
+                validate_sweep_overrides=validate_sweep_overrides,
+            )
+        except KeyError as exc:
+            refusal = _env_copy_refusal(exc)
+            if not isinstance(refusal, ConfigError):
+                raise
+            # Everything else the config asks for is refused with it: composed again without the copy.
+            rest = super().load_configuration(
+                config_name=config_name,
+                overrides=[*passed, "hydra.job.env_copy=[]"],
+                run_mode=run_mode,
+                from_shell=from_shell,
+                validate_sweep_overrides=validate_sweep_overrides,
+            )
+            others = code_in_config(OmegaConf.to_container(rest, resolve=False), jobs=config_name is not None)  # type: ignore[arg-type]
+            raise ConfigError([*others, *refusal.diagnostics]) from None
         # Without a primary config (--hydra-help) no command runs: Hydra's default output_subdir stands.
         container = OmegaConf.to_container(cfg, resolve=False)
         refused = code_in_config(container, jobs=config_name is not None)  # type: ignore[arg-type]
         if refused:  # before Hydra builds a callback, a logging handler or a launcher from it
-            from te_assembly.errors import ConfigError
-
             raise ConfigError(refused)
         if not self.writes_files:
             with open_dict(cfg.hydra):
@@ -186,6 +222,23 @@ class GroupConfigLoader(ConfigLoaderImpl):
                     exclude_keys=job.config.override_dirname.exclude_keys,
                 )
         return cfg
+
+
+def _env_copy_refusal(exc: KeyError) -> Exception:
+    """Hydra copies ``hydra.job.env_copy``'s variables while it composes, before te_assembly sees the
+    config: a variable that is not set fails there, as a bare KeyError. That one is the config's
+    ``env_copy`` refused (``no_code``); any other KeyError is re-raised as it is."""
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    name = exc.args[0] if exc.args else None
+    from_env_copy = frames[-2:-1] == ["_load_configuration_impl"] or frames[-1:] == [
+        "_load_configuration_impl"
+    ]
+    if not from_env_copy or not isinstance(name, str) or name in os.environ:
+        return exc
+    return ConfigError(refused_env_copy([name]))
 
 
 def _null_choice(override: str) -> str:

@@ -15,7 +15,7 @@ import yaml
 
 from te_assembly.config.locations import FILE_GROUPS, is_path_choice
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
-from te_assembly.outputs import not_regular
+from te_assembly.files.file_types import not_regular
 
 _CANNOT_OVERRIDE = re.compile(r"Could not override '([^']+)'")
 

@@ -70,10 +70,10 @@ def register_resolvers() -> None:
 
     for name, function in ARITHMETIC.items():
         OmegaConf.register_new_resolver(name, function, replace=True)
-    # ``hydra.run.dir``'s ``${dir_name:${hydra:runtime.choices.model}}``: a model choice as one folder name.
-    from te_assembly.config.locations import choice_stem
+    # ``hydra.run.dir``'s ``${dir_name:${hydra:runtime.choices.model},${hf}}``: the run's folder name.
+    from te_assembly.config.locations import run_dir_name
 
-    OmegaConf.register_new_resolver("dir_name", choice_stem, replace=True)
+    OmegaConf.register_new_resolver("dir_name", run_dir_name, replace=True)
 
 
 def _get(data: Any, keys: Sequence[Key]) -> Any:

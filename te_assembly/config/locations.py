@@ -15,7 +15,9 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from te_assembly.diagnostics import Diagnostic, warning
+from te_assembly.diagnostics import Diagnostic, error, warning
+from te_assembly.files.file_types import not_regular
+from te_assembly.files.names import as_file_name, inside
 
 FILE_GROUPS = ("model", "recipe", "block")
 """Config groups whose options are read by ``source.py``, never by Hydra (``composition.py``)."""
@@ -72,8 +74,16 @@ def choice_stem(choice: object) -> str:
         text = (
             name[: -len(suffix)] if (suffix := next((s for s in SUFFIXES if name.endswith(s)), "")) else name
         )
-    cleaned = re.sub(r"[^A-Za-z0-9_.+-]", "_", text).strip(".")
-    return cleaned or "model"
+    return as_file_name(text, "model")
+
+
+def run_dir_name(choice: object, hf: object = None) -> str:
+    """The folder a command's runs go under (``outputs/<this>/<date>_<time>``): the model choice's
+    ``choice_stem``, or for ``verify hf=DIR`` the checkpoint's folder name (its model is the checkpoint,
+    not the default model choice)."""
+    if hf is not None and str(hf).strip():
+        return as_file_name(Path(str(hf)).expanduser().name, "hf")
+    return choice_stem(choice)
 
 
 def find_option(group: str, choice: str, roots: Iterable[Path]) -> Path | None:
@@ -88,12 +98,35 @@ def find_option(group: str, choice: str, roots: Iterable[Path]) -> Path | None:
 
 def option_files(group: str, choice: str, roots: Iterable[Path]) -> list[Path]:
     """Every file named ``choice`` in ``group`` across these config folders, in search-path order (the
-    first is the one used)."""
+    first is the one used); each checked by ``kept_inside``."""
     found: list[Path] = []
     for root in roots:
         folder = group_dir(root, group)
-        found.extend(folder / f"{choice}{s}" for s in SUFFIXES if (folder / f"{choice}{s}").is_file())
+        for suffix in SUFFIXES:
+            candidate = folder / f"{choice}{suffix}"
+            if candidate.exists() or candidate.is_symlink():
+                found.append(kept_inside(candidate, folder, group))
     return found
+
+
+def kept_inside(candidate: Path, root: Path, group: str) -> Path:
+    """``candidate``, a file found by name in the config folder ``root``; ``ConfigError`` when it is no
+    regular file (a FIFO, a device: never opened) or a symlink out of that folder (the shared reader's
+    rule: a file found in a folder stays in it; a file named by its own path, ``model=path.yaml``, may
+    be anywhere)."""
+    from te_assembly.errors import ConfigError
+
+    kind = not_regular(candidate) if candidate.exists() else "a broken symlink"
+    if kind is not None:
+        message = f"{candidate} is {kind}, not a {group} file: refusing to read it"
+        raise ConfigError([error(group, "no-such-file", message).located(str(candidate), None)])
+    if inside(candidate, root):
+        return candidate
+    message = (
+        f"{candidate} leads to {candidate.resolve()}, outside its config folder {root}: refusing to read it"
+    )
+    hint = f"copy the file into {root}, or name it by its path: {group}={candidate.resolve()}"
+    raise ConfigError([error(group, "outside-folder", message, hint).located(str(candidate), None)])
 
 
 def shadowed(group: str, choice: str, roots: Iterable[Path], path: str) -> Diagnostic | None:

@@ -1,7 +1,11 @@
-"""What a config may never do: run code. Hydra instantiates whatever a config names: ``_target_``
-objects, ``hydra.callbacks`` and ``logging.config`` handlers (a ``FileHandler`` with ``mode: w`` truncates
-any file the user can write). te_assembly needs none of that, so a composed config that asks for any of
-it is refused, with the key path, before Hydra acts on it (``composition.GroupConfigLoader``).
+"""What a config may never do: run code or change the environment. Hydra instantiates whatever a config
+names: ``_target_`` objects, ``hydra.callbacks`` and ``logging.config`` handlers (a ``FileHandler`` with
+``mode: w`` truncates any file the user can write); it sets the environment variables
+``hydra.job.env_set`` names (``PATH``, ``LD_PRELOAD``: the next program run is the config's) and copies
+those ``hydra.job.env_copy`` names; and a ``pkg://`` entry of ``hydra.searchpath`` imports the Python
+package it names. te_assembly needs none of that, so a composed config (or an override) that asks for
+any of it is refused, with the key path, before Hydra acts on it (``composition.GroupConfigLoader``; the
+search path before Hydra reads it).
 
 Allowed: Hydra's own launcher and sweeper (its defaults), logging to the terminal (``StreamHandler`` on
 stdout/stderr, ``NullHandler``) as the shipped ``hydra/job_logging`` and ``hydra/hydra_logging`` do, and
@@ -112,6 +116,65 @@ def drop_file_handlers(config: Any) -> None:
             logger["handlers"] = [h for h in names if h not in files]  # type: ignore[index]
 
 
+def refused_searchpath(entries: Any, where: str = "hydra.searchpath") -> list[Diagnostic]:
+    """Every ``hydra.searchpath`` entry that is not a folder: ``pkg://module`` imports the module (and
+    whatever it runs on import) when Hydra looks in it; other schemes are no folder te_assembly reads."""
+    out = []
+    for index, entry in enumerate(
+        entries if isinstance(entries, Sequence) and not isinstance(entries, str) else []
+    ):
+        if isinstance(entry, str) and "://" in entry and not entry.startswith("file://"):
+            out.append(
+                error(
+                    f"{where}[{index}]",
+                    "code-in-config",
+                    f"search path {entry!r} imports the Python package it names: {_WHY}",
+                    "name a folder (file://path, or --config-dir path)",
+                )
+            )
+    return out
+
+
+def _environment(hydra: Mapping[str, Any]) -> list[Diagnostic]:
+    """``hydra.job.env_set`` and ``env_copy``, which change the environment of the command and of every
+    program it runs (Graphviz's ``dot``, the C++ compiler of ``compile``)."""
+    job = hydra.get("job")
+    if not isinstance(job, Mapping):
+        return []
+    out = []
+    env_set = job.get("env_set")
+    env_copy = job.get("env_copy")
+    copied = set(env_copy) if isinstance(env_copy, Sequence) and not isinstance(env_copy, str) else set()
+    for name in env_set if isinstance(env_set, Mapping) else ():
+        if name in copied:  # Hydra has already copied env_copy's names into env_set: one finding each
+            continue
+        out.append(
+            error(
+                f"hydra.job.env_set.{name}",
+                "code-in-config",
+                f"hydra.job.env_set would set the environment variable {name}: {_WHY} nor change the "
+                "environment",
+                "set it in the shell that runs te_assembly, where you can see it",
+            )
+        )
+    out.extend(refused_env_copy(list(copied) if copied else [], env_copy if copied else None))
+    return out
+
+
+def refused_env_copy(names: Sequence[str], listed: Any = None) -> list[Diagnostic]:
+    """``hydra.job.env_copy``'s ``names`` refused (``listed``: the config's list, for each one's index)."""
+    order = list(listed) if isinstance(listed, Sequence) and not isinstance(listed, str) else list(names)
+    return [
+        error(
+            f"hydra.job.env_copy[{order.index(name)}]",
+            "code-in-config",
+            f"hydra.job.env_copy would copy the environment variable {name} into the config: {_WHY} "
+            "nor change the environment",
+        )
+        for name in sorted(names, key=order.index)
+    ]
+
+
 def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic]:
     """Every place the composed config (as plain data, unresolved) asks Hydra to build an object, and
     (``jobs``: a command will run) to write its own copies of the config."""
@@ -130,6 +193,8 @@ def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic
             path = f"hydra.callbacks.{name}"
             if not any(d.path.startswith(path) for d in out):
                 out.append(error(path, "code-in-config", f"Hydra callbacks run Python code: {_WHY}"))
+    out.extend(_environment(hydra))
+    out.extend(refused_searchpath(hydra.get("searchpath")))
     if jobs and hydra.get("output_subdir") is not None:
         out.append(
             error(
@@ -150,4 +215,12 @@ def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic
     return out
 
 
-__all__ = ["ALLOWED_TARGETS", "HANDLER_CLASSES", "LOGGING", "code_in_config", "drop_file_handlers"]
+__all__ = [
+    "ALLOWED_TARGETS",
+    "HANDLER_CLASSES",
+    "LOGGING",
+    "code_in_config",
+    "drop_file_handlers",
+    "refused_env_copy",
+    "refused_searchpath",
+]

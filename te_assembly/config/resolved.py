@@ -98,7 +98,8 @@ def _from_stub(group: str, node: Any) -> _Group:
 def _shape_check(group: str, g: _Group) -> None:
     """A model or recipe file holds a mapping; anything else is reported once, here."""
     if g.data is None and g.source is not None and g.source.ok:
-        g.diagnostics.append(g.source.locate(error(group, "empty-file", f"the {group} file is empty")))
+        found = error(group, "empty-file", f"the {group} file is empty")
+        g.diagnostics.append(found.located(g.source.file, None) if g.source.file else found)
     elif g.data is not None and not isinstance(g.data, Mapping):
         message = f"a {group} file must be a mapping, got {type(g.data).__name__}"
         diag = error(group, "wrong-type", message)

@@ -35,6 +35,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from te_assembly.collector import paused
 from te_assembly.config.line_map import Key, LineMap, split_path
 from te_assembly.diagnostics import Diagnostic, error
+from te_assembly.files import read as files_read
 
 log = logging.getLogger(__name__)
 
@@ -401,38 +402,25 @@ def _too_large(size: int, where: str, kind: str, prefix: str) -> Source:
     )
 
 
-def read_file(path: str | Path, kind: str, prefix: str) -> Source:
-    """Read and parse ``path`` once (see the module docstring); never raises for a bad file."""
-    p = Path(path)
+def read_file(path: str | Path, kind: str, prefix: str, within: str | Path | None = None) -> Source:
+    """Read and parse ``path`` once (see the module docstring) through the shared bounded reader
+    (``files.read``: regular files only, at most ``MAX_BYTES``, inside ``within`` when given); never
+    raises for a bad file."""
     where = str(path)
     try:
-        if not p.is_file():
-            what = (
-                "is a directory"
-                if p.is_dir()
-                else "does not exist"
-                if not p.exists()
-                else "is not a regular file"
-            )
-            return Source(
-                kind,
-                where,
-                None,
-                LineMap(),
-                (error(prefix or kind, "no-such-file", f"{where} {what}").located(where, None),),
-            )
-        if p.stat().st_size > MAX_BYTES:
-            return _too_large(p.stat().st_size, where, kind, prefix)
-        raw = p.read_bytes()
-    except OSError as exc:
-        message = f"cannot read {where}: {exc.strerror or exc}"
-        return Source(
-            kind,
-            where,
-            None,
-            LineMap(),
-            (error(prefix or kind, "unreadable-file", message).located(where, None),),
-        )
+        raw = files_read.read_bytes(path, limit=MAX_BYTES, within=within)
+    except files_read.InputFileError as exc:
+        if exc.code == "file-too-large":
+            size = Path(path).stat().st_size if Path(path).is_file() else MAX_BYTES + 1
+            return _too_large(size, where, kind, prefix)
+        if exc.code == "outside-folder":
+            found = error(prefix or kind, "outside-folder", f"{where}: {exc.problem}")
+        elif exc.code in ("no-such-file", "not-a-file"):
+            what = "does not exist" if exc.code == "no-such-file" else exc.problem.removeprefix("it ")
+            found = error(prefix or kind, "no-such-file", f"{where} {what}")
+        else:
+            found = error(prefix or kind, "unreadable-file", f"cannot read {where}: {exc.problem}")
+        return Source(kind, where, None, LineMap(), (found.located(where, None),))
     return read_bytes(raw, where, kind, prefix)
 
 

@@ -5,19 +5,27 @@ settings, so a changed file, tokenizer or ``val_fraction`` makes a new entry and
 read back at once. An entry is written in a scratch folder and renamed into place whole: a run killed
 while tokenizing leaves no half-written entry, only a scratch folder the next run removes.
 
+Every file of an entry has its size and SHA-256 in ``meta.json``, checked before the entry is used: in
+full the first time, then only while the file's size, times and inode are the ones that check saw
+(``verified.json``; an edit changes the inode's change time, which no user can set back). An entry that
+does not match is tokenized again, never trained on. Runs that want the same entry at once take turns
+on a lock file (``<key>.lock``): one builds it, the others then read it.
+
 Layout of an entry ``<cache>/<key>/``: ``train.bin`` and ``val.bin`` (the ids of each split's documents,
-each followed by the end-of-text id, as ``uint16`` or ``uint32``), ``meta.json`` (counts, hashes) and,
-for a BPE trained here, ``tokenizer.json``.
+each followed by the end-of-text id, as ``uint16`` or ``uint32``), ``meta.json`` (counts, hashes),
+``verified.json`` and, for a BPE trained here, ``tokenizer.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +42,17 @@ from te_assembly.data.tokenizer import (
     train_bpe,
 )
 from te_assembly.errors import DataError
-from te_assembly.outputs import write_text_atomic
+from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text, sha256_file
+from te_assembly.files.write import write_text_atomic
 
-VERSION = 1
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: concurrent runs tokenize the same corpus twice
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+VERSION = 2
 Progress = Callable[[int, int], None]
 """``(done, total)`` bytes of text tokenized."""
 
@@ -103,13 +119,44 @@ def prepare(settings: DataSettings, progress: Progress | None = None) -> Tokeniz
     key = _key(fingerprint, tok_key, settings)
     root = cache_root(settings)
     entry = root / key
-    if (entry / "meta.json").is_file():
-        found = _read_entry(entry, tokenizer, settings)
-        if found is not None:
-            return found
+    found = _read_entry(entry, tokenizer, settings) if entry.is_dir() and not entry.is_symlink() else None
+    if found is not None:
+        return found
+    # Every document read (any problem with the data found) before anything is written.
     docs = list(documents(sources, settings))
     if not docs:
         raise DataError(f"{sources.description} holds no text: every file (or record) is empty")
+    with _entry_lock(root, key):
+        if entry.exists() or entry.is_symlink():
+            found = _read_entry(entry, tokenizer, settings) if not entry.is_symlink() else None
+            if found is not None:  # another run built it while this one waited
+                return found
+            log.warning("the tokenized corpus in %s does not match its checksums: tokenizing again", entry)
+            if entry.is_symlink():
+                entry.unlink()
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+        tokenizer = _tokenize(docs, sources, settings, tokenizer, fingerprint, key, root, progress)
+        found = _read_entry(entry, tokenizer, settings)
+        if found is None:
+            raise DataError(
+                f"the tokenized corpus just written to {entry} cannot be read back (data.cache_dir)"
+            )
+        return found
+
+
+def _tokenize(
+    docs: Sequence[Document],
+    sources: Sources,
+    settings: DataSettings,
+    tokenizer: Tokenizer | None,
+    fingerprint: str,
+    key: str,
+    root: Path,
+    progress: Progress | None,
+) -> Tokenizer:
+    """Tokenize the corpus into the cache entry ``root/key`` (under its lock); the tokenizer used."""
+    tok_settings = settings.tokenizer
     train_docs, val_docs = split(docs, settings.val_fraction)
     if tokenizer is None:
         assert tok_settings.train_vocab is not None
@@ -139,9 +186,25 @@ def prepare(settings: DataSettings, progress: Progress | None = None) -> Tokeniz
     if len(docs) == 1:
         meta["bytes"] = _position_split_bytes(docs[0], train_ids, val_ids)
     _write_entry(root, key, train_ids, val_ids, meta, tokenizer)
-    found = _read_entry(entry, tokenizer, settings)
-    assert found is not None
-    return found
+    return tokenizer
+
+
+@contextlib.contextmanager
+def _entry_lock(root: Path, key: str) -> Iterator[None]:
+    """Hold ``<root>/<key>.lock`` (exclusively): one run builds or checks an entry at a time."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise DataError(
+            f"cannot use the token cache {root}: {exc.strerror or exc} (data.cache_dir)"
+        ) from None
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 class _Counter:
@@ -197,8 +260,9 @@ def _key(sources_sha256: str, tokenizer: str, settings: DataSettings) -> str:
 def _write_entry(
     root: Path, key: str, train: np.ndarray, val: np.ndarray, meta: dict[str, Any], tokenizer: Tokenizer
 ) -> None:
+    """Write the entry in a scratch folder, every file's size and SHA-256 in its ``meta.json``, and
+    rename it into place (under the entry's lock: no other run writes it meanwhile)."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(f".{key}.*"):  # a run killed while writing this entry
             shutil.rmtree(stale, ignore_errors=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
@@ -206,30 +270,70 @@ def _write_entry(
         val.tofile(scratch / "val.bin")
         if tokenizer.kind == "bpe":
             tokenizer.save(scratch / "tokenizer.json")
+        meta = {**meta, "files": {p.name: _file_record(p) for p in sorted(scratch.iterdir())}}
         write_text_atomic(scratch / "meta.json", json.dumps(meta, indent=1))
-        try:
-            os.rename(scratch, root / key)
-        except OSError:  # another run wrote the same entry meanwhile: theirs is as good
-            shutil.rmtree(scratch, ignore_errors=True)
+        os.rename(scratch, root / key)
     except OSError as exc:
         raise DataError(
             f"cannot write the tokenized corpus into {root}: {exc.strerror or exc} (data.cache_dir)"
         ) from None
 
 
-def _read_entry(entry: Path, tokenizer: Tokenizer | None, settings: DataSettings) -> Tokenized | None:
+def _file_record(path: Path) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _stamp(path: Path) -> list[int]:
+    info = path.stat()
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def _verified(entry: Path, meta: dict[str, Any]) -> bool:
+    """Every file ``meta.json`` lists is there with its size and SHA-256 (hashed in full only when the
+    file changed since the last check: ``verified.json``)."""
+    files = meta.get("files")
+    if not isinstance(files, dict) or not {"train.bin", "val.bin"} <= set(files):
+        return False
     try:
-        meta = json.loads((entry / "meta.json").read_text())
+        stamps = read_json(entry / "verified.json", limit=LIMITS["metadata"], within=entry)
+    except InputFileError:
+        stamps = {}
+    fresh = {}
+    for name, record in files.items():
+        path = entry / name
+        if not isinstance(record, dict) or not path.is_file() or path.is_symlink():
+            return False
+        stamp = _stamp(path)
+        if stamp[0] != record.get("bytes"):
+            return False
+        if isinstance(stamps, dict) and stamps.get(name) == stamp:
+            fresh[name] = stamp
+            continue
+        if sha256_file(path, within=entry) != record.get("sha256"):
+            return False
+        fresh[name] = stamp
+    if fresh != stamps:
+        with contextlib.suppress(Exception):  # a read-only cache still verifies, only slower
+            write_text_atomic(entry / "verified.json", json.dumps(fresh))
+    return True
+
+
+def _read_entry(entry: Path, tokenizer: Tokenizer | None, settings: DataSettings) -> Tokenized | None:
+    """The entry, checked (``_verified``); None when it is damaged or does not match its checksums."""
+    try:
+        meta = read_json(entry / "meta.json", limit=LIMITS["metadata"], within=entry)
+        if not isinstance(meta, dict) or not _verified(entry, meta):
+            return None
         dtype = np.dtype(meta["dtype"])
         arrays = [_memmap(entry / f"{name}.bin", dtype) for name in ("train", "val")]
         if [len(a) for a in arrays] != [meta["tokens"]["train"], meta["tokens"]["val"]]:
             return None  # damaged: make it again
         if tokenizer is None:
-            tok_json = (entry / "tokenizer.json").read_text()
+            tok_json = read_text(entry / "tokenizer.json", limit=LIMITS["tokenizer"], within=entry)
             tokenizer = from_json(
                 tok_json, settings.tokenizer.eot, "bpe", f"the BPE trained on {meta['sources']}"
             )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, DataError):
         return None
     return Tokenized(arrays[0], arrays[1], tokenizer, meta, entry)
 

@@ -2,20 +2,25 @@
 
 Every problem is a ``DataError`` that names the file (and line): a path that does not exist, a folder or
 glob with no text in it, a binary or non-UTF-8 file, a JSON Lines record without its text field.
+
+Files are found without following symlinked folders (a symlink loop cannot make a glob endless or read
+one file many times), each file is read once however many paths lead to it, and a symlink that leads out
+of the folder given (or the pattern's folder) is refused: every read goes through the shared bounded
+reader (``files.read``: regular files only, at most ``LIMITS["data"]`` bytes each).
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import json
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from te_assembly.data.settings import DataSettings
 from te_assembly.errors import DataError
+from te_assembly.files.file_types import not_regular
+from te_assembly.files.read import LIMITS, check_within, parse_json, read_bytes, sha256_file
 
 DEFAULT_CORPUS = "the Python standard library's source"
 _DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json")
@@ -46,9 +51,7 @@ class Sources:
         digest = hashlib.sha256()
         for path in self.files:
             digest.update(str(path).encode() + b"\0")
-            with path.open("rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
+            sha256_file(path, make_error=_data_error, digest=digest)
             digest.update(b"\0")
         return digest.hexdigest()
 
@@ -77,29 +80,33 @@ def find_sources(settings: DataSettings) -> Sources:
     given = settings.path
     path = Path(given).expanduser()
     if any(c in given for c in "*?["):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        root, pattern = _pattern_root(path)
+        # As the shell's glob: a wildcard does not match a hidden name (unless the pattern spells the dot).
+        dotted = any(part.startswith(".") for part in Path(pattern).parts)
+        matched = (p for p in root.glob(pattern) if dotted or not _hidden(p, root))
+        files = _found(root, matched)
         if not files:
             raise DataError(f"data.path={given}: the pattern matches no file")
         where = f"data.path={given} ({len(files)} files)"
     elif path.is_dir() and any((path / marker).is_file() for marker in _DATASET_MARKERS):
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+        files = _found(path, path.rglob("*"))
         return Sources("datasets", tuple(files), f"data.path={given} (a datasets dataset)", path)
     elif path.is_dir():
         suffixes = {s.lower() for s in settings.suffixes}
-        files = sorted(
+        candidates = (
             p
             for p in path.rglob("*")
-            if p.is_file()
-            and p.suffix.lower() in suffixes | {".jsonl", ".bin"}
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            if p.suffix.lower() in suffixes | {".jsonl", ".bin"} and not _hidden(p, path)
         )
+        files = _found(path, candidates)
         if not files:
             raise DataError(
                 f"data.path={given}: the folder holds no file ending in {', '.join(sorted(suffixes))}, "
                 ".jsonl or .bin (data.suffixes chooses the text files)"
             )
         where = f"data.path={given} ({len(files)} files)"
-    elif path.is_file():
+    elif path.exists() or path.is_symlink():
+        _check_regular(path)
         files, where = [path], f"data.path={given}"
     else:
         raise DataError(f"data.path={given}: no such file or folder")
@@ -109,6 +116,44 @@ def find_sources(settings: DataSettings) -> Sources:
             f"{where} mixes pre-tokenized .bin files with text: give one kind (data.format chooses)"
         )
     return Sources(kinds.pop(), tuple(files), where)
+
+
+def _pattern_root(path: Path) -> tuple[Path, str]:
+    """The folder a glob starts in (its parts before the first wildcard) and the rest of the pattern."""
+    parts = path.parts
+    first = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+    root = Path(*parts[:first]) if first else Path(".")
+    return root, str(Path(*parts[first:]))
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _found(root: Path, candidates: Iterable[Path]) -> list[Path]:
+    """The regular files among ``candidates`` (found under ``root`` without following symlinked
+    folders), sorted, each once however many paths lead to it; ``DataError`` for a symlink that leads
+    out of ``root``."""
+    chosen: dict[Path, Path] = {}
+    for candidate in candidates:
+        if candidate.is_dir():  # walked into, or a symlinked folder: not followed
+            continue
+        check_within(candidate, root, _data_error)
+        _check_regular(candidate)
+        chosen.setdefault(candidate.resolve(), candidate)
+    return sorted(chosen.values())
+
+
+def _check_regular(path: Path) -> None:
+    """``DataError`` for a path that is no regular file (a FIFO, a device, a socket, a broken link)."""
+    kind = not_regular(path) if path.exists() else "a broken symlink"
+    if kind is not None:
+        raise DataError(f"{path} is {kind}, not a data file: refusing to read it (leave it out of data.path)")
+
+
+def _data_error(path: str, problem: str, code: str, line: int | None) -> DataError:
+    where = f"{path}:{line}" if line is not None else path
+    return DataError(f"{where}: {problem} (data.path)")
 
 
 def _kind(path: Path, fmt: str) -> str:
@@ -135,10 +180,8 @@ def documents(sources: Sources, settings: DataSettings) -> Iterator[Document]:
 
 
 def read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    """A text file of the corpus through the shared bounded reader, as UTF-8 (a binary file named)."""
+    raw = read_bytes(path, limit=LIMITS["data"], make_error=_data_error)
     if b"\0" in raw[:65536]:
         raise DataError(
             f"{path} is a binary file, not text (a NUL byte at its start): leave it out of data.path"
@@ -151,6 +194,10 @@ def read_text(path: Path) -> str:
             f"{path} is not UTF-8 text: byte {exc.start} (line {line}) is 0x{raw[exc.start]:02x}; convert it "
             "(iconv -t utf-8) or leave it out of data.path"
         ) from None
+
+
+def _record_error(where: str, problem: str, code: str, line: int | None) -> DataError:
+    return DataError(f"{where} is not a JSON record: {problem}")
 
 
 def _dataset_rows(root: Path, field: str) -> Iterator[Document]:
@@ -188,10 +235,7 @@ def _records(path: Path, field: str) -> Iterator[Document]:
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where} is not a JSON object: {exc.msg}") from None
+        record = parse_json(line, where, make_error=_record_error)
         if not isinstance(record, dict) or field not in record:
             keys = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
             raise DataError(

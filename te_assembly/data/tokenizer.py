@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 from te_assembly.errors import DataError
-from te_assembly.outputs import write_text_atomic
+from te_assembly.files.read import LIMITS, read_text
+from te_assembly.files.write import write_text_atomic
 
 BYTE_VOCAB = 257
 """256 bytes and ``<|endoftext|>``."""
@@ -73,19 +74,34 @@ class HFTokenizer:
                 "data.tokenizer.eot (GPT-2's is <|endoftext|>, Llama 3's <|end_of_text|>)"
             )
         self.eot_id = int(eot_id)
-        self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
+        # An added token may have an id past the vocabulary's size: ids are stored by the largest one.
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()  # type: ignore[attr-defined]
+        size = int(tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
+        self.vocab_size = max(size, max(ids, default=-1) + 1)
         self._json = tokenizer.to_str()  # type: ignore[attr-defined]
         self.fingerprint = "tokenizers/" + hashlib.sha256(self._json.encode()).hexdigest()
 
+    def _failed(self, exc: Exception) -> DataError:
+        return DataError(f"{self.source} cannot tokenize this text: {exc}")
+
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
+        try:
+            return list(self._tok.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
+        except Exception as exc:  # tokenizers raises plain Exceptions (a WordLevel without its unk token)
+            raise self._failed(exc) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)  # type: ignore[attr-defined]
+        try:
+            encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise self._failed(exc) from None
         return [list(e.ids) for e in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=True))  # type: ignore[attr-defined]
+        try:
+            return str(self._tok.decode(list(ids), skip_special_tokens=True))  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise DataError(f"{self.source} cannot decode ids: {exc}") from None
 
     def save(self, path: Path) -> Path | None:
         return write_text_atomic(path, self._json)
@@ -103,18 +119,34 @@ def _tokenizers():  # type: ignore[no-untyped-def]
     return tokenizers
 
 
-def load_tokenizer_file(path: Path, eot: str) -> HFTokenizer:
-    """A ``tokenizer.json`` (``DataError`` when it is missing or not one)."""
-    if not path.is_file():
-        raise DataError(f"data.tokenizer.path={path}: no such file (a Hugging Face tokenizer.json)")
-    tokenizers = _tokenizers()
+def _data_error(path: str, problem: str, code: str, line: int | None) -> DataError:
+    return DataError(f"{path}{f':{line}' if line else ''}: {problem}")
+
+
+def read_tokenizer_text(path: Path, within: Path | None = None) -> str:
+    """A ``tokenizer.json``'s text through the shared bounded reader (``DataError`` naming the file)."""
+    return read_text(path, limit=LIMITS["tokenizer"], within=within, make_error=_data_error)
+
+
+def _parsed(text: str, source: str) -> object:
     try:
-        tok = tokenizers.Tokenizer.from_file(str(path))
+        return _tokenizers().Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises plain Exceptions for a malformed file
-        raise DataError(
-            f"data.tokenizer.path={path} is not a tokenizer.json the tokenizers library reads: {exc}"
-        ) from None
-    return HFTokenizer(tok, eot, "file", str(path))
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise DataError(f"{source} is not a tokenizer.json the tokenizers library reads: {first}") from None
+
+
+def load_tokenizer_file(path: Path, eot: str, within: Path | None = None) -> HFTokenizer:
+    """A ``tokenizer.json`` (``DataError`` when it is missing, unreadable or not one)."""
+    if not path.exists() and not path.is_symlink():
+        raise DataError(f"{path}: no such file (a Hugging Face tokenizer.json)")
+    return HFTokenizer(_parsed(read_tokenizer_text(path, within), str(path)), eot, "file", str(path))
+
+
+def text_fingerprint(text: str, source: str) -> str:
+    """The ``fingerprint`` of the tokenizer ``text`` holds (a ``tokenizer.json``'s content), whatever its
+    end-of-text token: what a model records of the tokenizer it was trained with."""
+    return "tokenizers/" + hashlib.sha256(_parsed(text, source).to_str().encode()).hexdigest()  # type: ignore[attr-defined]
 
 
 def train_bpe(texts: Iterable[str], vocab: int, eot: str) -> HFTokenizer:
@@ -137,7 +169,7 @@ def train_bpe(texts: Iterable[str], vocab: int, eot: str) -> HFTokenizer:
 
 def from_json(text: str, eot: str, kind: str, source: str) -> HFTokenizer:
     """A tokenizer from its ``tokenizer.json`` text (a trained BPE kept in the cache, or beside a run)."""
-    return HFTokenizer(_tokenizers().Tokenizer.from_str(text), eot, kind, source)
+    return HFTokenizer(_parsed(text, source), eot, kind, source)
 
 
 __all__ = [
@@ -147,5 +179,7 @@ __all__ = [
     "Tokenizer",
     "from_json",
     "load_tokenizer_file",
+    "read_tokenizer_text",
+    "text_fingerprint",
     "train_bpe",
 ]

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
-import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,19 +29,22 @@ import torch
 import yaml
 
 from te_assembly.analysis.plan import Plan
+from te_assembly.data.tokenizer import text_fingerprint
 from te_assembly.engines.target import Target, for_source
-from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError, OutputPathError
+from te_assembly.errors import ArgumentError, ConfigError, NonFiniteError
+from te_assembly.files.directory import PRETRAINED, check_destination, recover, write_directory
+from te_assembly.files.ownership import run_evidence
+from te_assembly.files.read import LIMITS, InputFileError, read_text
+from te_assembly.files.write import write_text_atomic
 from te_assembly.formats.checkpoint import CheckpointError, model_state, read_verified, write_verified
+from te_assembly.formats.companions import TOKENIZER_FILE, read_companions
 from te_assembly.formats.model_record import model_record
-from te_assembly.outputs import fsync_dir, prepare_out_dir, write_text_atomic
 
 if TYPE_CHECKING:
     from te_assembly.engines.base import AssembledModel
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
-TOKENIZER_FILE = "tokenizer.json"
-"""A language model's tokenizer (a tokenizer file or a BPE trained for it); byte-level models have none."""
 FORMAT = "te_assembly.pretrained/1"
 _EXTRA_STATE = "._extra_state"
 _STAGING = ".saving"
@@ -79,6 +80,12 @@ def _check_fits(plan: Plan, weights: Mapping[str, torch.Tensor], where: str) -> 
         for k in sorted(set(wanted) & set(weights))
         if tuple(weights[k].shape) != wanted[k]
     ]
+    # An integer or bool tensor would load as floats of its values (ids as weights of about 1e9).
+    shapes += [
+        f"{k} holds {str(weights[k].dtype).removeprefix('torch.')} values, not floating-point weights"
+        for k in sorted(set(wanted) & set(weights))
+        if not weights[k].is_floating_point()
+    ]
     if missing or extra or shapes:
         parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
         parts += shapes
@@ -87,28 +94,17 @@ def _check_fits(plan: Plan, weights: Mapping[str, torch.Tensor], where: str) -> 
         )
 
 
-def _target(directory: str | os.PathLike[str], overwrite: bool) -> Path:
-    out = Path(directory).expanduser()
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise OutputPathError(
-            f"{out} is not empty: refusing to write over what is there (choose an empty or new "
-            "directory, or pass overwrite=True; on the command line export.overwrite=true or "
-            "import_hf.overwrite=true)"
-        )
-    if out.exists() and not out.is_dir():
-        raise OutputPathError(f"cannot write to {out}: it exists and is not a directory")
-    prepare_out_dir(out.parent if out.parent != Path("") else Path("."))
-    return out
-
-
 def config_of(
     model_config: Mapping[str, Any],
     recipe: Mapping[str, Any] | None,
     dtype: str,
     tied: Mapping[str, str] | None = None,
+    tokenizer: str | None = None,
 ) -> dict[str, Any]:
-    """The content of a pretrained directory's ``config.yaml``: what ``te_assembly.load`` takes back, and
-    (``tied_weights``) each tied weight with the one it is stored as."""
+    """The content of a pretrained directory's ``config.yaml``: what ``te_assembly.load`` takes back,
+    (``tied_weights``) each tied weight with the one it is stored as, and (``tokenizer``) the
+    fingerprint of the tokenizer the model was trained with (``data.tokenizer``), which ``generate``
+    and ``train.init_from`` hold every other tokenizer to."""
     config = {
         "format": FORMAT,
         "model": dict(model_config),
@@ -117,6 +113,8 @@ def config_of(
     }
     if tied:
         config["tied_weights"] = dict(tied)
+    if tokenizer is not None:
+        config["tokenizer"] = tokenizer
     return config
 
 
@@ -126,72 +124,23 @@ def write_pretrained(
     config: Mapping[str, Any],
     *,
     overwrite: bool = False,
-    tokenizer: Path | None = None,
-    extra_files: Mapping[str, str] | None = None,
+    files: Mapping[str, str] | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
-    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` (module docstring), a copy
-    of the ``tokenizer`` file (a language model's ``tokenizer.json``) when given, and ``extra_files``
-    (relative path -> text: an imported model's YAML and source ``config.json``)."""
+    """Write ``model.safetensors`` and ``config.yaml`` into ``directory`` through the guarded directory
+    writer (``files.directory``: whole or not at all, never over a source, a run or files te_assembly
+    did not write), with ``files`` (relative path -> text: the model's companions, an imported model's
+    YAML). ``sources``: what the weights were read from."""
     check_finite(weights, "the weights")
 
     def fill(staging: Path) -> None:
         _write_files(staging, weights, config)
-        if tokenizer is not None:
-            shutil.copyfile(tokenizer, staging / TOKENIZER_FILE)
-        for relative, text in (extra_files or {}).items():
+        for relative, text in (files or {}).items():
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
 
-    return write_directory(directory, fill, overwrite=overwrite)
-
-
-def write_directory(
-    directory: str | os.PathLike[str], fill: Callable[[Path], None], *, overwrite: bool = False
-) -> Path:
-    """Make ``directory`` whole or not at all: ``fill`` writes it into a staging directory beside it,
-    which then takes its place (an old directory stays readable until the swap); a failure or a kill
-    leaves no half-written ``directory``."""
-    out = _target(directory, overwrite)
-    staging = _staging(out)
-    try:
-        fill(staging)
-        _swap_into(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
-
-
-def _staging(out: Path) -> Path:
-    """A new hidden directory beside ``out`` to write the whole pretrained directory into (made with the
-    user's normal permissions); stale ones a killed save left behind are removed first."""
-    for stale in out.parent.glob(f".{out.name}.*{_STAGING}"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for _ in range(100):
-        candidate = out.parent / f".{out.name}.{secrets.token_hex(4)}{_STAGING}"
-        try:
-            candidate.mkdir(0o777)  # the umask applies, as for any directory of the user
-            return candidate
-        except FileExistsError:
-            continue
-    raise OutputPathError(f"cannot create a staging directory next to {out}")
-
-
-def _swap_into(staging: Path, out: Path) -> None:
-    """Put the complete ``staging`` directory where ``out`` is: a reader sees the old pretrained
-    directory or the new one (the old one is moved aside, then removed, only once the new one is in
-    place)."""
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-    if out.exists():
-        old = out.parent / f".{out.name}.{secrets.token_hex(4)}.old"
-        os.rename(out, old)
-        os.rename(staging, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(staging, out)
-    fsync_dir(out.parent)
+    return write_directory(directory, PRETRAINED, fill, overwrite=overwrite, sources=sources)
 
 
 def _write_files(out: Path, weights: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
@@ -259,11 +208,17 @@ def save_pretrained(
         ) from None
     dtype = weights_dtype(weights)
     chosen = recipe if recipe is not None else getattr(model, "recipe", None)
-    tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
-    if tokenizer_file is not None and not tokenizer_file.is_file():
-        raise ArgumentError(f"save_pretrained(tokenizer=...): {tokenizer_file} is no file")
-    config = config_of(model_record(model.plan), chosen, dtype, model.plan.tied_params)
-    return write_pretrained(directory, weights, config, overwrite=overwrite, tokenizer=tokenizer_file)
+    files: dict[str, str] = {}
+    fingerprint = None
+    if tokenizer is not None:
+        path = Path(tokenizer).expanduser()
+        try:
+            files[TOKENIZER_FILE] = read_text(path, limit=LIMITS["tokenizer"])
+        except InputFileError as exc:
+            raise ArgumentError(f"save_pretrained(tokenizer=...): {exc}") from None
+        fingerprint = text_fingerprint(files[TOKENIZER_FILE], str(path))
+    config = config_of(model_record(model.plan), chosen, dtype, model.plan.tied_params, fingerprint)
+    return write_pretrained(directory, weights, config, overwrite=overwrite, files=files)
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -271,9 +226,9 @@ def read_config(directory: Path) -> dict[str, Any]:
     from te_assembly.config.source import read_file
 
     path = directory / CONFIG_FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise CheckpointError(f"{directory} is not a pretrained model directory: no {CONFIG_FILE}")
-    source = read_file(str(path), "config", "")
+    source = read_file(str(path), "config", "", within=directory)
     errors = [d for d in source.diagnostics if d.is_error]
     if errors:
         raise ConfigError(errors)
@@ -290,9 +245,10 @@ def _load_weights(model: AssembledModel, weights: Mapping[str, torch.Tensor]) ->
 
 def _check_directory(folder: Path) -> None:
     """``CheckpointError`` unless ``folder`` is a pretrained directory (a run is told to export)."""
+    recover(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a pretrained model directory (no such directory)")
-    if not (folder / WEIGHTS_FILE).exists() and any(folder.glob("ckpt-*.safetensors")):
+    if not (folder / WEIGHTS_FILE).exists() and run_evidence(folder):
         raise CheckpointError(
             f"{folder} is a training run, not a pretrained model directory: export it first "
             f"(python -m te_assembly export {folder} DEST, or te_assembly.export_checkpoint), then load DEST"
@@ -352,12 +308,61 @@ def from_pretrained(directory: str | os.PathLike[str], target: Target | str = "a
     return model.eval()
 
 
+def recorded_tokenizer(source: Path) -> str | None:
+    """The fingerprint of the tokenizer the model in ``source`` was trained with: a pretrained
+    directory's ``config.yaml`` (``tokenizer``), a training run's or checkpoint's run record (its
+    data's tokenizer); None where nothing is recorded (a model that is no language model, or one saved
+    without its tokenizer)."""
+    from te_assembly.formats.checkpoint import newest_good, read_meta, scan
+
+    try:
+        if source.is_dir() and (source / CONFIG_FILE).is_file() and (source / WEIGHTS_FILE).is_file():
+            value = read_config(source).get("tokenizer")
+            return value if isinstance(value, str) else None
+        if source.is_dir():
+            good, _, _ = newest_good(scan(source))
+            meta = read_meta(good.path) if good is not None else {}
+        else:
+            meta = read_meta(source)
+    except (CheckpointError, ConfigError, OSError):
+        return None
+    run = meta.get("run")
+    data = run.get("data") if isinstance(run, Mapping) else None
+    value = data.get("tokenizer") if isinstance(data, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def _tokenizer_words(fingerprint: str) -> str:
+    if fingerprint.startswith("byte-level"):
+        return "the byte-level tokenizer (no tokenizer file)"
+    if fingerprint.startswith("tokenizers/"):
+        return f"a tokenizer.json of fingerprint {fingerprint.removeprefix('tokenizers/')[:12]}"
+    return fingerprint
+
+
+def check_tokenizer(source: Path, tokenizer: Any, what: str) -> None:
+    """``DataError`` when ``tokenizer`` (its ``fingerprint``) is not the one the model in ``source`` was
+    trained with (``recorded_tokenizer``): another tokenizer's ids mean other text to the model."""
+    from te_assembly.errors import DataError
+
+    recorded = recorded_tokenizer(source)
+    if recorded is None or recorded == tokenizer.fingerprint:
+        return
+    used = getattr(tokenizer, "source", None) or _tokenizer_words(tokenizer.fingerprint)
+    raise DataError(
+        f"{what}={source}: the model was trained with {_tokenizer_words(recorded)}, but the tokenizer here "
+        f"is another ({used}: {_tokenizer_words(tokenizer.fingerprint)}); its ids would mean other text "
+        "to the model: use the tokenizer it was trained with"
+    )
+
+
 def newest_checkpoint(path: Path, verb: str) -> Path:
     """``path`` itself (a checkpoint file), or a run directory's newest good checkpoint (every tensor
     verified); a corrupt newest one is refused, naming the newest good one. ``verb``: what is being done,
     for messages (``export``)."""
     from te_assembly.formats.checkpoint import newest_good, scan
 
+    recover(path)
     if path.is_dir():
         good, problems, _ = newest_good(scan(path))
         if problems:
@@ -415,18 +420,20 @@ def export_checkpoint(
     are global (a parallel run gathers them before saving), so the result loads in one process; a
     language model's ``tokenizer.json`` beside the run is copied with it."""
     source = newest_checkpoint(Path(checkpoint).expanduser(), "export")
-    run, plan, weights = _checkpoint_model(source)
-    config = config_of(run["model"], run.get("recipe"), str(run.get("dtype") or "float32"), plan.tied_params)
     target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
-    if target.resolve() == source.parent.resolve() or any(target.glob("ckpt-*.safetensors")):
-        raise OutputPathError(
-            f"{target} holds a training run: export writes a pretrained directory of its own, never into a "
-            "run (choose another DEST; the default is <run dir>/pretrained)"
-        )
-    tokenizer = source.parent / TOKENIZER_FILE
-    return write_pretrained(
-        target, weights, config, overwrite=overwrite, tokenizer=tokenizer if tokenizer.is_file() else None
+    check_destination(target, PRETRAINED, overwrite=overwrite, sources=[source])
+    run, plan, weights = _checkpoint_model(source)
+    data = run.get("data")
+    tokenizer = data.get("tokenizer") if isinstance(data, Mapping) else None
+    config = config_of(
+        run["model"],
+        run.get("recipe"),
+        str(run.get("dtype") or "float32"),
+        plan.tied_params,
+        tokenizer if isinstance(tokenizer, str) else None,
     )
+    files = read_companions(source.parent)
+    return write_pretrained(target, weights, config, overwrite=overwrite, files=files, sources=[source])
 
 
 __all__ = [

@@ -65,9 +65,24 @@ def load_transformers(hf_dir: str | Path, dtype: torch.dtype) -> Any:
         raise MissingToolError(
             "comparing with Hugging Face needs transformers: pip install 'te-assembly[hf]' (or transformers)"
         ) from None
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(hf_dir), dtype=dtype, attn_implementation="sdpa", experts_implementation="eager"
-    )
+    from transformers.utils import logging as hf_logging
+
+    # Its own loading bar would interleave with te_assembly's output; the folder is read as it is (no
+    # download, no remote code).
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(hf_dir),
+            dtype=dtype,
+            attn_implementation="sdpa",
+            experts_implementation="eager",
+            local_files_only=True,
+            trust_remote_code=False,
+        )
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return model.eval()
 
 

@@ -31,7 +31,7 @@ def _describe(config: Config, overrides: Sequence[str]) -> str:
     return name + (f" [{' '.join(overrides)}]" if overrides else "")
 
 
-def _lines(diagnostics: Iterable[Diagnostic]) -> list[str]:
+def diagnostic_lines(diagnostics: Iterable[Diagnostic]) -> list[str]:
     """Each diagnostic as ``validate`` prints it (file:line, key path, message and hint), indented."""
     return [f"  {d.format()}" for d in diagnostics]
 
@@ -52,7 +52,7 @@ def analyze(
     except CompositionError as exc:
         raise ConfigCheckError(f"{_describe(config, overrides)}: {exc}") from None
     except ConfigError as exc:  # a file Hydra could not even read (a YAML syntax error)
-        text = [f"{_describe(config, overrides)} cannot be read", *_lines(exc.diagnostics)]
+        text = [f"{_describe(config, overrides)} cannot be read", *diagnostic_lines(exc.diagnostics)]
         raise ConfigCheckError("\n".join(text)) from None
 
 
@@ -67,7 +67,10 @@ def assert_valid(
     analysis = analyze(config, overrides, config_dirs, sections)
     errors = [d for d in analysis.diagnostics if d.is_error]
     if errors:
-        text = [f"{_describe(config, overrides)} does not validate: {len(errors)} error(s)", *_lines(errors)]
+        text = [
+            f"{_describe(config, overrides)} does not validate: {len(errors)} error(s)",
+            *diagnostic_lines(errors),
+        ]
         raise ConfigCheckError("\n".join(text))
     return analysis
 
@@ -102,7 +105,7 @@ def check_expected(
             text.append(f"  {e.describe()}" + (f" ({hint})" if hint else ""))
     if extra:
         text.append("reported, not expected:")
-        text.extend(_lines(extra))
+        text.extend(diagnostic_lines(extra))
     raise ConfigCheckError("\n".join(text))
 
 
@@ -126,7 +129,7 @@ def assert_recipe(
     errors = [d for d in found if d.is_error]
     if errors:
         raise ConfigCheckError(
-            "\n".join([f"{path} is not a valid recipe: {len(errors)} error(s)", *_lines(errors)])
+            "\n".join([f"{path} is not a valid recipe: {len(errors)} error(s)", *diagnostic_lines(errors)])
         )
 
 
@@ -260,6 +263,7 @@ __all__ = [
     "build_on_meta",
     "build_with_te",
     "check_expected",
+    "diagnostic_lines",
     "sections_with_train",
     "smoke",
 ]

@@ -16,7 +16,7 @@ from pathlib import Path
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ArgumentError, ConfigError, MissingToolError
 from te_assembly.fields import FieldSpec, check_value
-from te_assembly.outputs import prepare_out_dir, write_text_atomic
+from te_assembly.files.write import prepare_out_dir, write_text_atomic
 from te_assembly.sections import section_specs, setting
 from te_assembly.views.graph_view import (
     Edge,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from te_assembly.outputs import write_atomic
+from te_assembly.files.write import write_atomic
 
 
 def save_loss_curve(

@@ -20,8 +20,8 @@ FOUNDATION = (
     "display",
     "errors",
     "fields",
+    "files",
     "lazy",
-    "outputs",
     "sections",
     "version",
 )

@@ -231,10 +231,13 @@ def test_build_refuses_parameters_that_cannot_fit_before_allocating() -> None:
         match=r"building huge needs about 1\.8 TiB.*\(parameters 1\.8 TiB\), but only .* is available",
     ):
         build(huge, "reference")
-    # Near the top of int64: still an estimate and a refusal, never an overflow inside torch.
+    # Near the top of int64: more than any machine holds, so validation refuses it (with the count),
+    # never an overflow inside torch.
     huge["ops"][0]["args"]["out_features"] = 2**62  # type: ignore[index]
-    with pytest.raises(ResourceError, match=r"needs about"):
+    with pytest.raises(ConfigError) as too_large:
         build(huge, "reference")
+    [diag] = too_large.value.diagnostics
+    assert diag.code == "model-too-large" and "2.31e+19 parameters" in diag.message
     # Beyond int64: refused with the config's own range check, before any estimate.
     huge["ops"][0]["args"]["out_features"] = 2**70  # type: ignore[index]
     with pytest.raises(ConfigError) as caught:

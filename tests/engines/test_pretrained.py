@@ -18,6 +18,7 @@ from te_assembly.engines import build
 from te_assembly.engines.reference.model import ReferenceModel
 from te_assembly.engines.target import Target
 from te_assembly.errors import OutputPathError
+from te_assembly.files.directory import MANIFEST
 from te_assembly.formats.checkpoint import CheckpointError, model_state
 from te_assembly.formats.pretrained import CONFIG_FILE, WEIGHTS_FILE
 from tests.conftest import REPO_ROOT
@@ -76,16 +77,24 @@ def test_a_fresh_build_differs_so_the_round_trip_means_something() -> None:
     assert not torch.equal(first(_inputs()).y, second(_inputs()).y)
 
 
-def test_save_refuses_a_directory_in_use_and_overwrites_when_asked(tmp_path: Path) -> None:
+def test_save_refuses_a_directory_in_use_and_overwrites_only_its_own(tmp_path: Path) -> None:
     model = build_yaml(NESTED)
     target = tmp_path / "pre"
     target.mkdir()
     (target / "notes.txt").write_text("mine")
-    with pytest.raises(OutputPathError):
+    with pytest.raises(OutputPathError, match="not empty"):
         te_assembly.save_pretrained(model, target)
-    assert not (target / WEIGHTS_FILE).exists()
+    # overwrite replaces only what te_assembly wrote: the user's notes are never deleted
+    with pytest.raises(OutputPathError, match=r"did not write \(notes\.txt\)"):
+        te_assembly.save_pretrained(model, target, overwrite=True)
+    assert (target / "notes.txt").read_text() == "mine" and not (target / WEIGHTS_FILE).exists()
+    (target / "notes.txt").unlink()
+    te_assembly.save_pretrained(model, target)
+    first = (target / WEIGHTS_FILE).read_bytes()
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
     te_assembly.save_pretrained(model, target, overwrite=True)
-    assert (target / WEIGHTS_FILE).exists()
+    assert (target / WEIGHTS_FILE).read_bytes() != first
 
 
 def test_load_refuses_weights_of_another_model(tmp_path: Path) -> None:
@@ -154,7 +163,7 @@ def test_export_a_training_run_from_the_command_line(tmp_path: Path) -> None:
     done = cli("export", str(run.relative_to(tmp_path)), "shared_model")
     assert done.returncode == 0, done.stderr
     out = tmp_path / "shared_model"
-    assert sorted(p.name for p in out.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, CONFIG_FILE, WEIGHTS_FILE]
     _, trained = model_state(run / "ckpt-0000002.safetensors")
     loaded = te_assembly.from_pretrained(out, "reference")
     assert set(loaded.state_dict()) == set(trained)

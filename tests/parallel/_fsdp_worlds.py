@@ -35,5 +35,5 @@ def save_then_die(rank: int, out_dir: str) -> None:
         if rank == 0:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    sharded_checkpoint.outputs.fsync_dir = die  # type: ignore[assignment]
+    sharded_checkpoint.write.fsync_dir = die  # type: ignore[assignment]
     sharded_checkpoint.save(ctx, Path(out_dir), 2, model, optimizer, meta)

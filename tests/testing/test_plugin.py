@@ -112,6 +112,28 @@ def test_a_broken_config_fails_with_the_diagnostic_not_a_traceback(pytester: pyt
     assert "Traceback" not in out and "def runtest" not in out
 
 
+def test_an_invalid_model_is_reported_once_not_again_with_each_recipe(pytester: pytest.Pytester) -> None:
+    _project(pytester, **{"model/my_bad.yaml": _bad(), "recipe/my_fp8.yaml": RECIPE})
+    result = pytester.runpytest_subprocess("-v", "-rs", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "configs/model/my_bad.yaml::validate FAILED" in out, out
+    assert "configs/recipe/my_fp8.yaml::with[my_bad] SKIPPED" in out, out
+    assert "my_bad.yaml is itself invalid (its own validate item reports it)" in out
+    assert out.count("has no producer") == 1, out
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+
+
+def test_a_recipe_that_breaks_an_invalid_model_further_still_fails(pytester: pytest.Pytester) -> None:
+    bad_recipe = "kind: DelayedScaling\nname: my_fp8\namax_history_len: 0\n"
+    _project(pytester, **{"model/my_bad.yaml": _bad(), "recipe/my_fp8.yaml": bad_recipe})
+    result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "configs/model/my_bad.yaml::validate FAILED" in out, out
+    assert "configs/recipe/my_fp8.yaml::validate FAILED" in out, out
+    assert "configs/recipe/my_fp8.yaml::with[my_bad] FAILED" in out, out
+    assert "error(s) the recipe adds" in out and "amax_history_len" in out, out
+
+
 def test_expected_diagnostics_met_missing_and_extra(pytester: pytest.Pytester) -> None:
     expect_met = "diagnostics:\n  - {code: dangling-input, path: 'model.ops[4].extra_inputs.addend'}\n"
     expect_wrong = "diagnostics:\n  - {code: dangling-inptu, path: 'model.ops[4].extra_inputs.addend'}\n"

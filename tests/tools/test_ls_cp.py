@@ -108,9 +108,15 @@ def test_ls_includes_a_users_folder(tmp_path: Path) -> None:
 def test_cp_copies_a_shipped_model_to_edit_and_never_overwrites(tmp_path: Path) -> None:
     done = user_cli(tmp_path, ["cp", "residual_mlp", "work"])
     assert done.returncode == 0, done.stderr
-    copy = tmp_path / "work" / "model" / "residual_mlp.yaml"
-    assert copy.read_text() == (configs_dir() / "model" / "residual_mlp.yaml").read_text()
-    assert user_cli(tmp_path, ["validate", f"model={copy}"]).returncode == 0
+    # In a folder the copy is found by name after the shipped configs: it gets a name of its own.
+    copy = tmp_path / "work" / "model" / "my_residual_mlp.yaml"
+    shipped = (configs_dir() / "model" / "residual_mlp.yaml").read_text()
+    assert copy.read_text() == shipped.replace(
+        "name: residual_mlp", "name: my_residual_mlp  # copied from residual_mlp", 1
+    )
+    assert "-cd work model=my_residual_mlp" in done.stdout
+    checked = user_cli(tmp_path, ["validate", "-cd", "work", "model=my_residual_mlp"])
+    assert checked.returncode == 0 and str(copy) in checked.stdout
     copy.write_text(copy.read_text() + "# my edit\n")
     edited = copy.read_text()
     again = user_cli(tmp_path, ["cp", "residual_mlp", "work"])
@@ -129,9 +135,10 @@ def test_cp_copies_a_shipped_model_to_edit_and_never_overwrites(tmp_path: Path) 
 def test_cp_a_recipe_and_unknown_sources(tmp_path: Path) -> None:
     done = user_cli(tmp_path, ["cp", "mxfp8", "work"])
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "work" / "recipe" / "mxfp8.yaml").read_text() == (
-        recipes_dir() / "mxfp8.yaml"
-    ).read_text()
+    copied = (tmp_path / "work" / "recipe" / "my_mxfp8.yaml").read_text()
+    assert (
+        copied.replace("my_mxfp8  # copied from mxfp8", "mxfp8") == (recipes_dir() / "mxfp8.yaml").read_text()
+    )
     bad = user_cli(tmp_path, ["cp", "moe_blok", "work"])
     assert bad.returncode == 2 and "moe_block" in bad.stderr
     assert not (tmp_path / "work" / "model").exists()

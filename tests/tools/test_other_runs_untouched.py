@@ -57,7 +57,8 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
         ),
         (["bench", *QUICK_BENCH, "bench.report={run}/report.json"], "bench.report never writes into it"),
         (["graph", "graph.out_dir={run}"], "graph never writes into it"),
-        (["export", "{run}", "{run}"], "never into a run"),
+        (["export", "{run}", "{run}"], "holds a training run"),
+        (["export", "{run}", "{run}", "export.format=hf", "export.overwrite=true"], "holds a training run"),
     ],
 )
 def test_another_runs_directory_is_refused(run: Path, args: list[str], said: str) -> None:

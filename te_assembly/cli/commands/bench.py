@@ -23,6 +23,8 @@ from te_assembly.cli.commands import Outcome
 from te_assembly.cli.commands.session import Session, progress_bar, start
 from te_assembly.diagnostics import printable
 from te_assembly.engines.target import Target
+from te_assembly.files.ownership import check_not_a_run, check_not_theirs
+from te_assembly.files.write import write_text_atomic
 from te_assembly.jobs.bench.flops import FlopCount
 from te_assembly.jobs.bench.job import Measuring, bench, check_settings, check_split_at
 from te_assembly.jobs.bench.peaks import Peak
@@ -31,7 +33,6 @@ from te_assembly.jobs.bench.settings import BenchSettings
 from te_assembly.jobs.bench.split import SplitPlan
 from te_assembly.jobs.bench.timing import Stats
 from te_assembly.jobs.events import Note
-from te_assembly.outputs import check_not_a_run, check_not_theirs, write_text_atomic
 
 SECTIONS = {**COMMON_SECTIONS, "bench": BenchSettings}
 RUN_DIR = True

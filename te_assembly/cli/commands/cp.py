@@ -20,7 +20,7 @@ from te_assembly.cli.commands.ls import config_roots, options
 from te_assembly.config.locations import FILE_GROUPS, SUFFIXES, choice_stem
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.errors import ConfigError, OutputPathError
-from te_assembly.outputs import file_mode, write_error
+from te_assembly.files.write import file_mode, write_error
 from te_assembly.sections import setting
 
 
@@ -100,7 +100,14 @@ def main(analysis: Analysis, console: Console) -> int:
     assert settings.source is not None and settings.dest is not None
     group, source = _source(settings.source, config_roots())
     dest = Path(settings.dest).expanduser()
-    target = dest if dest.suffix in SUFFIXES else dest / group / source.name
+    shipped = {o.name for o in options(group, config_roots()) if o.origin == "shipped"}
+    if dest.suffix in SUFFIXES:
+        target = dest
+    else:
+        # In a folder the copy is found by name, after the shipped configs: a shipped name would always
+        # pick the shipped file, so the copy gets a name of its own (as torchtune's ``tune cp`` asks for).
+        stem = source.stem if source.stem not in shipped else f"my_{source.stem}"
+        target = dest / group / f"{stem}{source.suffix}"
     if target.exists() or target.is_symlink():
         raise OutputPathError(
             f"{target} already exists: cp never overwrites (remove it, or choose another DEST)"
@@ -115,13 +122,20 @@ def main(analysis: Analysis, console: Console) -> int:
         raise OutputPathError(f"{target} already exists: cp never overwrites") from None
     except OSError as exc:
         raise write_error(target, exc) from None
-    console.print(
-        f"wrote {printable(str(target))} (a copy of {printable(str(source))})", markup=False, soft_wrap=True
-    )
     stem = choice_stem(target.name)
-    shadowed = any(o.name == stem for o in options(group, config_roots()) if o.origin == "shipped")
+    renamed = (
+        f", named {stem}: {source.stem} is a shipped name"
+        if stem != source.stem and dest.suffix not in SUFFIXES
+        else ""
+    )
+    console.print(
+        f"wrote {printable(str(target))} (a copy of {printable(str(source))}{printable(renamed)})",
+        markup=False,
+        soft_wrap=True,
+    )
+    by_file = dest.suffix in SUFFIXES
     if group == "block":  # a block is no choice of its own: a model's step uses it
-        by_name = "" if shadowed or dest.suffix in SUFFIXES else f"block: {stem} (with -cd {dest}), or "
+        by_name = "" if by_file else f"block: {stem} (with -cd {dest}), or "
         console.print(
             f"use it from a model's ops, as a step with {printable(by_name)}block: {printable(str(target))}, "
             "then validate that model",
@@ -129,24 +143,8 @@ def main(analysis: Analysis, console: Console) -> int:
             soft_wrap=True,
         )
         return 0
-    if dest.suffix in SUFFIXES or shadowed:
-        console.print(
-            f"use it with: python -m te_assembly validate {group}={printable(str(target))}",
-            markup=False,
-            soft_wrap=True,
-        )
-        if shadowed and dest.suffix not in SUFFIXES:
-            console.print(
-                f"(-cd {printable(str(dest))} {group}={stem} would pick the shipped {stem}, which comes "
-                f"first on the search path: use the path, or copy to a file of another name, e.g. "
-                f"cp {group}/{source.stem} {printable(str(dest / group / ('my_' + stem + '.yaml')))})",
-                markup=False,
-                soft_wrap=True,
-            )
-    else:
-        console.print(
-            f"use it with: python -m te_assembly validate -cd {printable(str(dest))} {group}={stem}",
-            markup=False,
-            soft_wrap=True,
-        )
+    use = f"{group}={target}" if by_file else f"-cd {dest} {group}={stem}"
+    console.print(
+        f"use it with: python -m te_assembly validate {printable(use)}", markup=False, soft_wrap=True
+    )
     return 0

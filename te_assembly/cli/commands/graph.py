@@ -16,7 +16,7 @@ from te_assembly.cli import job_dir
 from te_assembly.cli.report import print_diagnostics
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ConfigError
-from te_assembly.outputs import check_not_a_run, check_not_theirs
+from te_assembly.files.ownership import check_not_a_run, check_not_theirs
 from te_assembly.views.graph import GraphSettings, render, view_from_analysis
 from te_assembly.views.outline import parse_expand
 

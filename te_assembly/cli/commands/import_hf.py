@@ -27,7 +27,10 @@ class ImportSettings:
         None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>_te)"
     )
     name: str | None = setting(
-        None, nonempty=True, doc="the model's name (null: from the destination's folder name)"
+        None,
+        nonempty=True,
+        file_name=True,
+        doc="the model's name, also its file name (null: from the destination's folder name)",
     )
     overwrite: bool = setting(False, doc="replace a directory that is not empty")
 

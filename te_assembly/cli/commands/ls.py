@@ -21,6 +21,7 @@ from te_assembly.catalog import MODULE_ALLOWLIST, OPS, ModuleSpec, OpSpec
 from te_assembly.config.locations import FILE_GROUPS, SUFFIXES, configs_dir, group_dir
 from te_assembly.diagnostics import did_you_mean, error, printable
 from te_assembly.errors import ConfigError
+from te_assembly.files.read import LIMITS, InputFileError, read_text
 from te_assembly.sections import setting
 from te_assembly.views.op_sheet import op_sheet
 
@@ -94,12 +95,17 @@ def options(group: str, roots: list[Path]) -> list[Option]:
     return found
 
 
+def _text(path: Path) -> str:
+    """A config file's text through the shared bounded reader, inside the folder it was found in (a
+    symlink out of it is refused: ``ls`` shows nothing of a file elsewhere)."""
+    return read_text(path, limit=LIMITS["config"], within=path.parent)
+
+
 def _description(path: Path) -> str:
-    """A file's top-level ``description:`` (the first 64 KiB are enough; nothing is parsed)."""
+    """A file's top-level ``description:`` (nothing is parsed; "" for a file that cannot be read)."""
     try:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            head = f.read(65536)
-    except OSError:
+        head = _text(path)[:65536]
+    except InputFileError:
         return ""
     match = re.search(r"^description:\s*(.+)$", head, re.M)
     return match.group(1).strip().strip("'\"") if match else ""
@@ -212,7 +218,5 @@ def _show_one(kind: str, name: str, roots: list[Path], console: Console) -> int:
     console.print(Text(f"{kind} {name}: {chosen.path} ({chosen.origin}; what {kind}={name} picks)"))
     for hidden in found[1:]:
         console.print(Text(f"also {hidden.path} ({hidden.origin}): hidden, use {kind}={hidden.path}"))
-    console.print(
-        Text(printable(chosen.path.read_text(encoding="utf-8", errors="replace"), keep_newlines=True))
-    )
+    console.print(Text(printable(_text(chosen.path), keep_newlines=True)))
     return 0

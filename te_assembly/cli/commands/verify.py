@@ -34,7 +34,7 @@ from te_assembly.jobs.verify import VerifyReport, verify
 
 if TYPE_CHECKING:
     from te_assembly.jobs.verify_hf import HFReport
-from te_assembly.outputs import write_text_atomic
+from te_assembly.files.write import write_text_atomic
 
 SECTIONS = DEFAULT_SECTIONS
 RUN_DIR = True

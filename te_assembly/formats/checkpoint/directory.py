@@ -8,8 +8,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from te_assembly import outputs
 from te_assembly.errors import CheckpointError
+from te_assembly.files import write
 from te_assembly.formats.checkpoint import sharded
 from te_assembly.formats.checkpoint.file import SUFFIX, Header, name_step, read_header, verify
 
@@ -76,7 +76,7 @@ def remove_stale_temp(out_dir: Path) -> list[Path]:
     lock (``run_dir.RunLock``): a live run's temp file is not stale."""
     if not out_dir.is_dir():
         return []
-    stale = [p for p in out_dir.iterdir() if p.name.startswith(".") and p.name.endswith(outputs.TEMP_SUFFIX)]
+    stale = [p for p in out_dir.iterdir() if p.name.startswith(".") and p.name.endswith(write.TEMP_SUFFIX)]
     for p in stale:
         remove_entry(p)
     return stale

@@ -34,8 +34,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from te_assembly import outputs
 from te_assembly.errors import CheckpointError, NonFiniteError
+from te_assembly.files import write as files_write
+from te_assembly.files.read import open_regular
 from te_assembly.formats.checkpoint import sharded
 
 FORMAT = "te_assembly.train/2"
@@ -92,23 +93,17 @@ def name_step(path: Path) -> int | None:
 # --- reading -------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _open_regular(path: Path) -> Iterator[int]:
-    """An fd of ``path`` if it is a regular file. Opened non-blocking and checked with fstat, so a FIFO
-    (or a file swapped for one) is refused instead of blocking the open or the read forever."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except IsADirectoryError:
-        raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot open {path}: {exc.strerror or exc}") from None
-    try:
-        kind = outputs.mode_kind(os.fstat(fd).st_mode)
-        if kind is not None:
-            raise CheckpointError(f"{path} is {kind}, not a checkpoint file")
-        yield fd
-    finally:
-        os.close(fd)
+def _not_a_checkpoint(path: str, problem: str, code: str, line: int | None) -> CheckpointError:
+    if code == "not-a-file":  # "it is a FIFO (named pipe), not a regular file"
+        problem = problem.removeprefix("it ").replace("a regular file", "a checkpoint file")
+        return CheckpointError(f"{path} {problem}")
+    return CheckpointError(f"cannot open {path}: {problem}")
+
+
+def _open_regular(path: Path) -> contextlib.AbstractContextManager[int]:
+    """An fd of ``path`` if it is a regular file (the shared reader's checks: a FIFO, or a file swapped
+    for one, is refused instead of blocking the open or the read forever)."""
+    return open_regular(path, limit=None, make_error=_not_a_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -286,9 +281,9 @@ def _write_problem(exc: BaseException) -> str | None:
 def write_atomic(
     path: Path, write: Callable[[str], object], check: Callable[[str], object] | None = None
 ) -> None:
-    """``outputs.write_atomic`` with a checkpoint's failures: a failed write (disk full, permissions,
+    """``files.write.write_atomic`` with a checkpoint's failures: a failed write (disk full, permissions,
     safetensors' own I/O error) is a ``CheckpointError``, any previous file intact."""
-    outputs.write_atomic(path, write, check, problem_of=_write_problem, error=_checkpoint_error)
+    files_write.write_atomic(path, write, check, problem_of=_write_problem, error=_checkpoint_error)
 
 
 def _checkpoint_error(path: Path, problem: str) -> Exception:

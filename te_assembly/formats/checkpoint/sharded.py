@@ -31,15 +31,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from te_assembly import outputs
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.pieces import local_piece
 from te_assembly.errors import CheckpointError, NonFiniteError
+from te_assembly.files import write
+from te_assembly.files.read import LIMITS, InputFileError, read_json, sha256_file
 
 DIR_SUFFIX = ".dcp"
 MANIFEST = "checkpoint.json"
 FORMAT = "te_assembly.train.dcp/1"
-_CHUNK = 1 << 20
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
@@ -123,12 +123,12 @@ def _check_finite(par: ParallelContext, step: int, flat: Mapping[str, torch.Tens
 # ---------------------------------------------------------------------------------------- integrity
 
 
+def _corrupt(path: str, problem: str, code: str, line: int | None) -> CheckpointError:
+    return CheckpointError(f"{path} is unreadable: {problem}")
+
+
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return sha256_file(path, within=path.parent, make_error=_corrupt)
 
 
 def _files(directory: Path) -> dict[str, dict[str, Any]]:
@@ -143,11 +143,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """The checked manifest of the sharded checkpoint ``path`` (its own checksum, format and step);
     ``CheckpointError`` for anything else."""
     try:
-        raw = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is not a complete sharded checkpoint (no {MANIFEST})") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is corrupt: {MANIFEST} is unreadable ({exc})") from None
+        raw = read_json(path / MANIFEST, limit=LIMITS["metadata"], within=path)
+    except InputFileError as exc:
+        if exc.code == "no-such-file":
+            raise CheckpointError(f"{path} is not a complete sharded checkpoint (no {MANIFEST})") from None
+        raise CheckpointError(f"{path} is corrupt: {MANIFEST} is unreadable ({exc.problem})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("meta"), str):
         raise CheckpointError(f"{path} is corrupt: {MANIFEST} is not a te_assembly manifest")
     if raw.get("sha256") != hashlib.sha256(raw["meta"].encode()).hexdigest():
@@ -211,9 +211,7 @@ def save(
 
     flat, _ = flat_state(par, model, optimizer)
     _check_finite(par, step, flat)
-    temp = out_dir / par.from_main(
-        f".ckpt-{step:07d}{DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{outputs.TEMP_SUFFIX}"
-    )
+    temp = out_dir / par.from_main(f".ckpt-{step:07d}{DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{write.TEMP_SUFFIX}")
     rng = rng_states(par)
     problem: str | None = None
     try:
@@ -253,16 +251,16 @@ def _seal(
         }
         raw = json.dumps(record)
         manifest = {"meta": raw, "sha256": hashlib.sha256(raw.encode()).hexdigest()}
-        outputs.write_text_atomic(temp / MANIFEST, json.dumps(manifest))
-        outputs.fsync_dir(temp)
+        write.write_text_atomic(temp / MANIFEST, json.dumps(manifest))
+        write.fsync_dir(temp)
         if final.exists():  # this step written again (a resume from an older checkpoint)
-            old = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}{outputs.TEMP_SUFFIX}")
+            old = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}{write.TEMP_SUFFIX}")
             os.replace(final, old)
             os.replace(temp, final)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(temp, final)
-        outputs.fsync_dir(final.parent)
+        write.fsync_dir(final.parent)
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)
         raise CheckpointError(

@@ -8,7 +8,6 @@ its value and what is supported; so is a field te_assembly does not know at all.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -16,8 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
 from te_assembly.errors import ConfigError
+from te_assembly.fields import check_value
+from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
 from te_assembly.formats.hf.families import (
     FAMILIES,
     HONOURED,
@@ -71,37 +73,61 @@ class HFConfigError(ConfigError):
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` as a mapping (``HFConfigError`` for a file that is no JSON object)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
-    except FileNotFoundError:
-        raise HFConfigError(
-            [_located(error("config.json", "hf-no-config", f"{path} does not exist"), path)]
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HFConfigError(
-            [_located(error("config.json", "hf-bad-config", f"{path} is not readable JSON: {exc}"), path)]
-        ) from None
+def _bad_file(path: str, problem: str, code: str, line: int | None) -> HFConfigError:
+    if code == "no-such-file":
+        found = error("config.json", "hf-no-config", f"{path} does not exist")
+    else:
+        found = error("config.json", "hf-bad-config", f"{path}: {problem}")
+    return HFConfigError([found.located(path, line)])
+
+
+def read_config(path: Path, within: Path | None = None) -> dict[str, Any]:
+    """``config.json`` as a mapping, read through the shared bounded reader (a regular file of at most
+    ``LIMITS["metadata"]`` bytes inside ``within``, UTF-8 JSON with no key twice, nested at most
+    ``MAX_JSON_DEPTH`` deep); ``HFConfigError`` for anything else, or a file that is no JSON object."""
+    data = read_json(path, limit=LIMITS["metadata"], within=within, make_error=_bad_file)
     if not isinstance(data, dict):
         raise HFConfigError(
-            [_located(error("config.json", "hf-bad-config", "config.json holds no JSON object"), path)]
+            [
+                error("config.json", "hf-bad-config", "config.json holds no JSON object").located(
+                    str(path), None
+                )
+            ]
         )
     return data
 
 
-def _located(diagnostic: Diagnostic, path: Path, key: str | None = None) -> Diagnostic:
+_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:')
+
+
+def key_lines(path: Path) -> dict[str, int]:
+    """The line of each key's first appearance in ``path`` (read once; empty when it cannot be read):
+    every refusal of a field is located without reading the file again."""
+    try:
+        text = read_text(path, limit=LIMITS["metadata"])
+    except InputFileError:
+        return {}
+    lines: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        for match in _KEY.finditer(line):
+            lines.setdefault(match.group(1), number)
+    return lines
+
+
+def _located(
+    diagnostic: Diagnostic, path: Path, lines: Mapping[str, int], key: str | None = None
+) -> Diagnostic:
+    """``diagnostic`` at ``key``'s line (a nested key, ``rope_scaling.factor``, at its last part's)."""
     line = None
     if key is not None:
-        try:
-            for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-                if re.search(rf'"{re.escape(key)}"\s*:', text):
-                    line = number
-                    break
-        except OSError:
-            pass
+        line = lines.get(key) or lines.get(key.split(".")[-1]) or lines.get(key.split(".")[0])
     return diagnostic.located(str(path), line)
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """``repr(value)``, cut to ``width`` characters (a hostile value may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class _Reader:
@@ -112,9 +138,12 @@ class _Reader:
         self.path = path
         self.architecture = architecture
         self.problems: list[Diagnostic] = []
+        self.lines = key_lines(path)
 
     def refuse(self, key: str, message: str, hint: str | None = None, code: str = "hf-unsupported") -> None:
-        self.problems.append(_located(error(f"config.json:{key}", code, message, hint), self.path, key))
+        self.problems.append(
+            _located(error(f"config.json:{key}", code, message, hint), self.path, self.lines, key)
+        )
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
@@ -122,20 +151,36 @@ class _Reader:
     def integer(self, key: str, default: Any = None, minimum: int = 1) -> int:
         value = self.data.get(key, default)
         if value is None or isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.refuse(key, f"{key} = {value!r}: expected an integer >= {minimum}", code="hf-bad-value")
+            self.refuse(key, f"{key} = {shown(value)}: expected an integer >= {minimum}", code="hf-bad-value")
             return max(minimum, 1)
         return value
 
-    def number(self, key: str, default: Any = None, positive: bool = True) -> float:
-        value = self.data.get(key, default)
+    def number(
+        self, key: str, default: Any = None, positive: bool = True, becomes: tuple[str, str] | None = None
+    ) -> float:
+        """A finite number; ``becomes``: the op argument it turns into (``("RMSNorm", "eps")``), whose
+        catalog bounds it must meet too, so an implausible value is refused here, at its own line."""
+        return self.checked_number(key, self.data.get(key, default), positive, becomes)
+
+    def checked_number(
+        self, key: str, value: Any, positive: bool = True, becomes: tuple[str, str] | None = None
+    ) -> float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or (positive and value <= 0):
             self.refuse(
                 key,
-                f"{key} = {value!r}: expected a finite{' positive' if positive else ''} number",
+                f"{key} = {shown(value)}: expected a finite{' positive' if positive else ''} number",
                 code="hf-bad-value",
             )
             return 1.0
+        if becomes is not None:
+            owner, name = becomes
+            param = (OPS.get(owner) or MODULE_ALLOWLIST[owner]).param(name)
+            assert param is not None, becomes
+            found = check_value(param.spec, float(value), f"config.json:{key}", key)
+            if found:
+                self.refuse(key, f"{found[0].message} ({owner}'s {name})", code="hf-bad-value")
+                return float(param.default)
         return float(value)
 
     def flag(self, key: str, default: bool = False) -> bool:
@@ -143,7 +188,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            self.refuse(key, f"{key} = {value!r}: expected true or false", code="hf-bad-value")
+            self.refuse(key, f"{key} = {shown(value)}: expected true or false", code="hf-bad-value")
             return default
         return value
 
@@ -151,8 +196,8 @@ class _Reader:
         if key in self.data and not allowed(self.data[key]):
             self.refuse(
                 key,
-                f"{key} = {self.data[key]!r} is not supported by te_assembly's {self.architecture} import: "
-                f"supported: {supported}",
+                f"{key} = {shown(self.data[key])} is not supported by te_assembly's {self.architecture} "
+                f"import: supported: {supported}",
             )
 
 
@@ -179,7 +224,7 @@ def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
         kv_heads=kv_heads,
         head_dim=head_dim,
         ffn=r.integer(ffn_key),
-        eps=r.number("rms_norm_eps", 1e-6),
+        eps=r.number("rms_norm_eps", 1e-6, becomes=("RMSNorm", "eps")),
         tied=r.flag("tie_word_embeddings", False),
         rope=rope,
         sliding_window=sliding_window,
@@ -199,14 +244,13 @@ def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
 
 def _family(data: Mapping[str, Any], path: Path) -> Family:
     architectures = data.get("architectures")
-    if isinstance(architectures, list) and len(architectures) == 1 and architectures[0] in FAMILIES:
-        return FAMILIES[architectures[0]]
-    hint = None
-    if isinstance(architectures, list) and len(architectures) == 1 and isinstance(architectures[0], str):
-        hint = did_you_mean(architectures[0], FAMILIES)
-    message = f"architectures = {architectures!r}: te_assembly imports one of {', '.join(FAMILIES)}"
+    named = architectures[0] if isinstance(architectures, list) and len(architectures) == 1 else None
+    if isinstance(named, str) and named in FAMILIES:
+        return FAMILIES[named]
+    hint = did_you_mean(named, FAMILIES) if isinstance(named, str) else None
+    message = f"architectures = {shown(architectures)}: te_assembly imports one of {', '.join(FAMILIES)}"
     found = error("config.json:architectures", "hf-unknown-architecture", message, hint)
-    raise HFConfigError([_located(found, path, "architectures")])
+    raise HFConfigError([_located(found, path, key_lines(path), "architectures")])
 
 
 def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family) -> None:
@@ -216,8 +260,8 @@ def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family) -> None:
         if key not in known:
             r.refuse(
                 key,
-                f"{key} = {data[key]!r}: te_assembly does not know this {family.architecture} field, so it "
-                "cannot say the import keeps its meaning",
+                f"{key} = {shown(data[key])}: te_assembly does not know this {family.architecture} field, "
+                "so it cannot say the import keeps its meaning",
                 did_you_mean(key, sorted(known))
                 or "remove it from config.json if it has no effect on the model",
                 code="hf-unknown-field",
@@ -225,7 +269,7 @@ def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family) -> None:
     if data.get("model_type") not in (None, family.model_type):
         r.refuse(
             "model_type",
-            f"model_type = {data.get('model_type')!r} does not match architectures "
+            f"model_type = {shown(data.get('model_type'))} does not match architectures "
             f"{family.architecture} ({family.model_type})",
         )
 
@@ -289,9 +333,10 @@ def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> tuple[dict[
     if family.mlp == "dense":
         return {}, "intermediate_size"
     spelt = [k for k in (family.experts_field, *family.experts_aliases) if data.get(k) is not None]
-    if len({data[k] for k in spelt}) > 1:
+    counts = [r.integer(k) for k in spelt] or [r.integer(family.experts_field)]
+    if len(set(counts)) > 1:
         r.refuse(spelt[1], f"{' and '.join(spelt)} disagree ({', '.join(str(data[k]) for k in spelt)})")
-    experts = r.integer(spelt[0] if spelt else family.experts_field)
+    experts = counts[0]
     top_k = r.integer("num_experts_per_tok")
     if top_k > experts:
         r.refuse("num_experts_per_tok", f"num_experts_per_tok {top_k} is more than the {experts} experts")
@@ -309,9 +354,9 @@ def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> tuple[dict[
 
 def _dtype(r: _Reader, data: Mapping[str, Any]) -> str:
     dtype_name = data.get("dtype", data.get("torch_dtype")) or "float32"
-    if dtype_name in DTYPES:
+    if isinstance(dtype_name, str) and dtype_name in DTYPES:
         return DTYPES[dtype_name]
-    message = f"dtype = {dtype_name!r}: te_assembly keeps float32, bfloat16, float16 or float64 weights"
+    message = f"dtype = {shown(dtype_name)}: te_assembly keeps float32, bfloat16, float16 or float64 weights"
     r.refuse("dtype", message)
     return "float32"
 
@@ -322,37 +367,37 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     key = "rope_parameters"
     if params is None:
         key = "rope_scaling"
-        params = dict(data.get("rope_scaling") or {})
-        if "rope_theta" in data:
-            params["rope_theta"] = data["rope_theta"]
+        params = data.get("rope_scaling") or {}
+        if isinstance(params, dict):
+            params = {**params, **({"rope_theta": data["rope_theta"]} if "rope_theta" in data else {})}
     if not isinstance(params, dict):
-        r.refuse(key, f"{key} = {params!r}: expected a mapping")
+        r.refuse(key, f"{key} = {shown(params)}: expected a mapping", code="hf-bad-value")
         return {"rope_theta": 10000.0, "rope_type": "default"}
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
+    if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
         r.refuse(
             key,
-            f"{key}.rope_type = {rope_type!r}: te_assembly implements {', '.join(ROPE_TYPES)}",
-            did_you_mean(str(rope_type), ROPE_TYPES),
+            f"{key}.rope_type = {shown(rope_type)}: te_assembly implements {', '.join(ROPE_TYPES)}",
+            did_you_mean(rope_type, ROPE_TYPES) if isinstance(rope_type, str) else None,
         )
         rope_type = "default"
-    theta = params.get("rope_theta", 10000.0)
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta >= 1:
-        r.refuse(key, f"rope_theta = {theta!r}: expected a number >= 1", code="hf-bad-value")
-        theta = 10000.0
-    out: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    theta_key = "rope_theta" if "rope_theta" in data else key
+    theta = r.checked_number(
+        theta_key, params.get("rope_theta", 10000.0), becomes=("Attention", "rotary_base")
+    )
+    out: dict[str, Any] = {"rope_theta": theta, "rope_type": rope_type}
     allowed = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
     if rope_type in ("linear", "llama3"):
-        out["rope_factor"] = _positive(r, key, params, "factor")
+        out["rope_factor"] = _positive(r, key, params, "factor", "rope_factor")
         allowed.add("factor")
     if rope_type == "llama3":
-        out["rope_low_freq_factor"] = _positive(r, key, params, "low_freq_factor")
-        out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor")
+        out["rope_low_freq_factor"] = _positive(r, key, params, "low_freq_factor", "rope_low_freq_factor")
+        out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor", "rope_high_freq_factor")
         original = params.get("original_max_position_embeddings")
         if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
             r.refuse(
                 key,
-                f"{key}.original_max_position_embeddings = {original!r}: expected a positive integer",
+                f"{key}.original_max_position_embeddings = {shown(original)}: expected a positive integer",
                 code="hf-bad-value",
             )
             original = 8192
@@ -361,19 +406,18 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
         if out["rope_low_freq_factor"] >= out["rope_high_freq_factor"]:
             r.refuse(key, f"{key}: llama3 needs low_freq_factor < high_freq_factor", code="hf-bad-value")
     if params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
-        r.refuse(key, f"{key}.partial_rotary_factor = {params['partial_rotary_factor']!r}: supported: 1.0")
+        r.refuse(
+            key, f"{key}.partial_rotary_factor = {shown(params['partial_rotary_factor'])}: supported: 1.0"
+        )
     for extra in sorted(set(params) - allowed):
         r.refuse(
             key,
-            f"{key}.{extra} = {params[extra]!r}: not read by rope_type {rope_type!r}",
+            f"{key}.{extra} = {shown(params[extra])}: not read by rope_type {shown(rope_type)}",
             code="hf-unknown-field",
         )
     return out
 
 
-def _positive(r: _Reader, key: str, params: Mapping[str, Any], name: str) -> float:
-    value = params.get(name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        r.refuse(key, f"{key}.{name} = {value!r}: expected a positive number", code="hf-bad-value")
-        return 1.0
-    return float(value)
+def _positive(r: _Reader, key: str, params: Mapping[str, Any], name: str, becomes: str) -> float:
+    """``params[name]``: a positive number within the bounds of Attention's argument ``becomes``."""
+    return r.checked_number(f"{key}.{name}", params.get(name), becomes=("Attention", becomes))

@@ -12,29 +12,39 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
 
+from te_assembly.data.tokenizer import text_fingerprint
+from te_assembly.diagnostics import printable
 from te_assembly.engines.target import Target, for_source
 from te_assembly.errors import ArgumentError, CheckpointError
+from te_assembly.files.directory import HF, PRETRAINED, check_destination, recover, write_directory
+from te_assembly.files.names import as_file_name, safe_name
+from te_assembly.files.read import LIMITS, InputFileError, read_text
+from te_assembly.formats.companions import (
+    COMPANIONS,
+    GENERATION_CONFIG,
+    SOURCE_CONFIG,
+    TOKENIZER_FILE,
+    read_companions,
+    source_metadata,
+)
 from te_assembly.formats.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_config, read_config
 from te_assembly.formats.hf.layout import BLOCKS, check_same_steps, model_config, spec_of_plan
 from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, renamed, rules
-from te_assembly.formats.hf.shards import HFCheckpoint, write_shards
+from te_assembly.formats.hf.shards import FLOAT_DTYPES, HFCheckpoint, write_shards
 from te_assembly.formats.pretrained import (
     CONFIG_FILE,
-    TOKENIZER_FILE,
     WEIGHTS_FILE,
     check_finite,
     config_of,
     expected_shapes,
     weights_dtype,
-    write_directory,
     write_pretrained,
 )
 
@@ -46,8 +56,9 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, what)``: called as tensors are read or written (the CLI draws a bar)."""
 
-SOURCE_CONFIG = "hf_config.json"
-"""An imported checkpoint's own ``config.json``, kept in the pretrained directory for export."""
+IMPORTED_COMPANIONS = {"config.json": SOURCE_CONFIG, **{n: n for n in COMPANIONS if n != SOURCE_CONFIG}}
+"""What an import keeps of a Hugging Face checkpoint besides its weights (``config.json`` as
+``hf_config.json``)."""
 INERT_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 """Tensors some checkpoints carry that are recomputed, never learned (old Llama's RoPE buffers)."""
 DEFAULT_SHARD_BYTES = 5 * 2**30
@@ -58,13 +69,14 @@ def read_spec(hf_dir: str | os.PathLike[str]) -> HFSpec:
     """The ``HFSpec`` of ``hf_dir``'s ``config.json`` (``HFConfigError`` names every refused field)."""
     folder = _hf_folder(hf_dir)
     path = folder / "config.json"
-    return parse_config(read_config(path), path)
+    return parse_config(read_config(path, within=folder), path)
 
 
 def _hf_folder(hf_dir: str | os.PathLike[str]) -> Path:
     if not isinstance(hf_dir, (str, os.PathLike)):
         raise ArgumentError(f"a Hugging Face checkpoint directory is a path, not {type(hf_dir).__name__}")
     folder = Path(hf_dir).expanduser()
+    recover(folder)
     if not folder.is_dir():
         raise CheckpointError(
             f"{folder} is not a directory (a Hugging Face checkpoint is a directory with config.json)"
@@ -102,6 +114,10 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tup
         rest = wanted[rule.te][1:]
         for part in layout:
             used.add(part.name)
+            if checkpoint.dtype(part.name) not in FLOAT_DTYPES:
+                problems.append(
+                    f"{part.name} holds {checkpoint.dtype(part.name)} values, not floating-point weights"
+                )
             shape, rows = checkpoint.shape(part.name), (part.rows, *rest)
             if part.index is None:
                 ok, expected_text = tuple(shape) == rows, str(rows)
@@ -140,8 +156,8 @@ def _stream(
 
 
 def model_name(dest: Path) -> str:
-    """A model name from a directory name: letters, digits and underscores."""
-    name = re.sub(r"\W+", "_", dest.name).strip("_") or "imported"
+    """A model name from a directory name: letters, digits and underscores (always one safe file name)."""
+    name = as_file_name(re.sub(r"\W+", "_", dest.name).strip("_")[:100], "imported", r"\w")
     return name if not name[0].isdigit() else f"m_{name}"
 
 
@@ -159,9 +175,14 @@ def import_hf(
     explains and trains it), the checkpoint's ``config.json`` as ``hf_config.json`` and its
     ``tokenizer.json``. Nothing is written unless everything checks: ``dest`` is whole or absent."""
     folder = _hf_folder(hf_dir)
-    spec = read_spec(folder)
     out = Path(dest).expanduser()
-    model_id = name or model_name(out)
+    model_id = safe_name(name, "import_hf.name") if name is not None else model_name(out)
+    check_destination(out, PRETRAINED, overwrite=overwrite, sources=[folder])
+    spec = read_spec(folder)
+    companions = read_companions(folder, IMPORTED_COMPANIONS)
+    fingerprint = None
+    if TOKENIZER_FILE in companions:
+        fingerprint = text_fingerprint(companions[TOKENIZER_FILE], str(folder / TOKENIZER_FILE))
     analysis, model = analysis_of(spec, model_id)
     plan = analysis.checked_plan()
     dtype = getattr(torch, spec.dtype)
@@ -187,27 +208,20 @@ def import_hf(
     block_text = (configs_dir() / "block" / f"{shipped}.yaml").read_text(encoding="utf-8")
     block_text = re.sub(rf"(?m)^name: {shipped}$", f"name: {block}", block_text)
     model["ops"][1]["block"] = block
-    extra = {
+    files = {
         f"model/{model_id}.yaml": _model_yaml(model, folder),
         f"block/{block}.yaml": f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n"
         + block_text,
-        SOURCE_CONFIG: (folder / "config.json").read_text(encoding="utf-8"),
+        **companions,
     }
-    tokenizer = folder / TOKENIZER_FILE
-    config = config_of(model_record(plan), None, spec.dtype, plan.tied_params)
-    return write_pretrained(
-        out,
-        weights,
-        config,
-        overwrite=overwrite,
-        tokenizer=tokenizer if tokenizer.is_file() else None,
-        extra_files=extra,
-    )
+    config = config_of(model_record(plan), None, spec.dtype, plan.tied_params, fingerprint)
+    return write_pretrained(out, weights, config, overwrite=overwrite, files=files, sources=[folder])
 
 
 def _model_yaml(model: Mapping[str, Any], source: Path) -> str:
     header = (
-        f"# Imported from {source.name} ({model['description'].split(' as ')[0]}) by te_assembly import-hf.\n"
+        f"# Imported from {printable(source.name)} ({model['description'].split(' as ')[0]}) by te_assembly "
+        "import-hf.\n"
         "# Every dim is a config.json field (hf_config.json beside this folder); edit them to change the\n"
         "# model, e.g. python -m te_assembly validate -cd <this pretrained directory> model=<name>.\n"
     )
@@ -357,17 +371,22 @@ def to_hf(
     metadata: Mapping[str, Any] | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: Progress | None = None,
+    companions: Mapping[str, str] | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write ``model`` as a Hugging Face checkpoint directory ``dest``: ``config.json``,
     ``generation_config.json``, safetensors in the Hub layout (sharded past ``max_shard_bytes``) and the
-    ``tokenizer`` when given, all or nothing. ``metadata``: an imported checkpoint's own fields (token
-    ids, architecture) to keep. ``UnexportableError`` names the step no family expresses."""
+    ``tokenizer`` when given, all or nothing, through the guarded directory writer. ``metadata``: an
+    imported checkpoint's own fields (token ids, context length, architecture) to keep; ``companions``:
+    its tokenizer and generation files (``formats.companions``). ``UnexportableError`` names the step no
+    family expresses."""
     from te_assembly.engines.base import AssembledModel
 
     if not isinstance(model, AssembledModel):
         raise ArgumentError(f"to_hf() takes a model built by te_assembly; got {type(model).__name__}")
     if not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
         raise ArgumentError(f"max_shard_bytes must be a positive integer, got {max_shard_bytes!r}")
+    check_destination(dest, HF, overwrite=overwrite, sources=sources)
     spec, table = _mapping(model, metadata)
     state = {
         k: v.detach().to("cpu") for k, v in model.state_dict().items() if not k.endswith("._extra_state")
@@ -375,15 +394,7 @@ def to_hf(
     check_finite(state, f"{model.plan.name}'s parameters")
     dtype = weights_dtype(state)
     hf_tensors = hub_tensors(table, state)
-    config = hf_config(spec, dtype)
-    generation = {
-        k: spec.metadata[k]
-        for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-        if spec.metadata.get(k) is not None
-    }
-    tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
-    if tokenizer_file is not None and not tokenizer_file.is_file():
-        raise ArgumentError(f"to_hf(tokenizer=...): {tokenizer_file} is no file")
+    files = _hf_files(spec, dtype, companions, tokenizer)
 
     def fill(staging: Path) -> None:
         items = sorted(hf_tensors.items())
@@ -395,14 +406,29 @@ def to_hf(
                     progress(done, len(items), item[0])
 
         write_shards(staging, counted(), max_shard_bytes)
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (staging / "generation_config.json").write_text(
-            json.dumps(generation, indent=2) + "\n", encoding="utf-8"
-        )
-        if tokenizer_file is not None:
-            shutil.copyfile(tokenizer_file, staging / TOKENIZER_FILE)
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
 
-    return write_directory(dest, fill, overwrite=overwrite)
+    return write_directory(dest, HF, fill, overwrite=overwrite, sources=sources)
+
+
+def _hf_files(
+    spec: HFSpec, dtype: str, companions: Mapping[str, str] | None, tokenizer: str | os.PathLike[str] | None
+) -> dict[str, str]:
+    """The files of an export besides its weights: ``config.json``, the source's companions (its
+    ``generation_config.json``, or one of the spec's special token ids) and the ``tokenizer`` given."""
+    files = {k: v for k, v in (companions or {}).items() if k != SOURCE_CONFIG}
+    if tokenizer is not None:
+        try:
+            files[TOKENIZER_FILE] = read_text(Path(tokenizer).expanduser(), limit=LIMITS["tokenizer"])
+        except InputFileError as exc:
+            raise ArgumentError(f"to_hf(tokenizer=...): {exc}") from None
+    files["config.json"] = json.dumps(hf_config(spec, dtype), indent=2) + "\n"
+    if GENERATION_CONFIG not in files:
+        ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+        generation = {k: spec.metadata[k] for k in ids if spec.metadata.get(k) is not None}
+        files[GENERATION_CONFIG] = json.dumps(generation, indent=2) + "\n"
+    return files
 
 
 def export_hf(
@@ -414,45 +440,32 @@ def export_hf(
     progress: Progress | None = None,
 ) -> Path:
     """``export SOURCE DEST format=hf``: a pretrained directory or a training run (its newest good
-    checkpoint) as a Hugging Face checkpoint directory, with its tokenizer and, for an import, the
-    original checkpoint's metadata."""
-    from te_assembly.formats.pretrained import from_checkpoint, from_pretrained
+    checkpoint) as a Hugging Face checkpoint directory, with everything the source keeps beside its
+    weights: the tokenizer files, the generation config and, for a model imported (or fine-tuned from
+    an import), the original checkpoint's context length and special token ids."""
+    from te_assembly.formats.pretrained import from_checkpoint, from_pretrained, newest_checkpoint
 
     folder = Path(source).expanduser()
-    if (
+    recover(folder)
+    pretrained = (
         (folder / WEIGHTS_FILE).is_file()
         and (folder / CONFIG_FILE).is_file()
         and not any(folder.glob("ckpt-*.safetensors"))
-    ):
-        model = from_pretrained(folder, "reference")
-    else:
-        model = from_checkpoint(folder, "reference")
+    )
+    read_from = folder if pretrained else newest_checkpoint(folder, "export")
+    check_destination(dest, HF, overwrite=overwrite, sources=[read_from])
+    model = from_pretrained(folder, "reference") if pretrained else from_checkpoint(read_from, "reference")
     base = folder if folder.is_dir() else folder.parent
-    metadata = _source_metadata(base / SOURCE_CONFIG)
-    tokenizer = base / TOKENIZER_FILE
     return to_hf(
         model,
         dest,
         overwrite=overwrite,
-        tokenizer=tokenizer if tokenizer.is_file() else None,
-        metadata=metadata,
+        metadata=source_metadata(base, KEPT_FIELDS),
         max_shard_bytes=max_shard_bytes,
         progress=progress,
+        companions=read_companions(base),
+        sources=[read_from],
     )
-
-
-def _source_metadata(path: Path) -> dict[str, Any] | None:
-    """An import's original ``config.json``: only its metadata fields (token ids, architecture,
-    context length); every field of the math comes from the model as it is now."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    return {k: data[k] for k in KEPT_FIELDS if k in data}
 
 
 __all__ = [

@@ -146,8 +146,11 @@ METADATA_FIELDS = (
     "label2id",
     "auto_map",
 )
-"""Fields that describe the checkpoint, not its math: kept for export, never refused."""
-KEPT_FIELDS = (*METADATA_FIELDS, "max_position_embeddings")
+"""Fields that describe the checkpoint, not its math: never refused."""
+REMOTE_CODE_FIELDS = ("auto_map", "custom_pipelines", "trust_remote_code")
+"""Pointers to Python code outside transformers (``auto_map``): accepted on import (te_assembly's math is
+the family's own), never carried into anything te_assembly writes."""
+KEPT_FIELDS = (*(f for f in METADATA_FIELDS if f not in REMOTE_CODE_FIELDS), "max_position_embeddings")
 """What an import keeps of its ``config.json`` for export (``HFSpec.metadata``)."""
 
 ROPE_TYPES = ("default", "linear", "llama3")

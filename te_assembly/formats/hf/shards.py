@@ -5,6 +5,7 @@ checkpoint is never loaded whole); written shard by shard past a size."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -13,9 +14,17 @@ from typing import Any
 import torch
 
 from te_assembly.errors import CheckpointError
+from te_assembly.files.read import LIMITS, open_regular, read_json
 
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+"""safetensors dtypes a weight may be stored in: an integer or bool tensor where a weight belongs would
+be converted to floats of its integer values (``I32`` ids as weights of about 1e9), so it is refused."""
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+
+
+def _refused(path: str, problem: str, code: str, line: int | None) -> CheckpointError:
+    return CheckpointError(f"{path}{f':{line}' if line else ''}: {problem}")
 
 
 class HFCheckpoint(Mapping[str, torch.Tensor]):
@@ -31,10 +40,20 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
         from safetensors import safe_open
 
         for file in sorted(set(self.files.values()) if self.files else []):
-            if not file.is_file():
+            if not file.exists() and not file.is_symlink():
                 raise CheckpointError(f"{file} is missing: {INDEX} names it as a shard")
             try:
-                handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
+                fd = self._stack.enter_context(
+                    open_regular(file, limit=None, within=directory, make_error=_refused)
+                )
+                # safetensors reads the file just checked (``/proc/self/fd``), not one swapped in since.
+                same = f"/proc/self/fd/{fd}"
+                handle = self._stack.enter_context(
+                    safe_open(same if os.path.exists(same) else str(file), framework="pt")
+                )
+            except CheckpointError:
+                self._stack.close()
+                raise
             except Exception as exc:  # safetensors' own error types vary by version
                 self._stack.close()
                 raise CheckpointError(
@@ -74,18 +93,19 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> str:
+        """The tensor's dtype as safetensors names it (``F32``, ``BF16``, ``I32``...), without reading it."""
+        return str(self._handles[self._where[name]].get_slice(name).get_dtype())
+
 
 def _shard_files(directory: Path) -> dict[str, Path]:
     """Tensor name -> shard, from the index; ``{}`` with every name in ``model.safetensors``."""
     index = directory / INDEX
-    if index.exists():
-        try:
-            data = json.loads(index.read_text(encoding="utf-8"))
-            weight_map = data["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is no mapping")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} is not a readable shard index: {exc}") from None
+    if index.exists() or index.is_symlink():
+        data = read_json(index, limit=LIMITS["index"], within=directory, make_error=_refused)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} is not a shard index: it has no weight_map mapping")
         files = {}
         for name, file in weight_map.items():
             if not isinstance(file, str) or Path(file).name != file:
@@ -93,7 +113,7 @@ def _shard_files(directory: Path) -> dict[str, Path]:
             files[name] = directory / file
         return files
     single = directory / SINGLE
-    if not single.is_file():
+    if not single.is_file() and not single.is_symlink():
         raise CheckpointError(f"{directory} has neither {SINGLE} nor {INDEX}: not a Hugging Face checkpoint")
     return {"": single}  # placeholder: every tensor of the one file
 

@@ -20,6 +20,9 @@ from te_assembly.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer_
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, CheckpointError, DataError
+from te_assembly.files.directory import recover
+from te_assembly.files.read import LIMITS, InputFileError, read_text
+from te_assembly.formats.pretrained import check_tokenizer
 from te_assembly.jobs.events import OnEvent, ignore
 from te_assembly.jobs.generate.settings import GenerateSettings
 
@@ -35,10 +38,12 @@ class Generated:
 
 def next_token(logits: torch.Tensor, settings: GenerateSettings, generator: torch.Generator) -> int:
     """One id from the last position's ``logits`` ``[vocab]`` (module docstring)."""
-    logits = logits.float()
+    logits = logits.double()
     if settings.temperature == 0:
         return int(logits.argmax())
-    logits = logits / settings.temperature
+    # Shifted first, so the most likely id is 0 and a tiny temperature (1e-45) divides nothing into an
+    # infinity: the others go to -inf and sampling becomes greedy, as the limit is.
+    logits = (logits - logits.max()) / settings.temperature
     if settings.top_k is not None and settings.top_k < logits.numel():
         kth = torch.topk(logits, settings.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -82,10 +87,12 @@ def generate(
         tokenizer = tokenizer_for(source, settings)
     elif isinstance(tokenizer, (str, os.PathLike)):
         path = Path(tokenizer).expanduser()
-        if path.is_file():
-            tokenizer = load_tokenizer_file(path, "<|endoftext|>")
-        else:
+        if path.is_dir():
             tokenizer = tokenizer_for(path, settings)
+        else:
+            tokenizer = load_tokenizer_file(path, "<|endoftext|>")
+            if source is not None:
+                check_tokenizer(source, tokenizer, "generate.source")
     plan = model.plan
     if not plan.takes_token_ids or plan.out_features != plan.in_features:
         raise ArgumentError(
@@ -140,14 +147,22 @@ def _continue(
 
 def tokenizer_for(source: Path | None, settings: GenerateSettings, eot: str = "<|endoftext|>") -> Tokenizer:
     """``settings.tokenizer``, else the ``tokenizer.json`` beside ``source`` (a run or pretrained
-    directory, or a checkpoint's run), else byte-level."""
+    directory, or a checkpoint's run; read inside that folder), else byte-level; in every case the one
+    the model was trained with, where it recorded it (``check_tokenizer``: a foreign ``tokenizer.json``
+    beside a byte-level model is refused, not used)."""
+    tokenizer: Tokenizer
     if settings.tokenizer is not None:
-        return load_tokenizer_file(Path(settings.tokenizer).expanduser(), eot)
-    if source is not None:
+        tokenizer = load_tokenizer_file(Path(settings.tokenizer).expanduser(), eot)
+    elif source is not None:
         folder = source if source.is_dir() else source.parent
-        if (folder / "tokenizer.json").is_file():
-            return load_tokenizer_file(folder / "tokenizer.json", eot)
-    return ByteTokenizer()
+        beside = folder / "tokenizer.json"
+        found = beside.exists() or beside.is_symlink()
+        tokenizer = load_tokenizer_file(beside, eot, within=folder) if found else ByteTokenizer()
+    else:
+        tokenizer = ByteTokenizer()
+    if source is not None:
+        check_tokenizer(source, tokenizer, "generate.source")
+    return tokenizer
 
 
 def read_prompt(settings: GenerateSettings) -> str:
@@ -156,9 +171,9 @@ def read_prompt(settings: GenerateSettings) -> str:
     if settings.prompt_file is not None:
         path = Path(settings.prompt_file).expanduser()
         try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"cannot read generate.prompt_file={path}: {exc}") from None
+            return read_text(path, limit=LIMITS["prompt"])
+        except InputFileError as exc:
+            raise DataError(f"cannot read generate.prompt_file: {exc}") from None
     return settings.prompt or ""
 
 
@@ -167,6 +182,7 @@ def load_source(source: str, target: Target | str) -> AssembledModel:
     from te_assembly.formats.pretrained import WEIGHTS_FILE, from_checkpoint, from_pretrained
 
     path = Path(source).expanduser()
+    recover(path)  # an overwrite interrupted between its two renames: put back, and said
     if path.is_dir() and (path / WEIGHTS_FILE).is_file():
         return from_pretrained(path, target)
     if path.exists():

@@ -2,9 +2,10 @@
 regressing a fixed random teacher of the same plan; checkpoints, resume, metrics, a clean stop.
 
 In order: the settings decided for the task, every check that needs no tensor (the batch split, a
-model without parameters, the memory estimate: once, for everything the run holds), the run's directory
-(``run_dir.choose``) and its lock probed, then the data read (a language model's), the lock taken, the
-models built, the checkpoint restored, and the steps (``loop.py``, one step: ``step.py``).
+model without parameters, the memory estimate: once, for everything the run holds), the data read (a
+language model's), the run's directory (``run_dir.choose``, checked by the guarded writer's
+``check_run_directory``) and its lock probed, the lock taken, the models built, the checkpoint
+restored, and the steps (``loop.py``, one step: ``step.py``).
 """
 
 from __future__ import annotations
@@ -110,16 +111,21 @@ def train(
     settings = settings.for_task(plan.takes_token_ids)
     check_can_train(plan, settings, target)
     par = target.parallel
+    main = par is None or par.is_main
+    tensorboard = check_tensorboard(settings.tensorboard) if main else False
+    # The data is read (every problem with it found) before a run directory is chosen or made: a run
+    # that cannot start leaves nothing behind.
+    language, data = _language(plan, target, settings, data, on_event)
     settings, notes = decided_by_main(par, lambda: choose(settings, place))
-    out_dir = out_dir_of(settings)
+    out_dir = out_dir_of(settings, _sources(settings, data))
     check_unlocked(out_dir)  # every rank probes (shared probes never collide); the run locks it later
     check_fresh_start(out_dir, settings)
     if par is not None:
         par.barrier()  # every rank has probed before rank 0 takes the lock for the run
     on_event(Started(out_dir, tuple(notes)))
     try:
-        with stopping.signals_stop():
-            return _prepared(plan, target, settings, out_dir, data, config, on_event)
+        with stopping.signals_stop(), RunLock(out_dir) if main else contextlib.nullcontext():
+            return _locked(plan, target, settings, out_dir, language, data, config, tensorboard, on_event)
     except KeyboardInterrupt:
         if par is None or par.is_main:
             good, _, _ = newest_good(scan(out_dir))
@@ -127,33 +133,49 @@ def train(
         raise
 
 
-def _prepared(
-    plan: Plan,
-    target: Target,
-    settings: TrainSettings,
-    out_dir: Path,
-    data: DataSettings | None,
-    config: Mapping[str, Any] | None,
-    on_event: OnEvent,
-) -> TrainResult:
-    """The data read (any problem with it found) and TensorBoard checked before the run starts; then
-    the run under the directory's lock (rank 0 holds it for the job)."""
-    main = target.parallel is None or target.parallel.is_main
-    tensorboard = check_tensorboard(settings.tensorboard) if main else False
-    language: LanguageTask | None = None
-    if plan.takes_token_ids:
-        data = data if data is not None else DataSettings()
-        language = LanguageTask.prepare(
-            plan,
-            data,
-            target,
-            tokens=settings.tokens,
-            seq_len=settings.positions,
-            z_loss=settings.z_loss,
-            progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
-        )
-    with RunLock(out_dir) if main else contextlib.nullcontext():
-        return _locked(plan, target, settings, out_dir, language, data, config, tensorboard, on_event)
+def _language(
+    plan: Plan, target: Target, settings: TrainSettings, data: DataSettings | None, on_event: OnEvent
+) -> tuple[LanguageTask | None, DataSettings | None]:
+    """A language model's task with its data (default: ``DataSettings()``) read and tokenized, held to
+    the tokenizer ``train.init_from``'s model was trained with; (None, data) for any other model."""
+    if not plan.takes_token_ids:
+        return None, data
+    data = data if data is not None else DataSettings()
+    language = LanguageTask.prepare(
+        plan,
+        data,
+        target,
+        tokens=settings.tokens,
+        seq_len=settings.positions,
+        z_loss=settings.z_loss,
+        progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
+    )
+    if settings.init_from is not None:
+        from te_assembly.formats.pretrained import check_tokenizer
+
+        check_tokenizer(Path(settings.init_from).expanduser(), language.corpus.tokenizer, "train.init_from")
+    return language, data
+
+
+def _companions(settings: TrainSettings) -> dict[str, str]:
+    """``train.init_from``'s companion files (its source ``config.json``, generation config, tokenizer
+    configuration), kept in the run so an export of it keeps them; the run's own tokenizer is its data's
+    (held to the same one)."""
+    if settings.init_from is None:
+        return {}
+    from te_assembly.formats.companions import TOKENIZER_FILE, read_companions
+
+    found = read_companions(Path(settings.init_from).expanduser())
+    return {name: text for name, text in found.items() if name != TOKENIZER_FILE}
+
+
+def _sources(settings: TrainSettings, data: DataSettings | None) -> list[str]:
+    """What the run reads, which its directory must neither be nor be inside."""
+    paths = [settings.init_from]
+    if data is not None:
+        glob_free = data.path is not None and not any(c in data.path for c in "*?[")
+        paths += [data.path if glob_free else None, data.tokenizer.path]
+    return [str(Path(p).expanduser()) for p in paths if p is not None]
 
 
 def _locked(
@@ -198,7 +220,12 @@ def _locked(
     if start >= end:
         notes.append(f"nothing to do: already at step {start} (train.steps={settings.steps})")
     tokenizer = language.corpus.tokenizer if language is not None else None
-    files = RunFiles(out_dir, config, start, tensorboard, bool(earlier_run), tokenizer) if main else None
+    companions = _companions(settings) if resume_path is None else {}
+    files = (
+        RunFiles(out_dir, config, start, tensorboard, bool(earlier_run), tokenizer, companions)
+        if main
+        else None
+    )
     loop = Loop(stepper, out_dir, par, files, _meta(plan, target, settings, run), earlier_run, notes)
     if main and stepper.task.is_language_model:
         loop.evaluations = earlier_evaluations(out_dir, start)

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from te_assembly.errors import RunDirectoryInUseError
-from te_assembly.outputs import not_regular
+from te_assembly.files.file_types import not_regular
 
 try:
     import fcntl

@@ -25,6 +25,8 @@ from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.pieces import local_piece
 from te_assembly.engines.target import Target
 from te_assembly.errors import NonFiniteError
+from te_assembly.files.ownership import config_text
+from te_assembly.files.write import write_text_atomic
 from te_assembly.formats import checkpoint
 from te_assembly.formats.checkpoint import prune
 from te_assembly.formats.pretrained import TOKENIZER_FILE
@@ -38,7 +40,6 @@ from te_assembly.jobs.train.run_dir import remove_previous_run
 from te_assembly.jobs.train.schedule import lr_at, set_lr
 from te_assembly.jobs.train.settings import TrainSettings
 from te_assembly.jobs.train.task import TeacherTask
-from te_assembly.outputs import config_text, write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,9 @@ def _grad_norm(model: torch.nn.Module) -> float:
 
 
 class RunFiles:
-    """What the run writes besides checkpoints while it goes: ``config.yaml``, the tokenizer and the
-    metrics. ``hold``: ``train.overwrite``, the earlier run's files stay until this run's first
-    checkpoint (``commit``)."""
+    """What the run writes besides checkpoints while it goes: ``config.yaml``, the tokenizer, the
+    companion files of the model it started from (``companions``) and the metrics. ``hold``:
+    ``train.overwrite``, the earlier run's files stay until this run's first checkpoint (``commit``)."""
 
     def __init__(
         self,
@@ -146,8 +147,10 @@ class RunFiles:
         tensorboard: bool,
         hold: bool,
         tokenizer: Any = None,
+        companions: Mapping[str, str] | None = None,
     ) -> None:
         self.out_dir, self.config, self.tokenizer = out_dir, config, tokenizer
+        self.companions = dict(companions or {})
         self.config_file: Path | None = None
         self.tokenizer_file: Path | None = None
         self.metrics = MetricsLog(out_dir, start_step=start, tensorboard=tensorboard, hold=hold)
@@ -160,6 +163,8 @@ class RunFiles:
             self.config_file = write_text_atomic(self.out_dir / "config.yaml", config_text(self.config))
         if self.tokenizer is not None:  # generate and export read it back (byte-level writes none)
             self.tokenizer_file = self.tokenizer.save(self.out_dir / TOKENIZER_FILE)
+        for name, text in self.companions.items():  # train.init_from's: export keeps them
+            write_text_atomic(self.out_dir / name, text)
 
     def commit(self) -> None:
         """The earlier run is gone (``train.overwrite``): this run's files now take its place."""

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.errors import MissingToolError
-from te_assembly.outputs import check_regular, write_error, write_text_atomic
+from te_assembly.files.file_types import check_regular
+from te_assembly.files.write import write_error, write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"

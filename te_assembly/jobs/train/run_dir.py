@@ -17,11 +17,13 @@ guards it is ``lock.py``), so runs never splice, overwrite or corrupt each other
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from te_assembly.errors import ArgumentError
+from te_assembly.files.directory import check_run_directory
+from te_assembly.files.write import prepare_out_dir
 from te_assembly.formats.checkpoint import (
     CheckpointError,
     Found,
@@ -31,13 +33,14 @@ from te_assembly.formats.checkpoint import (
     scan,
     verify,
 )
+from te_assembly.formats.companions import COMPANIONS
 from te_assembly.jobs.train.settings import TrainSettings
-from te_assembly.outputs import prepare_out_dir
 
-RUN_FILES = ("metrics.jsonl", "loss_curve.png", "config.yaml", "losses.json")
+RUN_FILES = ("metrics.jsonl", "loss_curve.png", "config.yaml", "losses.json", *COMPANIONS)
 """Files a run writes next to its checkpoints (removed with them by ``train.overwrite=true``; the
-TensorBoard event files under ``tensorboard/`` too). ``losses.json``: what runs before metrics.jsonl
-wrote."""
+TensorBoard event files under ``tensorboard/`` too): its metrics, plot and config, its tokenizer and the
+companions of the model it started from (``formats.companions``). ``losses.json``: what runs before
+metrics.jsonl wrote."""
 TENSORBOARD_DIR = "tensorboard"
 CORRUPT_SUFFIX = ".corrupt"
 
@@ -102,9 +105,12 @@ def _continued(target: str, settings: TrainSettings) -> TrainSettings:
     return dataclasses.replace(settings, out_dir=str(path), resume=True)
 
 
-def out_dir_of(settings: TrainSettings) -> Path:
-    """The run directory ``choose`` settled on, created and probed for writing."""
+def out_dir_of(settings: TrainSettings, sources: Sequence[str] = ()) -> Path:
+    """The run directory ``choose`` settled on, checked by the guarded writer (never one of the run's
+    ``sources`` or inside one, never a directory written whole: ``check_run_directory``), created and
+    probed for writing."""
     assert settings.out_dir is not None, "run_dir.choose sets out_dir first"
+    check_run_directory(settings.out_dir, sources)
     return prepare_out_dir(settings.out_dir)
 
 

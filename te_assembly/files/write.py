@@ -1,6 +1,7 @@
-"""Output directories and the files in them: made and probed before any work (a path that cannot take
-files fails at once with a typed error instead of a traceback after the work is done), and written
-atomically with the permissions any file of the user gets.
+"""The one atomic file writer: a file is written to a temp file beside it, fsynced, checked, then
+renamed over its name, so a reader (or a crash) sees the old file or the new one, never half of one. New
+files get the permissions any file of the user gets (``0o666`` less the umask), and a directory that
+cannot take files fails at once (``prepare_out_dir``) instead of after the work.
 
 Pure Python (no torch): ``graph`` and the config writer use it; checkpoints build on ``create_temp``.
 """
@@ -8,90 +9,15 @@ Pure Python (no torch): ``graph`` and the config writer use it; checkpoints buil
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import secrets
-import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from te_assembly.errors import OutputPathError
-from te_assembly.version import __version__
 
 TEMP_SUFFIX = ".tmp"
-
-
-def not_regular(path: str | Path) -> str | None:
-    """What ``path`` is when it exists but is no regular file (``a FIFO (named pipe)``, ``a directory``,
-    ...), else None: opening a FIFO for reading blocks until a writer comes, so files te_assembly reads or
-    appends to are checked first, and refused by name."""
-    try:
-        return mode_kind(os.stat(path).st_mode)
-    except OSError:
-        return None
-
-
-def mode_kind(mode: int) -> str | None:
-    """What a file of ``mode`` (``st_mode``) is, in words, when it is no regular file; None when it is."""
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
-def check_regular(path: Path, what: str) -> None:
-    """``OutputPathError`` when ``path`` exists and is no regular file (``not_regular``)."""
-    kind = not_regular(path)
-    if kind is not None:
-        raise OutputPathError(f"{path} is {kind}, not a {what}: refusing to read or write it")
-
-
-RUN_MARKERS = (".te_assembly.lock", "ckpt-*.safetensors", "model.safetensors")
-"""Files that make a directory a training run's (its lock, its checkpoints) or a pretrained model's."""
-
-
-def holds_a_run(directory: Path) -> bool:
-    """Does ``directory`` hold a training run or a pretrained model (``RUN_MARKERS``)?"""
-    return directory.is_dir() and any(any(directory.glob(marker)) for marker in RUN_MARKERS)
-
-
-def check_not_a_run(directory: Path, what: str) -> None:
-    """``OutputPathError`` when ``directory`` holds another run's files: ``what`` (a command's outputs)
-    never goes where a training run or a pretrained model lives."""
-    if holds_a_run(directory):
-        raise OutputPathError(
-            f"{directory} holds a training run or a pretrained model (its lock, checkpoints or weights): "
-            f"{what} never writes into it; choose another directory"
-        )
-
-
-def check_not_theirs(path: Path, what: str) -> None:
-    """``OutputPathError`` when ``path`` exists and is not a file te_assembly writes for ``what``: a
-    checkpoint or weights file (``.safetensors``), or a ``config.yaml`` te_assembly did not write (a
-    user's own config)."""
-    if not path.exists():
-        return
-    if path.suffix == ".safetensors":
-        raise OutputPathError(f"{path} is a checkpoint or weights file: {what} never writes over it")
-    if path.name == "config.yaml":
-        with contextlib.suppress(OSError):
-            head = path.read_text(encoding="utf-8", errors="replace")[:40]
-            if head and not head.startswith("# te_assembly"):
-                raise OutputPathError(
-                    f"{path} is not a config te_assembly wrote (yours?): {what} never writes over it; "
-                    "choose another directory"
-                )
 
 
 def prepare_out_dir(path: str | Path) -> Path:
@@ -204,30 +130,11 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def config_text(config: Mapping[str, Any], command_line: str | None = None) -> str:
-    """A resolved config as YAML, with a header saying when and, if given, by which command line it was
-    made: the ``config.yaml`` beside a run's results."""
-    when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    lines = [f"# te_assembly {__version__}: the fully resolved config of this run ({when})"]
-    if command_line is not None:
-        lines.append(f"# {command_line}")
-    lines.append("# model and recipe as read (overrides and interpolations applied), then every setting")
-    body = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, default_flow_style=False)
-    return "\n".join(lines) + "\n" + body
-
-
 __all__ = [
-    "RUN_MARKERS",
-    "check_not_a_run",
-    "check_not_theirs",
-    "check_regular",
-    "config_text",
+    "TEMP_SUFFIX",
     "create_temp",
     "file_mode",
     "fsync_dir",
-    "holds_a_run",
-    "mode_kind",
-    "not_regular",
     "prepare_out_dir",
     "write_atomic",
     "write_error",

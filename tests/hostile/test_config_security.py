@@ -1,0 +1,131 @@
+"""A config can neither run code nor change the environment: ``hydra.job.env_set`` / ``env_copy`` (the
+environment of every program a command runs: Graphviz's ``dot``, the compiler) and ``pkg://`` search
+paths (Hydra imports the package they name) are refused with their key path, from an override or from a
+user's primary config, before Hydra acts on them. And nothing that points at remote code (``auto_map``)
+is carried from an imported checkpoint into anything te_assembly writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import te_assembly
+from tests.conftest import REPO_ROOT
+from tests.hostile.conftest import clean_failure
+
+
+def _cli(cwd: Path, *args: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p)
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": path}
+    return subprocess.run(
+        [sys.executable, "-m", "te_assembly", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _fake_dot(folder: Path, marker: Path) -> Path:
+    """A ``dot`` that would betray being run (the attack of hydra.job.env_set.PATH)."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    dot = bin_dir / "dot"
+    dot.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    dot.chmod(dot.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+@pytest.mark.parametrize("variable", ["PATH", "LD_PRELOAD", "HOME", "CXX", "TE_ASSEMBLY_MEMORY_LIMIT"])
+def test_env_set_from_an_override_is_refused(variable: str, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    bin_dir = _fake_dot(tmp_path, marker)
+    done = _cli(tmp_path, "graph", f"+hydra.job.env_set.{variable}={bin_dir}")
+    clean_failure(done, 2, f"hydra.job.env_set.{variable}", "never run code nor change the environment")
+    assert not marker.exists()
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_env_set_and_env_copy_from_a_primary_config_are_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    bin_dir = _fake_dot(tmp_path, marker)
+    (tmp_path / "evil.yaml").write_text(
+        "defaults: [config, _self_]\nhydra:\n  job:\n"
+        f"    env_set: {{PATH: '{bin_dir}'}}\n    env_copy: [SSH_AUTH_SOCK]\n"
+    )
+    done = _cli(tmp_path, "graph", "-cd", str(tmp_path), "-cn", "evil")
+    clean_failure(done, 2, "hydra.job.env_set.PATH", "hydra.job.env_copy[0]")
+    assert not marker.exists()
+
+
+@pytest.fixture
+def betraying_package(tmp_path: Path) -> tuple[Path, Path]:
+    """An installed-looking package that writes a marker when imported."""
+    site = tmp_path / "site"
+    package = site / "betrays"
+    package.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    (package / "model").mkdir()
+    shutil.copy(REPO_ROOT / "configs" / "model" / "residual_mlp.yaml", package / "model" / "evil.yaml")
+    return site, marker
+
+
+def test_a_pkg_search_path_from_an_override_is_refused_before_any_import(
+    betraying_package: tuple[Path, Path], tmp_path: Path
+) -> None:
+    site, marker = betraying_package
+    done = _cli(tmp_path, "validate", "hydra.searchpath=[pkg://betrays]", "model=evil", pythonpath=str(site))
+    clean_failure(done, 2, "hydra.searchpath[0]", "pkg://betrays")
+    assert not marker.exists()
+
+
+def test_a_pkg_search_path_from_a_primary_config_is_refused_before_any_import(
+    betraying_package: tuple[Path, Path], tmp_path: Path
+) -> None:
+    site, marker = betraying_package
+    (tmp_path / "evil.yaml").write_text("defaults: [config, _self_]\nhydra:\n  searchpath: [pkg://betrays]\n")
+    done = _cli(tmp_path, "validate", "-cd", str(tmp_path), "-cn", "evil", pythonpath=str(site))
+    clean_failure(done, 2, "hydra.searchpath[0]")
+    assert not marker.exists()
+
+
+def test_a_folder_search_path_still_works(tmp_path: Path) -> None:
+    (tmp_path / "mine" / "model").mkdir(parents=True)
+    shutil.copy(
+        REPO_ROOT / "configs" / "model" / "residual_mlp.yaml", tmp_path / "mine" / "model" / "ok.yaml"
+    )
+    done = _cli(tmp_path, "validate", f"hydra.searchpath=[file://{tmp_path / 'mine'}]", "model=ok")
+    assert done.returncode == 0, done.stderr
+
+
+def test_remote_code_is_never_carried_into_what_te_assembly_writes(hf_llama: Path, tmp_path: Path) -> None:
+    source = tmp_path / "hf"
+    shutil.copytree(hf_llama, source)
+    config = json.loads((source / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "evil_modeling.EvilForCausalLM"}
+    (source / "config.json").write_text(json.dumps(config))
+    (source / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}, "model_max_length": 64})
+    )
+    imported = te_assembly.import_hf(source, tmp_path / "imported")
+    exported = __import__("te_assembly.formats.hf.convert").formats.hf.convert.export_hf(
+        imported, tmp_path / "out"
+    )
+    for folder, name in [
+        (imported, "hf_config.json"),
+        (imported, "tokenizer_config.json"),
+        (exported, "config.json"),
+        (exported, "tokenizer_config.json"),
+    ]:
+        text = (folder / name).read_text()
+        assert "auto_map" not in text and "evil" not in text, (folder, name)
+    assert json.loads((exported / "tokenizer_config.json").read_text())["model_max_length"] == 64

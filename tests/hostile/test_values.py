@@ -1,0 +1,163 @@
+"""Values that would change the math silently, or crash a reader, are refused by name at their own line:
+implausible norms and RoPE settings in a ``config.json`` (the same bounds as the op catalog's), values of
+the wrong shape (a list where a name belongs), integer tensors where float weights belong, a model no
+machine could hold, a sampling temperature too small to divide by."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from te_assembly.errors import CheckpointError
+from te_assembly.formats.hf import config as hf_config
+from te_assembly.formats.hf.config import HFConfigError, parse_config
+from tests.hostile.conftest import clean_failure, user_cli
+
+LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+
+
+def _written(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data, indent=2))  # json writes inf as Infinity, as Python reads it
+    return path
+
+
+def _refusal(tmp_path: Path, **changes: Any) -> tuple[str, int | None, str]:
+    path = _written(tmp_path, {**LLAMA, **changes})
+    with pytest.raises(HFConfigError) as caught:
+        parse_config(hf_config.read_config(path), path)
+    (found,) = [d for d in caught.value.diagnostics if d.is_error]
+    assert found.file == str(path)
+    return found.path, found.line, found.message
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"rms_norm_eps": 1e300}, "rms_norm_eps"),
+        ({"rms_norm_eps": -1e-6}, "rms_norm_eps"),
+        ({"rope_theta": float("inf")}, "rope_theta"),
+        ({"rope_theta": 1e300}, "rope_theta"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": float("inf")}}, "rope_scaling.factor"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 1e300}}, "rope_scaling.factor"),
+    ],
+    ids=["eps-1e300", "eps-negative", "theta-inf", "theta-1e300", "factor-inf", "factor-1e300"],
+)
+def test_implausible_math_is_refused_at_its_line_in_config_json(
+    changes: dict[str, Any], key: str, tmp_path: Path
+) -> None:
+    path, line, message = _refusal(tmp_path, **changes)
+    assert path == f"config.json:{key}", (path, message)
+    text = (tmp_path / "config.json").read_text().splitlines()
+    assert line is not None and key.split(".")[-1] in text[line - 1], (line, message)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"architectures": [["LlamaForCausalLM"]]},
+        {"architectures": "LlamaForCausalLM"},
+        {"dtype": ["float32"]},
+        {"dtype": {"a": 1}},
+        {"rope_scaling": "linear"},
+        {"rope_scaling": ["linear", 2.0]},
+        {"rope_scaling": {"rope_type": ["linear"], "factor": 2.0}},
+        {"hidden_size": [32]},
+        {"num_attention_heads": "4"},
+    ],
+    ids=str,
+)
+def test_values_of_the_wrong_shape_are_refused_not_crashed_on(
+    changes: dict[str, Any], tmp_path: Path
+) -> None:
+    path = _written(tmp_path, {**LLAMA, **changes})
+    with pytest.raises(HFConfigError) as caught:
+        parse_config(hf_config.read_config(path), path)
+    assert all(d.file == str(path) for d in caught.value.diagnostics)
+
+
+def test_a_list_for_the_number_of_experts_is_refused(tmp_path: Path) -> None:
+    mixtral = {**LLAMA, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral"}
+    path = _written(tmp_path, {**mixtral, "num_local_experts": [4], "num_experts_per_tok": 2})
+    with pytest.raises(HFConfigError, match="num_local_experts"):
+        parse_config(hf_config.read_config(path), path)
+
+
+def test_thousands_of_unknown_fields_are_refused_reading_the_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _written(tmp_path, {**LLAMA, **{f"unknown_{i}": i for i in range(3000)}})
+    reads = []
+    real = hf_config.read_text
+    monkeypatch.setattr(hf_config, "read_text", lambda *a, **k: reads.append(a) or real(*a, **k))
+    data = hf_config.read_config(path)
+    with pytest.raises(HFConfigError) as caught:
+        parse_config(data, path)
+    assert len(caught.value.diagnostics) == 3000
+    assert len(reads) <= 1  # the lines of every key found in one pass, not one pass per refusal
+    lines = path.read_text().splitlines()
+    assert '"unknown_2999"' in lines[caught.value.diagnostics[-1].line - 1]
+
+
+def test_an_integer_tensor_where_a_weight_belongs_is_refused(hf_llama: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    source = tmp_path / "hf"
+    shutil.copytree(hf_llama, source)
+    tensors = load_file(source / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    tensors[name] = torch.randint(0, 2**30, tensors[name].shape, dtype=torch.int32)
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    import te_assembly
+
+    with pytest.raises(CheckpointError, match=rf"{name} holds I32 values, not floating-point weights"):
+        te_assembly.import_hf(source, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_an_integer_tensor_in_a_pretrained_directory_is_refused(tmp_path: Path) -> None:
+    import te_assembly
+    from te_assembly.formats.pretrained import _check_fits
+    from tests.engines._helpers import build_yaml
+
+    model = build_yaml(
+        "name: t\nin_features: 8\nops:\n  - {name: fc, op: Linear, args: {in_features: 8, out_features: 8}}\n"
+    )
+    weights = {k: v.to(torch.int64) for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match="holds int64 values, not floating-point weights"):
+        _check_fits(model.plan, weights, "the file")
+    del te_assembly
+
+
+def test_a_model_no_machine_could_hold_is_found_by_validate(tmp_path: Path) -> None:
+    wide = ["model=residual_mlp", "model.dims.hidden=100000000000", "model.dims.ffn=100000000000"]
+    done = user_cli(tmp_path, "validate", *wide)
+    clean_failure(done, 2, "parameters", "more than any machine or cluster holds", "fc1")
+    warned = user_cli(tmp_path, "validate", "model=residual_mlp", "model.dims.ffn=100000000000")
+    assert warned.returncode == 0 and "more than one GB200 NVL72 rack holds" in warned.stdout + warned.stderr
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300, 5e-324])
+def test_a_vanishing_temperature_samples_the_most_likely_token(temperature: float) -> None:
+    from te_assembly.jobs.generate.job import next_token
+    from te_assembly.jobs.generate.settings import GenerateSettings
+
+    logits = torch.tensor([0.5, 3.0, -2.0, 2.9])
+    chosen = next_token(logits, GenerateSettings(temperature=temperature), torch.Generator().manual_seed(0))
+    assert chosen == 1
