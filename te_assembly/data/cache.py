@@ -85,7 +85,10 @@ def is_validation(name: str, fraction: float) -> bool:
 
 def split(docs: Sequence[Document], fraction: float) -> tuple[list[Document], list[Document]]:
     """Train and validation documents. With ``fraction > 0`` both get at least one when there are two or
-    more documents; one document is split by position later (``prepare``)."""
+    more documents; one document goes to training whatever its name, and is split by position later
+    (``prepare``)."""
+    if len(docs) == 1:
+        return list(docs), []
     train = [d for d in docs if not is_validation(d.name, fraction)]
     val = [d for d in docs if is_validation(d.name, fraction)]
     if fraction > 0 and len(docs) >= 2:

@@ -204,3 +204,22 @@ def test_pretokenized_ids_beyond_the_vocabulary_are_refused(tmp_path: Path) -> N
     with pytest.raises(DataError, match="token ids up to 299 would be out of range"):
         corpus.check_fits(272, "dense_lm")
     corpus.check_fits(304, "dense_lm")  # a vocabulary that holds them
+
+
+def test_a_single_document_is_split_by_position_whatever_its_name(tmp_path: Path) -> None:
+    """One document goes to training and is held out by position; it used to be lost to both splits
+    when its name hashed into the validation fraction (about one name in 20)."""
+    from te_assembly.data.cache import is_validation
+
+    names = [f"doc{i}.txt" for i in range(1000)]
+    held_out = next(n for n in names if is_validation(n, 0.05))
+    kept = next(n for n in names if not is_validation(n, 0.05))
+    for name in (held_out, kept):
+        folder = tmp_path / name.removesuffix(".txt")
+        folder.mkdir()
+        (folder / name).write_text("one document of plain words. " * 200)  # 5,800 bytes
+        data = prepare(DataSettings(path=str(folder / name), cache_dir=str(tmp_path / "cache")))
+        total = len(data.train) + len(data.val)
+        assert total >= 5800
+        assert len(data.val) == max(1, int(total * 0.05))
+        assert len(data.train) == total - len(data.val)
