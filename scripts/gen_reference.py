@@ -1,10 +1,11 @@
-"""Write docs/reference/{settings,ops,diagnostics}.md from the code that already knows the answers: the
-settings sections every command reads (their fields, defaults and docs), the op catalog (one sheet per op,
-``views/op_sheet.py``, what ``ls op NAME`` prints) and the diagnostics table
+"""Write docs/reference/{settings,ops,diagnostics,hf-fields}.md from the code that already knows the
+answers: the settings sections every command reads (their fields, defaults and docs), the op catalog
+(one sheet per op, ``views/op_sheet.py``, what ``ls op NAME`` prints) and the diagnostics table
 (``te_assembly/diagnostic_codes.py``), each code with an example that this script runs, so the output it
-shows is what te_assembly prints today.
+shows is what te_assembly prints today; and the Hugging Face ``config.json`` field table
+(``te_assembly/formats/hf/families.py``).
 
-    python scripts/gen_reference.py          # write the three pages
+    python scripts/gen_reference.py          # write the four pages
     python scripts/gen_reference.py --check  # exit 1 naming the pages that are stale
 
 ``tests/test_docs.py`` runs the check.
@@ -559,9 +560,62 @@ def _example_text(code: str, example: Example) -> str:
     return f"{lead}```\n{body}\n```\n"
 
 
+# ------------------------------------------------------------------------------------ hf config fields
+
+
+def hf_fields_page() -> str:
+    """Every ``config.json`` field an import meets, by family: read (the math), held to one value, or
+    metadata; from ``te_assembly/formats/hf/families.py``, the table the importer itself reads."""
+    from te_assembly.formats.hf.families import (
+        CHECKED,
+        COMMON_FIELDS,
+        FAMILIES,
+        GENERATION_DEFAULTS,
+        HONOURED,
+        METADATA_FIELDS,
+        METADATA_PATTERNS,
+        REMOTE_CODE_FIELDS,
+    )
+
+    def names(fields: Sequence[str]) -> str:
+        return ", ".join(f"`{f}`" for f in fields)
+
+    rows = [
+        (f"`{arch}`", f"`{family.model_type}`", names([f for f in HONOURED[arch] if f not in COMMON_FIELDS]))
+        for arch, family in FAMILIES.items()
+    ]
+    return (
+        "# Hugging Face `config.json` fields\n\n"
+        + GENERATED
+        + "`import-hf`, `from_hf` and `verify hf=` read every field of a checkpoint's `config.json` in one\n"
+        "of three ways, or refuse it by name and line (exit 2). A field not listed here is refused as\n"
+        "unknown; `import_hf.ignore_fields=[a,b]` accepts named unknown fields knowingly (recorded in the\n"
+        "pretrained directory's `config.yaml` as `hf_ignored_fields`; a field te_assembly reads cannot be\n"
+        "ignored).\n\n"
+        "## Read: the math\n\n"
+        f"Every family: {names(COMMON_FIELDS)}.\n\n"
+        + _table(("architecture", "model_type", "its own fields"), rows)
+        + "\n## Held to one value\n\n"
+        "Any other value would change the math in a way te_assembly does not compute: it is refused.\n\n"
+        + _table(("field", "accepted"), [(f"`{k}`", text) for k, (_, text) in CHECKED.items()])
+        + "\n## Metadata: never changes the math\n\n"
+        f"Named: {names(METADATA_FIELDS)}; pointers to remote code ({names(REMOTE_CODE_FIELDS)}) are\n"
+        "accepted on import and never written into an export.\n\n"
+        f"Sampling defaults older `transformers` wrote into `config.json`: {names(GENERATION_DEFAULTS)}.\n\n"
+        "By pattern: " + ", ".join(f"`{p.pattern}`" for p in METADATA_PATTERNS) + " (private keys such as\n"
+        "`_name_or_path`, token ids such as `unk_token_id`, other runtimes' fields such as\n"
+        "`transformers.js_config`).\n"
+    )
+
+
 # ------------------------------------------------------------------------------------------------ main
 
-PAGES = {"settings.md": settings_page, "ops.md": ops_page, "diagnostics.md": diagnostics_page}
+PAGES = {
+    "settings.md": settings_page,
+    "ops.md": ops_page,
+    "diagnostics.md": diagnostics_page,
+    "hf-fields.md": hf_fields_page,
+}
 
 
 def generate() -> dict[str, str]:

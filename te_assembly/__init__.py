@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from te_assembly.config.locations import configs_dir, shipped_config
     from te_assembly.data.settings import DataSettings
     from te_assembly.engines import build
+    from te_assembly.engines.reference.attention import twice_differentiable
     from te_assembly.engines.target import Target
     from te_assembly.formats.hf.convert import from_hf, import_hf, to_hf
     from te_assembly.formats.pretrained import (
@@ -67,6 +68,7 @@ _LAZY = {
     "RunSettings": "te_assembly.analysis.settings",
     "TrainSettings": "te_assembly.jobs.train.settings",
     "BenchSettings": "te_assembly.jobs.bench.settings",
+    "twice_differentiable": "te_assembly.engines.reference.attention",
 }
 
 
@@ -107,6 +109,7 @@ __all__ = [
     "shipped_config",
     "to_hf",
     "train",
+    "twice_differentiable",
     "validate_model",
     "verify",
 ]

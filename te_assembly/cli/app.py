@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("te_assembly.cli.commands.bench", "time forward, backward and step"),
     "generate": ("te_assembly.cli.commands.generate", "continue a prompt with a language model, streamed"),
+    "eval": (
+        "te_assembly.cli.commands.eval",
+        "score a language model on a text: loss, perplexity, bits per byte",
+    ),
     "export": (
         "te_assembly.cli.commands.export",
         "turn a training checkpoint into a pretrained model directory (format=hf: a Hugging Face one)",
@@ -66,6 +70,7 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "export": ("checkpoint", "to"),
     "import-hf": ("source", "to"),
     "generate": ("prompt", "source"),
+    "eval": ("source",),
 }
 """Commands that take words after them: ``ls op GroupedLinear`` is ``ls ls.what=op ls.name=GroupedLinear``,
 ``export RUN_DIR OUT`` is ``export export.checkpoint=RUN_DIR export.to=OUT``."""

@@ -77,12 +77,14 @@ def choice_stem(choice: object) -> str:
     return as_file_name(text, "model")
 
 
-def run_dir_name(choice: object, hf: object = None) -> str:
+def run_dir_name(choice: object, *sources: object) -> str:
     """The folder a command's runs go under (``outputs/<this>/<date>_<time>``): the model choice's
-    ``choice_stem``, or for ``verify hf=DIR`` the checkpoint's folder name (its model is the checkpoint,
-    not the default model choice)."""
-    if hf is not None and str(hf).strip():
-        return as_file_name(Path(str(hf)).expanduser().name, "hf")
+    ``choice_stem``, or the folder name of the first source given (``verify hf=DIR``'s checkpoint,
+    ``eval SOURCE``'s model: their model is the source, not the default model choice)."""
+    for source in sources:
+        if source is not None and str(source).strip():
+            path = Path(str(source)).expanduser()
+            return as_file_name(path.name or path.resolve().name, "source")
     return choice_stem(choice)
 
 

@@ -11,7 +11,7 @@ from te_assembly.errors import ConfigError
 from te_assembly.fields import FieldSpec
 from te_assembly.sections import read_section, setting, subsection
 
-FORMATS = ("auto", "text", "jsonl", "tokens")
+FORMATS = ("auto", "text", "jsonl", "tokens", "chat")
 TOKEN_DTYPES = ("uint16", "uint32")
 TEXT_SUFFIXES = [
     ".txt",
@@ -74,7 +74,11 @@ class DataSettings:
         "folder (null: the default corpus, the Python standard library's own source)",
     )
     format: str = setting(
-        "auto", choices=FORMATS, doc="auto: by suffix (.jsonl: JSON Lines, .bin: tokens, else text)"
+        "auto",
+        choices=FORMATS,
+        doc="auto: by suffix (.jsonl: JSON Lines, .bin: tokens, else text); chat: JSON Lines of "
+        "conversations ({messages: [{role, content}]}) rendered with the chat template beside "
+        "data.tokenizer.path, the loss on the assistant's tokens only",
     )
     text_field: str = setting(
         "text", nonempty=True, doc="JSON Lines and datasets: the field (column) holding each document"

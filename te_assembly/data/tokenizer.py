@@ -33,6 +33,10 @@ class Tokenizer(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of ``text`` and, for each, the characters ``[start, end)`` of ``text`` it covers."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def save(self, path: Path) -> Path | None:
@@ -51,6 +55,15 @@ class ByteTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        for index, char in enumerate(text):
+            encoded = char.encode("utf-8")
+            ids += encoded
+            offsets += [(index, index + 1)] * len(encoded)
+        return ids, offsets
 
     def decode(self, ids: Sequence[int]) -> str:
         # A generated id may end mid-character: show what is there (U+FFFD for a cut sequence).
@@ -96,6 +109,13 @@ class HFTokenizer:
         except Exception as exc:
             raise self._failed(exc) from None
         return [list(e.ids) for e in encoded]
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        try:
+            encoding = self._tok.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise self._failed(exc) from None
+        return list(encoding.ids), [(int(a), int(b)) for a, b in encoding.offsets]
 
     def decode(self, ids: Sequence[int]) -> str:
         try:

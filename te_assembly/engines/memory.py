@@ -69,22 +69,21 @@ def _slot_elements(shape: str, rows: int, width: int, args: dict[str, object]) -
 
 def attention_elements(args: dict[str, object], rows: int, seq_len: int, fused: bool = False) -> int:
     """What an ``Attention`` step keeps for backward beyond its input and output, in elements of the
-    compute dtype: q, k and v after the rotary embedding, the key/value heads repeated for their query
-    groups ([batch, heads, seq, head_dim] each), and the attention probabilities, ``num_heads * seq_len``
-    per row (the reference module and TE's unfused backend keep them). ``fused``: TE's fused kernels
-    (bfloat16/float16 on a GPU) keep one log-sum-exp per row and head instead."""
+    compute dtype: q, k and v after the rotary embedding (counted as [batch, heads, seq, head_dim] each:
+    an upper bound where key/value heads are shared), and the attention probabilities, ``num_heads * seq_len``
+    per row (TE's unfused backend, and the reference module inside ``twice_differentiable``, keep them).
+    ``fused``: a fused kernel (SDPA's flash or memory-efficient kernels for the reference module, TE's
+    fused backends) keeps one log-sum-exp per row and head instead."""
     heads, head_dim = int(args["num_heads"]), int(args["head_dim"])  # type: ignore[call-overload]
     return rows * heads * (3 * head_dim + (1 if fused else seq_len))
 
 
 def fused_attention(engine: str, kernels: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether attention runs in TE's fused kernels (no probabilities kept for backward)."""
-    return (
-        engine == "te"
-        and kernels == "te"
-        and device.type == "cuda"
-        and dtype in (torch.bfloat16, torch.float16)
-    )
+    """Whether attention runs in a fused kernel (no probabilities kept for backward): everywhere but
+    TE's ``DotProductAttention`` in float32 on a GPU (its unfused backend). The reference module's
+    ``twice_differentiable`` mode (the math backend) is for gradient checks and is not estimated."""
+    te_unfused = engine == "te" and kernels == "te" and device.type == "cuda" and dtype == torch.float32
+    return not te_unfused
 
 
 def _input_bytes(plan: Plan, tokens: int, size: int) -> int:

@@ -308,7 +308,8 @@ def test_train_refuses_with_the_fix_that_fits(monkeypatch: pytest.MonkeyPatch, t
     single, _ = shard_plan(plan, ParallelSettings())
     assert single is not None
     kw: dict[str, Any] = {"tokens": 512, "models": 2, "trained": 1, "optimizer": "adamw", "seq_len": 16}
-    need = rank_estimate(plan, single, torch.float32, **kw).total
+    fused = Target("reference").fused_attention  # what the train job estimates the reference engine with
+    need = rank_estimate(plan, single, torch.float32, fused_attention=fused, **kw).total
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", str(need - 1))
     with pytest.raises(
         ResourceError, match=r"it fits with parallel\.shard=2 \(torchrun --nproc_per_node=2\)"

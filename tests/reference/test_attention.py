@@ -4,12 +4,13 @@ torch's gradcheck."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
-from te_assembly.engines.reference.attention import Attention
+from te_assembly.engines.reference.attention import Attention, twice_differentiable
 from tests.reference.naive_attention import naive_attention, rotate_pairs
 
 CASES = [
@@ -64,7 +65,32 @@ def test_gradcheck_with_gqa_and_rotary() -> None:
     module = Attention(4, 4, 2, rotary=True)
     qkv = _packed(1, 4, 4, 2, 4).requires_grad_(True)
     assert torch.autograd.gradcheck(module, (qkv,))
-    assert torch.autograd.gradgradcheck(module, (qkv,))
+    with twice_differentiable():
+        assert torch.autograd.gradgradcheck(module, (qkv,))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_fast_kernel_and_math_backend_agree_and_only_math_differentiates_twice(window: int | None) -> None:
+    """Outside ``twice_differentiable`` SDPA picks its fast kernel (training speed); inside, the math
+    backend: the same values and gradients to float64 rounding, and only the second has a second
+    derivative."""
+    module = Attention(4, 8, 2, rotary=True, sliding_window=window)
+    qkv = _packed(2, 7, 4, 2, 8, seed=3)
+    results = []
+    for twice in (False, True):
+        x = qkv.clone().requires_grad_(True)
+        with twice_differentiable() if twice else contextlib.nullcontext():
+            y = module(x)
+            (grad,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+        results.append((y.detach(), grad.detach()))
+        if twice:
+            (again,) = torch.autograd.grad(grad.sum(), x)
+            assert again.abs().sum() > 0
+        else:
+            with pytest.raises(RuntimeError, match="not implemented"):
+                torch.autograd.grad(grad.sum(), x)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-12)
 
 
 def test_causal_means_no_position_sees_a_later_one() -> None:

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis
 from te_assembly.cli.commands.session import start
 from te_assembly.diagnostics import printable
+from te_assembly.errors import ArgumentError
 from te_assembly.jobs.generate.settings import GenerateSettings
+
+if TYPE_CHECKING:
+    from te_assembly.jobs.generate.job import Generated
 
 SECTIONS = {**COMMON_SECTIONS, "generate": GenerateSettings}
 
@@ -25,13 +31,22 @@ def _tokenizer_words(tokenizer: object) -> str:
 
 
 def main(analysis: Analysis, console: Console) -> int:
-    from te_assembly.jobs.generate.job import Text, generate, load_source, read_prompt, tokenizer_for
+    from te_assembly.jobs.generate.job import Text, load_source, read_prompt, tokenizer_for
 
     session = start(analysis, console)
     settings: GenerateSettings = session.section("generate")
+    if settings.interactive and not settings.chat:
+        raise ArgumentError("generate.interactive=true is a conversation: set generate.chat=true too")
+    if settings.interactive and settings.source is None and settings.prompt is not None:
+        # A conversation takes no prompt: its one word is the model (``generate SOURCE ...interactive``).
+        settings = dataclasses.replace(settings, source=settings.prompt, prompt=None)
+    if settings.chat and settings.source is None and settings.tokenizer is None:
+        raise ArgumentError(
+            "generate.chat needs a model with a chat template: set generate.source (or SOURCE)"
+        )
     target = session.target
-    prompt = read_prompt(settings)
     source = Path(settings.source).expanduser() if settings.source is not None else None
+    prompt = "" if settings.interactive else read_prompt(settings)
     if settings.source is not None:
         model = load_source(settings.source, target)
         where = f"from {settings.source}"
@@ -48,34 +63,73 @@ def main(analysis: Analysis, console: Console) -> int:
     )
     console.print(
         f"{printable(model.plan.name)} {printable(where)}; {printable(_tokenizer_words(tokenizer))}; {how}; "
-        f"up to {settings.max_new_tokens} tokens",
+        f"up to {settings.max_new_tokens} tokens" + ("; chat template" if settings.chat else ""),
         markup=False,
         soft_wrap=True,
     )
     console.rule(style="dim")
     out = console.file
-    out.write(prompt)
 
     def stream(event: object) -> None:
         if isinstance(event, Text):
             out.write(event.text)
             out.flush()
 
-    result = generate(
-        model,
-        target,
-        dataclasses.replace(settings, prompt=prompt, prompt_file=None),
-        tokenizer=tokenizer,
-        on_event=stream,
-    )
+    def answer(messages: list[dict[str, str]]) -> Generated:
+        from te_assembly.jobs.generate.job import chat
+
+        return chat(model, target, messages, settings, tokenizer=tokenizer, source=source, on_event=stream)
+
+    if settings.interactive:
+        return _converse(console, settings, answer)
+    if settings.chat:
+        from te_assembly.jobs.generate.job import conversation
+
+        out.write(prompt + "\n")
+        result = answer(conversation(prompt, settings.system))
+    else:
+        from te_assembly.jobs.generate.job import generate
+
+        out.write(prompt)
+        plain = dataclasses.replace(settings, prompt=prompt, prompt_file=None)
+        result = generate(model, target, plain, tokenizer=tokenizer, source=source, on_event=stream)
     out.write("\n")
     console.rule(style="dim")
-    ending = (
-        "the end-of-text token"
-        if result.stopped_at_eot
-        else f"generate.max_new_tokens={settings.max_new_tokens}"
-    )
-    console.print(f"{len(result.ids)} tokens, stopped at {ending}", markup=False)
+    console.print(_ending(result, settings), markup=False)
     if out is not sys.stdout:
         out.flush()
+    return 0
+
+
+def _ending(result: Generated, settings: GenerateSettings) -> str:
+    if result.stop_string is not None:
+        ending = f"the stop string {result.stop_string!r}"
+    elif result.stopped_at_eot:
+        ending = "the end-of-text token"
+    else:
+        ending = f"generate.max_new_tokens={settings.max_new_tokens}"
+    return (
+        f"{len(result.ids)} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, prompt "
+        f"included in the time), stopped at {printable(ending)}"
+    )
+
+
+def _converse(
+    console: Console, settings: GenerateSettings, answer: Callable[[list[dict[str, str]]], Generated]
+) -> int:
+    """Read a message, answer it, keep both; an empty line or the end of input ends the conversation."""
+    messages = [{"role": "system", "content": settings.system}] if settings.system is not None else []
+    console.print("an empty line ends the conversation", style="dim", markup=False)
+    while True:
+        try:
+            line = console.input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        result = answer(messages)
+        console.file.write("\n")
+        console.print(_ending(result, settings), style="dim", markup=False)
+        messages.append({"role": "assistant", "content": result.text})
     return 0

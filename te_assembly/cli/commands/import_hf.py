@@ -15,6 +15,7 @@ from rich.console import Console
 from te_assembly.analysis.analyze import Analysis
 from te_assembly.diagnostics import error, printable
 from te_assembly.errors import ConfigError
+from te_assembly.fields import FieldSpec
 from te_assembly.sections import setting
 
 
@@ -33,6 +34,13 @@ class ImportSettings:
         doc="the model's name, also its file name (null: from the destination's folder name)",
     )
     overwrite: bool = setting(False, doc="replace a directory that is not empty")
+    ignore_fields: list[str] = setting(
+        [],
+        items=FieldSpec(str, nonempty=True),
+        single_as_list=True,
+        doc="config.json fields te_assembly does not know, accepted knowingly as having no effect on "
+        "the model (recorded in config.yaml)",
+    )
 
 
 SECTIONS = {"import_hf": ImportSettings}
@@ -57,9 +65,16 @@ def main(analysis: Analysis, console: Console) -> int:
 
     source = Path(settings.source).expanduser()
     dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / f"{source.name}_te"
-    spec = read_spec(source)
+    spec = read_spec(source, settings.ignore_fields)
     with tensor_progress(console, "reading") as progress:
-        out = import_hf(source, dest, name=settings.name, overwrite=settings.overwrite, progress=progress)
+        out = import_hf(
+            source,
+            dest,
+            name=settings.name,
+            overwrite=settings.overwrite,
+            ignore_fields=settings.ignore_fields,
+            progress=progress,
+        )
     name = settings.name or model_name(dest)
     console.print(
         f"imported {FAMILIES[spec.architecture].architecture} ({spec.layers} layers, hidden {spec.hidden}, "

@@ -21,21 +21,42 @@ Semantics shared with the TE engine's ``TEAttention`` (``engines/te/attention.py
   ``sliding_window`` ``w`` only to the last ``w`` of them (``p - w < q <= p``: Mistral's window, TE's
   ``window_size=(w - 1, 0)``).
 
-``scaled_dot_product_attention`` runs with its math backend: the textbook computation, twice
-differentiable like every other reference op (the flash kernels' backward is not), and what the memory
-estimate counts (it keeps the attention probabilities for backward). On CPU that costs about twice the
-flash kernel's time for the attention itself.
+``scaled_dot_product_attention`` chooses its fastest kernel (flash attention on CPU, as
+``transformers`` runs it), which keeps one log-sum-exp per row and head for backward instead of the
+probabilities. Its backward cannot be differentiated again: inside ``twice_differentiable()``
+(gradient checks, gradient penalties) the math backend runs instead, the textbook computation, twice
+differentiable like every other reference op, at about twice the time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.engines.reference.ops.base import compute_dtype
+
+_TWICE = contextvars.ContextVar("te_assembly_twice_differentiable", default=False)
+
+
+@contextlib.contextmanager
+def twice_differentiable() -> Iterator[None]:
+    """Inside: every reference ``Attention`` computes with SDPA's math backend, so gradients of its
+    gradients exist (``torch.autograd.gradgradcheck``, ``grad(..., create_graph=True)`` then backward).
+    Outside, a second backward through attention fails in torch ("derivative for
+    aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented")."""
+    token = _TWICE.set(True)
+    try:
+        yield
+    finally:
+        _TWICE.reset(token)
+
 
 ROPE_TYPES = ("default", "linear", "llama3")
 """The frequency scalings ``rope_type`` takes (Hugging Face's ``rope_scaling.rope_type`` names)."""
@@ -171,9 +192,11 @@ class Attention(torch.nn.Module):
             + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
         )
 
-    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def split_heads(
+        self, qkv: torch.Tensor, rotate: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q ``[b, s, num_heads, d]``, k and v ``[b, s, num_kv_heads, d]``: views of the packed input,
-        q and k normalised when ``qk_norm`` and rotated when ``rotary``."""
+        q and k normalised when ``qk_norm`` and rotated from position 0 when ``rotary`` and ``rotate``."""
         if qkv.dim() != 3 or qkv.shape[-1] != self.in_features:
             raise ValueError(
                 f"Attention takes [batch, seq, {self.in_features}] (packed q, k, v of {self.num_heads} + "
@@ -186,29 +209,52 @@ class Attention(torch.nn.Module):
         if self.qk_norm:
             q = rms_norm(q, self.q_norm_weight, self.qk_norm_eps)
             k = rms_norm(k, self.k_norm_weight, self.qk_norm_eps)
-        if self.rotary:
+        if self.rotary and rotate:
             cos, sin = rotary_tables(seq, d, self.rope, qkv.device, qkv.dtype)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v
 
+    @property
+    def cache_layout(self) -> Attention:
+        """The module whose shapes a ``KVCache`` keeps (``kv_cache.cache_layouts``): this one."""
+        return self
+
+    def use_cache(self, cache: KVCache | None) -> None:
+        """Attend through ``cache`` (generation: only new positions come in), or not (None)."""
+        self.__dict__["_kv_cache"] = cache
+
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        cache = self.__dict__.get("_kv_cache")
+        if cache is not None:
+            return attend(self, qkv, cache, self.rotary)
         out_dtype = qkv.dtype
         q, k, v = self.split_heads(qkv.to(compute_dtype(qkv.dtype)))
         batch, seq = q.shape[0], q.shape[1]
-        group = self.num_heads // self.num_kv_heads
-        # [b, heads, s, d]; each key/value head repeated for the query heads it serves
-        q = q.transpose(1, 2)
-        k = k.transpose(1, 2).repeat_interleave(group, dim=1)
-        v = v.transpose(1, 2).repeat_interleave(group, dim=1)
-        with sdpa_kernel(SDPBackend.MATH):
+        # [b, heads, s, d]; query head i reads key/value head i // group (enable_gqa: SDPA's grouping,
+        # without a copy of the keys and values per query head)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        gqa = self.num_heads != self.num_kv_heads
+        with sdpa_kernel(SDPBackend.MATH) if _TWICE.get() else contextlib.nullcontext():
             if self.sliding_window is not None and self.sliding_window < seq:
                 positions = torch.arange(seq, device=q.device)
                 behind = positions[:, None] - positions[None, :]
                 mask = (behind >= 0) & (behind < self.sliding_window)
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, enable_gqa=gqa
+                )
             else:
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=self.causal, enable_gqa=gqa
+                )
         return out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim).to(out_dtype)
 
 
-__all__ = ["ROPE_TYPES", "Attention", "Rope", "apply_rotary", "rms_norm", "rotary_tables"]
+__all__ = [
+    "ROPE_TYPES",
+    "Attention",
+    "Rope",
+    "apply_rotary",
+    "rms_norm",
+    "rotary_tables",
+    "twice_differentiable",
+]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from te_assembly.engines.reference.attention import Attention
+from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.errors import EngineUnavailableError
 
 TE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -115,8 +116,22 @@ class TEAttention(torch.nn.Module):
             self._freqs[key] = freqs
         return freqs
 
+    @property
+    def cache_layout(self) -> Attention:
+        """What a ``KVCache`` keeps for this step: the reference layout's shapes."""
+        return self.layout
+
+    def use_cache(self, cache: KVCache | None) -> None:
+        """Generation: attend the new positions over ``cache`` (torch's SDPA on the cached keys and
+        values, the reference module's math; TE's fusers run every other step as before)."""
+        self.__dict__["_kv_cache"] = cache
+
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+        cache = self.__dict__.get("_kv_cache")
+        if cache is not None:
+            return attend(self.layout, qkv, cache, self.rotary)
 
         q, k, v = self.layout.split_heads(qkv)  # [b, s, heads, head_dim] views
         batch, seq = q.shape[0], q.shape[1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,13 @@ from te_assembly.errors import ConfigError
 from te_assembly.fields import check_value
 from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
 from te_assembly.formats.hf.families import (
+    CHECKED,
     FAMILIES,
     HONOURED,
     KEPT_FIELDS,
-    METADATA_FIELDS,
     ROPE_TYPES,
     Family,
+    is_metadata,
 )
 
 
@@ -201,11 +202,12 @@ class _Reader:
             )
 
 
-def parse_config(data: Mapping[str, Any], path: Path) -> HFSpec:
-    """The ``HFSpec`` of a ``config.json``; ``HFConfigError`` lists every field it refuses."""
+def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()) -> HFSpec:
+    """The ``HFSpec`` of a ``config.json``; ``HFConfigError`` lists every field it refuses. ``ignore``:
+    fields te_assembly does not know that the user accepts knowingly (``import_hf.ignore_fields``)."""
     family = _family(data, path)
     r = _Reader(data, path, family.architecture)
-    _known_fields(r, data, family)
+    _known_fields(r, data, family, ignore)
     hidden, heads, kv_heads, head_dim = _attention_shape(r, data)
     _supported_values(r)
     sliding_window = None
@@ -253,17 +255,39 @@ def _family(data: Mapping[str, Any], path: Path) -> Family:
     raise HFConfigError([_located(found, path, key_lines(path), "architectures")])
 
 
-def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family) -> None:
-    """Every field is one the family honours or metadata, and ``model_type`` is the family's."""
-    known = set(HONOURED[family.architecture]) | set(METADATA_FIELDS)
+def known_field(key: str, architecture: str) -> bool:
+    """Whether te_assembly reads ``key`` of an ``architecture`` config, holds it to a value, or knows
+    it for metadata."""
+    return key in HONOURED[architecture] or key in CHECKED or is_metadata(key)
+
+
+def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family, ignore: Sequence[str]) -> None:
+    """Every field is one the family honours, holds to a value, is metadata or is ignored by name;
+    ``model_type`` is the family's."""
+    known = sorted({*HONOURED[family.architecture], *CHECKED})
     for key in data:
-        if key not in known:
+        if not known_field(key, family.architecture) and key not in ignore:
             r.refuse(
                 key,
                 f"{key} = {shown(data[key])}: te_assembly does not know this {family.architecture} field, "
                 "so it cannot say the import keeps its meaning",
-                did_you_mean(key, sorted(known))
-                or "remove it from config.json if it has no effect on the model",
+                did_you_mean(key, known)
+                or f"if it has no effect on the model: import_hf.ignore_fields=[{key}] accepts it",
+                code="hf-unknown-field",
+            )
+    for key in ignore:
+        if known_field(key, family.architecture):
+            r.refuse(
+                key,
+                f"import_hf.ignore_fields names {key}, which te_assembly reads: only a field it does not "
+                "know can be ignored",
+                code="hf-bad-value",
+            )
+        elif key not in data:
+            r.refuse(
+                key,
+                f"import_hf.ignore_fields names {key}, which config.json does not have",
+                did_you_mean(key, sorted(data)),
                 code="hf-unknown-field",
             )
     if data.get("model_type") not in (None, family.model_type):
@@ -296,24 +320,9 @@ def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int
 
 
 def _supported_values(r: _Reader) -> None:
-    """Fields that change the math, held to the values te_assembly expresses."""
-    r.require("hidden_act", lambda v: v == "silu", "silu (SwiGLU MLPs)")
-    r.require("attention_dropout", lambda v: v in (0, 0.0), "0.0 (te_assembly's Attention has no dropout)")
-    r.require("partial_rotary_factor", lambda v: v in (1, 1.0), "1.0 (rotary embeddings on the whole head)")
-    r.require("pretraining_tp", lambda v: v == 1, "1")
-    r.require("router_jitter_noise", lambda v: v in (0, 0.0), "0.0 (no jitter on the router input)")
-    r.require("decoder_sparse_step", lambda v: v == 1, "1 (every layer a mixture of experts)")
-    r.require("mlp_only_layers", lambda v: v in ([], None), "[] (every layer a mixture of experts)")
-    r.require(
-        "layer_types",
-        lambda v: isinstance(v, list) and all(t == "full_attention" for t in v),
-        "every layer 'full_attention'",
-    )
-    r.require(
-        "use_sliding_window",
-        lambda v: v in (False, None),
-        "false (sliding windows on some layers only are not expressible)",
-    )
+    """Fields that change the math, held to the values te_assembly expresses (``CHECKED``)."""
+    for key, (allowed, supported) in CHECKED.items():
+        r.require(key, allowed, supported)
 
 
 def _biases(r: _Reader, family: Family) -> tuple[bool, bool]:

@@ -65,11 +65,12 @@ DEFAULT_SHARD_BYTES = 5 * 2**30
 """The Hub's default shard size (``save_pretrained(max_shard_size="5GB")``)."""
 
 
-def read_spec(hf_dir: str | os.PathLike[str]) -> HFSpec:
-    """The ``HFSpec`` of ``hf_dir``'s ``config.json`` (``HFConfigError`` names every refused field)."""
+def read_spec(hf_dir: str | os.PathLike[str], ignore_fields: Sequence[str] = ()) -> HFSpec:
+    """The ``HFSpec`` of ``hf_dir``'s ``config.json`` (``HFConfigError`` names every refused field);
+    ``ignore_fields``: fields te_assembly does not know, accepted knowingly."""
     folder = _hf_folder(hf_dir)
     path = folder / "config.json"
-    return parse_config(read_config(path, within=folder), path)
+    return parse_config(read_config(path, within=folder), path, ignore_fields)
 
 
 def _hf_folder(hf_dir: str | os.PathLike[str]) -> Path:
@@ -167,18 +168,21 @@ def import_hf(
     *,
     name: str | None = None,
     overwrite: bool = False,
+    ignore_fields: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> Path:
     """Turn the Hugging Face checkpoint ``hf_dir`` into the pretrained directory ``dest`` (what
     ``from_pretrained`` loads): ``model.safetensors`` and ``config.yaml``, the model as te_assembly YAML
     (``model/<name>.yaml`` and its blocks in ``block/``, so ``-cd DEST model=<name>`` validates,
     explains and trains it), the checkpoint's ``config.json`` as ``hf_config.json`` and its
-    ``tokenizer.json``. Nothing is written unless everything checks: ``dest`` is whole or absent."""
+    ``tokenizer.json``. Nothing is written unless everything checks: ``dest`` is whole or absent.
+    ``ignore_fields``: ``config.json`` fields te_assembly does not know, accepted knowingly (recorded
+    in ``config.yaml`` as ``hf_ignored_fields``)."""
     folder = _hf_folder(hf_dir)
     out = Path(dest).expanduser()
     model_id = safe_name(name, "import_hf.name") if name is not None else model_name(out)
     check_destination(out, PRETRAINED, overwrite=overwrite, sources=[folder])
-    spec = read_spec(folder)
+    spec = read_spec(folder, ignore_fields)
     companions = read_companions(folder, IMPORTED_COMPANIONS)
     fingerprint = None
     if TOKENIZER_FILE in companions:
@@ -215,6 +219,8 @@ def import_hf(
         **companions,
     }
     config = config_of(model_record(plan), None, spec.dtype, plan.tied_params, fingerprint)
+    if ignore_fields:
+        config["hf_ignored_fields"] = sorted(set(ignore_fields))
     return write_pretrained(out, weights, config, overwrite=overwrite, files=files, sources=[folder])
 
 
@@ -229,13 +235,17 @@ def _model_yaml(model: Mapping[str, Any], source: Path) -> str:
 
 
 def from_hf(
-    hf_dir: str | os.PathLike[str], target: Target | str = "auto", *, progress: Progress | None = None
+    hf_dir: str | os.PathLike[str],
+    target: Target | str = "auto",
+    *,
+    ignore_fields: Sequence[str] = (),
+    progress: Progress | None = None,
 ) -> AssembledModel:
     """Build the Hugging Face checkpoint ``hf_dir`` as a te_assembly model on ``target`` (an engine name:
     in the checkpoint's dtype) and load its weights tensor by tensor. The memory estimate checks the
     target's device first; every shape is checked before a tensor is read."""
     folder = _hf_folder(hf_dir)
-    spec = read_spec(folder)
+    spec = read_spec(folder, ignore_fields)
     analysis, _ = analysis_of(spec, model_name(folder))
     plan = analysis.checked_plan()
     chosen = for_source(target, getattr(torch, spec.dtype))

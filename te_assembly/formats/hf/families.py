@@ -3,7 +3,10 @@ honours: data, read by ``config.py`` (which honours or refuses every field), the
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -67,33 +70,28 @@ COMMON_FIELDS = (
     "head_dim",
     "intermediate_size",
     "rms_norm_eps",
-    "hidden_act",
     "rope_theta",
     "rope_scaling",
     "rope_parameters",
-    "partial_rotary_factor",
     "tie_word_embeddings",
-    "attention_dropout",
     "max_position_embeddings",
     "initializer_range",
 )
-"""What every family reads (``HONOURED`` adds each family's own)."""
+"""What every family reads (``HONOURED`` adds each family's own; ``CHECKED`` fields are held to a value)."""
 
-QWEN_WINDOW = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
-"""Qwen's sliding-window fields: honoured with the window off (on some layers only is refused)."""
+QWEN_WINDOW = ("sliding_window", "max_window_layers")
+"""Qwen's sliding-window fields, read with the window off (``use_sliding_window`` is ``CHECKED``)."""
 QWEN_EXPERTS = (
     "num_experts",
     "num_experts_per_tok",
     "moe_intermediate_size",
     "norm_topk_prob",
-    "decoder_sparse_step",
-    "mlp_only_layers",
     "router_aux_loss_coef",
     "output_router_logits",
 )
 
 HONOURED: dict[str, tuple[str, ...]] = {
-    "LlamaForCausalLM": (*COMMON_FIELDS, "attention_bias", "mlp_bias", "pretraining_tp"),
+    "LlamaForCausalLM": (*COMMON_FIELDS, "attention_bias", "mlp_bias"),
     "MistralForCausalLM": (*COMMON_FIELDS, "sliding_window"),
     "Qwen2ForCausalLM": (*COMMON_FIELDS, *QWEN_WINDOW),
     "Qwen3ForCausalLM": (*COMMON_FIELDS, "attention_bias", *QWEN_WINDOW),
@@ -103,7 +101,6 @@ HONOURED: dict[str, tuple[str, ...]] = {
         "num_local_experts",
         "num_experts_per_tok",
         "router_aux_loss_coef",
-        "router_jitter_noise",
         "output_router_logits",
     ),
     "Qwen2MoeForCausalLM": (
@@ -123,34 +120,126 @@ HONOURED: dict[str, tuple[str, ...]] = {
 }
 """The fields each family reads (each checked: a value it cannot express is refused)."""
 
+CHECKED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "hidden_act": (lambda v: v == "silu", "silu (SwiGLU MLPs)"),
+    "attention_dropout": (lambda v: v in (0, 0.0), "0.0 (te_assembly's Attention has no dropout)"),
+    "partial_rotary_factor": (lambda v: v in (1, 1.0), "1.0 (rotary embeddings on the whole head)"),
+    "pretraining_tp": (lambda v: type(v) is int and v == 1, "1 (the projections unsplit)"),
+    "rope_interleaved": (lambda v: v is False, "false (rotate halves, as transformers does)"),
+    "router_jitter_noise": (lambda v: v in (0, 0.0), "0.0 (no jitter on the router input)"),
+    "decoder_sparse_step": (lambda v: type(v) is int and v == 1, "1 (every layer a mixture of experts)"),
+    "mlp_only_layers": (lambda v: v in ([], None), "[] (every layer a mixture of experts)"),
+    "layer_types": (
+        lambda v: isinstance(v, list) and all(t == "full_attention" for t in v),
+        "every layer 'full_attention'",
+    ),
+    "use_sliding_window": (
+        lambda v: v in (False, None),
+        "false (sliding windows on some layers only are not expressible)",
+    ),
+    "add_cross_attention": (lambda v: v in (False, None), "false (a decoder without cross-attention)"),
+    "pruned_heads": (lambda v: v in ({}, None), "{} (no pruned attention heads)"),
+}
+"""Fields that would change the math, held to the one value te_assembly computes (any family may carry
+them: ``rope_interleaved`` and ``pretraining_tp`` appear in checkpoints of several families)."""
+
 METADATA_FIELDS = (
     "architectures",
     "model_type",
     "transformers_version",
     "torch_dtype",
     "dtype",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
     "use_cache",
-    "_name_or_path",
     "name_or_path",
     "return_dict",
     "output_hidden_states",
     "output_attentions",
     "torchscript",
     "use_return_dict",
+    "use_bfloat16",
     "is_encoder_decoder",
+    "is_decoder",
+    "tie_encoder_decoder",
+    "cross_attention_hidden_size",
+    "chunk_size_feed_forward",
     "tokenizer_class",
     "id2label",
     "label2id",
+    "finetuning_task",
+    "problem_type",
+    "prefix",
+    "task_specific_params",
+    "tf_legacy_loss",
+    "is_llama_config",
     "auto_map",
+    "custom_pipelines",
+    "trust_remote_code",
 )
-"""Fields that describe the checkpoint, not its math: never refused."""
+"""Fields that describe the checkpoint, not its math: never refused (with ``METADATA_PATTERNS`` and
+``GENERATION_DEFAULTS``). ``is_decoder``/``tie_encoder_decoder``/``chunk_size_feed_forward`` are
+transformers' generic ``PretrainedConfig`` fields that a decoder-only causal LM does not read;
+``is_llama_config`` is a marker nanotron writes."""
+METADATA_PATTERNS = (
+    re.compile(r"^_"),
+    re.compile(r"_token_ids?$"),
+    re.compile(r"^transformers\."),
+)
+"""Metadata by name: ``_``-prefixed keys (``_name_or_path``, ``_model_name_or_path``...), token ids
+(``bos_token_id``, ``unk_token_id``, ``decoder_start_token_id``...) and fields of transformers' other
+runtimes (``transformers.js_config``)."""
+GENERATION_DEFAULTS = (
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "output_scores",
+    "return_dict_in_generate",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+)
+"""Sampling defaults older ``transformers`` wrote into ``config.json`` (``generation_config.json``
+holds them now): they choose tokens, never the logits."""
 REMOTE_CODE_FIELDS = ("auto_map", "custom_pipelines", "trust_remote_code")
 """Pointers to Python code outside transformers (``auto_map``): accepted on import (te_assembly's math is
 the family's own), never carried into anything te_assembly writes."""
-KEPT_FIELDS = (*(f for f in METADATA_FIELDS if f not in REMOTE_CODE_FIELDS), "max_position_embeddings")
+KEPT_FIELDS = (
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "tokenizer_class",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "unk_token_id",
+    "sep_token_id",
+    "max_position_embeddings",
+)
 """What an import keeps of its ``config.json`` for export (``HFSpec.metadata``)."""
+
+
+def is_metadata(key: str) -> bool:
+    """Whether ``key`` describes the checkpoint without changing its math (never refused)."""
+    return (
+        key in METADATA_FIELDS or key in GENERATION_DEFAULTS or any(p.search(key) for p in METADATA_PATTERNS)
+    )
+
 
 ROPE_TYPES = ("default", "linear", "llama3")

@@ -8,16 +8,18 @@ from typing import TYPE_CHECKING
 from te_assembly.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from te_assembly.jobs.generate.job import Generated, generate
+    from te_assembly.jobs.generate.job import Generated, chat, generate, generate_many
     from te_assembly.jobs.generate.settings import GenerateSettings
 
 __getattr__ = lazy_attributes(
     __name__,
     {
         "generate": "te_assembly.jobs.generate.job",
+        "generate_many": "te_assembly.jobs.generate.job",
+        "chat": "te_assembly.jobs.generate.job",
         "Generated": "te_assembly.jobs.generate.job",
         "GenerateSettings": "te_assembly.jobs.generate.settings",
     },
 )
 
-__all__ = ["GenerateSettings", "Generated", "generate"]
+__all__ = ["GenerateSettings", "Generated", "chat", "generate", "generate_many"]

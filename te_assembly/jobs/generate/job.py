@@ -1,29 +1,34 @@
-"""``generate``: a language model continues a prompt, one token at a time.
+"""``generate``: a language model continues a prompt (or a batch of prompts), one token at a time.
 
-Each new token comes from the model's logits at the last position of the whole sequence so far (the
-last ``context`` tokens of it): no cache of keys and values, the sequence is recomputed each step, which
-at these sizes costs little and is exactly the model's own forward. Greedy (``temperature=0``) takes the
-argmax; otherwise the logits are divided by the temperature, cut to the ``top_k`` most likely ids and
-the smallest set holding ``top_p`` of the probability, and sampled from a generator seeded by ``seed``:
-the same seed gives the same text. Generation stops at ``max_new_tokens`` or the end-of-text token.
+Each new token comes from the model's logits at the last position of the sequence so far (the last
+``context`` tokens of it), computed with a key/value cache (``decode.py``): the prompt once, then one
+position per token. Greedy (``temperature=0``) takes the argmax; otherwise the logits are divided by
+the temperature, cut to the ``top_k`` most likely ids and the smallest set holding ``top_p`` of the
+probability, and sampled from a generator seeded by ``seed``: the same seed gives the same text.
+Generation stops at ``max_new_tokens``, a stop id (the end-of-text token, the model's
+``eos_token_id``s) or a ``stop`` string.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from te_assembly.data.chat import ChatTemplate, load_chat_template, special_tokens
 from te_assembly.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer_file
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, CheckpointError, DataError
 from te_assembly.files.directory import recover
-from te_assembly.files.read import LIMITS, InputFileError, read_text
+from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
 from te_assembly.formats.pretrained import check_tokenizer
 from te_assembly.jobs.events import OnEvent, ignore
+from te_assembly.jobs.generate.decode import decode
 from te_assembly.jobs.generate.settings import GenerateSettings
 
 
@@ -31,16 +36,25 @@ from te_assembly.jobs.generate.settings import GenerateSettings
 class Generated:
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)
-    """The new tokens (the end-of-text token, if it stopped there, not included)."""
+    """The new tokens (the stop token, if it stopped at one, not included)."""
     text: str = ""
     stopped_at_eot: bool = False
+    """It stopped at a stop token: the tokenizer's end-of-text or an ``eos_token_id`` of the model's."""
+    stop_string: str | None = None
+    """The ``generate.stop`` string it stopped at (cut from ``text``)."""
+    seconds: float = 0.0
+    """Wall time of the whole generation (the batch's, for ``generate_many``)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.ids) / self.seconds if self.seconds > 0 else 0.0
 
 
 def next_token(logits: torch.Tensor, settings: GenerateSettings, generator: torch.Generator) -> int:
     """One id from the last position's ``logits`` ``[vocab]`` (module docstring)."""
-    logits = logits.double()
     if settings.temperature == 0:
         return int(logits.argmax())
+    logits = logits.double()
     # Shifted first, so the most likely id is 0 and a tiny temperature (1e-45) divides nothing into an
     # infinity: the others go to -inf and sampling becomes greedy, as the limit is.
     logits = (logits - logits.max()) / settings.temperature
@@ -69,6 +83,7 @@ def generate(
     settings: GenerateSettings | None = None,
     *,
     tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+    source: str | os.PathLike[str] | None = None,
     on_event: OnEvent = ignore,
 ) -> Generated:
     """Continue ``settings.prompt`` (or ``prompt_file``) with ``model`` (module docstring; ``settings``:
@@ -76,10 +91,58 @@ def generate(
     pretrained directory loaded on ``target`` (``load_source``); ``target.seed`` seeds the sampling
     unless ``settings.seed`` does. ``tokenizer``: a tokenizer, a ``tokenizer.json``, or a run or
     pretrained directory (its ``tokenizer.json``, else byte-level); None: ``settings.tokenizer``, else the
-    one beside a loaded source, else byte-level. ``on_event`` gets a ``Text`` event per new piece."""
+    one beside a loaded source, else byte-level. ``source``: where a built ``model`` was loaded from
+    (its stop ids and recorded tokenizer). ``on_event`` gets a ``Text`` event per new piece."""
+    return _generate(model, target, settings, tokenizer, source, on_event, None)[0]
+
+
+def generate_many(
+    model: AssembledModel | str | os.PathLike[str],
+    target: Target | str,
+    prompts: Sequence[str],
+    settings: GenerateSettings | None = None,
+    *,
+    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+    source: str | os.PathLike[str] | None = None,
+) -> list[Generated]:
+    """``generate`` for several prompts at once: one batch, left-padded to the longest prompt, each
+    continued as it would be alone (greedy: the same tokens; sampling draws each row in turn)."""
+    return _generate(model, target, settings, tokenizer, source, ignore, list(prompts))
+
+
+def chat(
+    model: AssembledModel | str | os.PathLike[str],
+    target: Target | str,
+    messages: Sequence[dict[str, str]],
+    settings: GenerateSettings | None = None,
+    *,
+    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+    source: str | os.PathLike[str] | None = None,
+    on_event: OnEvent = ignore,
+) -> Generated:
+    """The assistant's next turn in the conversation ``messages`` (``[{"role": "user", "content":
+    ...}, ...]``), rendered with the chat template beside the model (``generate.tokenizer``'s folder, else
+    ``source``'s, else ``model``'s when it is a path); otherwise as ``generate``."""
+    settings = settings if settings is not None else GenerateSettings()
+    where = source if source is not None else None if isinstance(model, AssembledModel) else model
+    template = chat_template_for(Path(where).expanduser() if where is not None else None, settings)
+    rendered = template.render(messages)
+    plain = dataclasses.replace(settings, chat=False, prompt=None, prompt_file=None)
+    return _generate(model, target, plain, tokenizer, source, on_event, [rendered])[0]
+
+
+def _generate(
+    model: AssembledModel | str | os.PathLike[str],
+    target: Target | str,
+    settings: GenerateSettings | None,
+    tokenizer: Tokenizer | str | os.PathLike[str] | None,
+    given_source: str | os.PathLike[str] | None,
+    on_event: OnEvent,
+    prompts: list[str] | None,
+) -> list[Generated]:
     settings = settings if settings is not None else GenerateSettings()
     target = as_target(target)
-    source: Path | None = None
+    source = Path(given_source).expanduser() if given_source is not None else None
     if not isinstance(model, AssembledModel):
         source = Path(model).expanduser()
         model = load_source(str(model), target)
@@ -105,44 +168,121 @@ def generate(
             "this tokenizer is not the one the model was trained with"
         )
     seed = settings.seed if settings.seed is not None else target.seed
-    return _continue(model, tokenizer, read_prompt(settings), settings, seed, on_event)
+    if prompts is None:
+        prompts = [read_prompt(settings)]
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ArgumentError("generate_many takes a non-empty list of prompt strings")
+    if settings.chat:
+        template = chat_template_for(source, settings)
+        prompts = [template.render(conversation(p, settings.system)) for p in prompts]
+    stop_ids = stop_ids_of(source, tokenizer, settings)
+    return _continue(model, tokenizer, prompts, settings, seed, on_event, stop_ids)
 
 
 def _continue(
     model: AssembledModel,
     tokenizer: Tokenizer,
-    prompt: str,
+    prompts: list[str],
     settings: GenerateSettings,
     seed: int,
     on_event: OnEvent,
-) -> Generated:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    ids = tokenizer.encode(prompt)
-    result = Generated(list(ids))
-    if not ids:
-        ids = [tokenizer.eot_id] if tokenizer.eot_id >= 0 else [0]  # an empty prompt: start a document
-    generator = torch.Generator().manual_seed(seed)
-    shown = ""
-    model.eval()
-    with torch.no_grad():
-        for _ in range(settings.max_new_tokens):
-            window = torch.tensor([ids[-settings.context :]], dtype=torch.int64, device=device)
-            y, _ = model(window)
-            token = next_token(y[0, -1], settings, generator)
-            if settings.stop_at_eot and token == tokenizer.eot_id:
-                result.stopped_at_eot = True
-                break
-            ids.append(token)
-            result.ids.append(token)
-            text = tokenizer.decode(result.ids)
-            # A byte-level id can end inside a UTF-8 character: show it once it is whole.
-            if not text.endswith("\ufffd") and len(text) > len(shown):
-                on_event(Text(text[len(shown) :]))
-                shown = text
-    result.text = tokenizer.decode(result.ids)
-    if len(result.text) > len(shown):
-        on_event(Text(result.text[len(shown) :]))
-    return result
+    stop_ids: frozenset[int],
+) -> list[Generated]:
+    results = [Generated(list(tokenizer.encode(p))) for p in prompts]
+    # An empty prompt starts a document.
+    start = [tokenizer.eot_id] if tokenizer.eot_id >= 0 else [0]
+    streams = [_Stream(tokenizer, settings.stop, on_event if len(prompts) == 1 else ignore) for _ in prompts]
+
+    def on_token(row: int, token: int) -> bool:
+        results[row].ids.append(token)
+        return streams[row].add(results[row])
+
+    decoded = decode(
+        model,
+        [r.prompt_ids or start for r in results],
+        settings,
+        torch.Generator().manual_seed(seed),
+        next_token,
+        stop_ids,
+        on_token,
+    )
+    for result, stream, stopped in zip(results, streams, decoded.stopped, strict=True):
+        result.stopped_at_eot = stopped is not None
+        result.seconds = decoded.seconds
+        stream.finish(result)
+    return results
+
+
+class _Stream:
+    """One sequence's text as it grows: shown once each piece is whole (a byte-level id can end inside
+    a UTF-8 character) and cannot be the start of a stop string; cut at the first stop string."""
+
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str], on_event: OnEvent) -> None:
+        self.tokenizer, self.stops, self.on_event = tokenizer, [s for s in stops if s], on_event
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.shown = ""
+
+    def add(self, result: Generated) -> bool:
+        """Show what is decided of ``result``'s text; True when a stop string ended it."""
+        text = self.tokenizer.decode(result.ids)
+        found = [(text.find(s), s) for s in self.stops if s in text]
+        if found:
+            at, stop = min(found)
+            result.stop_string, result.text = stop, text[:at]
+            return True
+        ready = text[: len(text) - self.hold] if self.hold else text
+        if not ready.endswith("\ufffd") and len(ready) > len(self.shown):
+            self.on_event(Text(ready[len(self.shown) :]))
+            self.shown = ready
+        return False
+
+    def finish(self, result: Generated) -> None:
+        if result.stop_string is None:
+            result.text = self.tokenizer.decode(result.ids)
+        if len(result.text) > len(self.shown):
+            self.on_event(Text(result.text[len(self.shown) :]))
+
+
+def conversation(prompt: str, system: str | None) -> list[dict[str, str]]:
+    """A one-turn conversation: the system prompt (if any) and the user's ``prompt``."""
+    system_turn = [{"role": "system", "content": system}] if system is not None else []
+    return [*system_turn, {"role": "user", "content": prompt}]
+
+
+def chat_template_for(source: Path | None, settings: GenerateSettings) -> ChatTemplate:
+    """The chat template beside the tokenizer in use: ``generate.tokenizer``'s folder, else the
+    source's (``ChatTemplateError`` when it has none)."""
+    if settings.tokenizer is not None:
+        return load_chat_template(Path(settings.tokenizer).expanduser().parent)
+    if source is None:
+        raise ArgumentError(
+            "generate.chat needs a model with a chat template: set generate.source (or SOURCE)"
+        )
+    return load_chat_template(model_folder(source))
+
+
+def stop_ids_of(source: Path | None, tokenizer: Tokenizer, settings: GenerateSettings) -> frozenset[int]:
+    """The ids generation stops at (``stop_at_eot``): the tokenizer's end-of-text token and every
+    ``eos_token_id`` of the model's ``generation_config.json`` (else ``hf_config.json``) beside
+    ``source``, as ``transformers`` stops at them."""
+    if not settings.stop_at_eot:
+        return frozenset()
+    ids = {tokenizer.eot_id} if tokenizer.eot_id >= 0 else set()
+    if source is not None:
+        folder = model_folder(source)
+        for name in ("generation_config.json", "hf_config.json"):
+            path = folder / name
+            if not (path.exists() or path.is_symlink()):
+                continue
+            try:
+                data = read_json(path, limit=LIMITS["metadata"], within=folder)
+            except InputFileError as exc:
+                raise CheckpointError(f"cannot read {path}: {exc}") from None
+            eos = data.get("eos_token_id") if isinstance(data, dict) else None
+            found = eos if isinstance(eos, list) else [eos]
+            ids |= {i for i in found if isinstance(i, int) and not isinstance(i, bool) and i >= 0}
+            break
+    return frozenset(ids)
 
 
 def tokenizer_for(source: Path | None, settings: GenerateSettings, eot: str = "<|endoftext|>") -> Tokenizer:
@@ -152,17 +292,38 @@ def tokenizer_for(source: Path | None, settings: GenerateSettings, eot: str = "<
     beside a byte-level model is refused, not used)."""
     tokenizer: Tokenizer
     if settings.tokenizer is not None:
-        tokenizer = load_tokenizer_file(Path(settings.tokenizer).expanduser(), eot)
+        path = Path(settings.tokenizer).expanduser()
+        tokenizer = _with_eos(lambda end: load_tokenizer_file(path, end), eot, path.parent)
     elif source is not None:
-        folder = source if source.is_dir() else source.parent
+        folder = model_folder(source)
         beside = folder / "tokenizer.json"
-        found = beside.exists() or beside.is_symlink()
-        tokenizer = load_tokenizer_file(beside, eot, within=folder) if found else ByteTokenizer()
+        if beside.exists() or beside.is_symlink():
+            tokenizer = _with_eos(lambda end: load_tokenizer_file(beside, end, within=folder), eot, folder)
+        else:
+            tokenizer = ByteTokenizer()
     else:
         tokenizer = ByteTokenizer()
     if source is not None:
         check_tokenizer(source, tokenizer, "generate.source")
     return tokenizer
+
+
+def model_folder(source: Path) -> Path:
+    """The folder of a source's files (tokenizer, chat template, generation config): the run or
+    pretrained directory itself, or a checkpoint's run."""
+    return source if source.is_dir() else source.parent
+
+
+def _with_eos(load: Callable[[str], Tokenizer], eot: str, folder: Path) -> Tokenizer:
+    """``load(eot)``; a tokenizer without ``eot`` (Llama 3's ends a text with ``<|end_of_text|>``) is
+    loaded with the ``eos_token`` its ``tokenizer_config.json`` names instead."""
+    try:
+        return load(eot)
+    except DataError:
+        eos = special_tokens(folder).get("eos_token")
+        if eos is None or eos == eot:
+            raise
+        return load(eos)
 
 
 def read_prompt(settings: GenerateSettings) -> str:
@@ -195,9 +356,15 @@ def load_source(source: str, target: Target | str) -> AssembledModel:
 __all__ = [
     "Generated",
     "Text",
+    "chat",
+    "chat_template_for",
+    "conversation",
     "generate",
+    "generate_many",
     "load_source",
+    "model_folder",
     "next_token",
     "read_prompt",
+    "stop_ids_of",
     "tokenizer_for",
 ]

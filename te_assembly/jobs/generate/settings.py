@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from te_assembly.fields import INT64_MAX
+from te_assembly.fields import INT64_MAX, FieldSpec
 from te_assembly.sections import setting
 
 
@@ -32,7 +32,23 @@ class GenerateSettings:
     )
     seed: int | None = setting(None, minimum=0, maximum=INT64_MAX, doc="null: the top-level seed")
     context: int = setting(1024, minimum=1, doc="positions the model sees: the last this many tokens")
-    stop_at_eot: bool = setting(True, doc="stop at the end-of-text token")
+    stop_at_eot: bool = setting(
+        True,
+        doc="stop at the end-of-text token and at the model's eos_token_id (generation_config.json)",
+    )
+    stop: list[str] = setting(
+        [],
+        items=FieldSpec(str, nonempty=True),
+        single_as_list=True,
+        doc="stop strings: generation ends where one appears (it is cut from the text)",
+    )
+    chat: bool = setting(
+        False, doc="the prompt is a user's message: rendered with the model's chat template (instruct models)"
+    )
+    system: str | None = setting(None, doc="with chat: the system prompt (null: none, or the template's own)")
+    interactive: bool = setting(
+        False, doc="with chat, on a terminal: read a message, answer, keep the conversation (empty line: end)"
+    )
     tokenizer: str | None = setting(
         None, nonempty=True, doc="a tokenizer.json (null: the one beside the run or model, else byte-level)"
     )

@@ -93,6 +93,11 @@ class LanguageTask:
         progress: Progress | None = None,
     ) -> LanguageTask:
         check_language_model(plan)
+        if data.format == "chat":
+            from te_assembly.data.conversations import ChatCorpus
+
+            chat = ChatCorpus.prepare(data, seq_len)
+            return cls(plan, chat, target, tokens=tokens, z_loss=z_loss)  # type: ignore[arg-type]
         return cls(plan, Corpus(prepare(data, progress), seq_len), target, tokens=tokens, z_loss=z_loss)
 
     def record(self, data: DataSettings) -> dict[str, Any]:
@@ -136,8 +141,9 @@ class LanguageTask:
                     ce = objective.next_token_terms(y, labels, {}, (), fused=self.fused)[
                         objective.CROSS_ENTROPY
                     ]
-                    total += float(ce) * labels.numel()
-                    count += labels.numel()
+                    labelled = int((labels != objective.IGNORE_INDEX).sum())
+                    total += float(ce) * labelled
+                    count += labelled
         finally:
             model.train(was_training)
         loss = total / max(count, 1)

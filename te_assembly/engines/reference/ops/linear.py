@@ -86,9 +86,11 @@ class Linear(ReferenceOp):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        for op in self.basic_ops:
-            x, _ = op(x)
-        return x, ()
+        linear: BasicLinear = self.basic_ops[0]  # type: ignore[assignment]
+        # One GEMM with the bias in it (as torch.nn.Linear and TE's fused Linear): a separate add
+        # would read and write the whole output once more each way.
+        bias: Bias | None = self.basic_ops[1] if len(self.basic_ops) > 1 else None  # type: ignore[assignment]
+        return torch.nn.functional.linear(x, linear.weight, bias.bias if bias is not None else None), ()
 
 
 class GroupedLinear(ReferenceOp):

@@ -1,0 +1,83 @@
+"""``eval SOURCE``: a language model's loss, perplexity and bits per byte on a text (``data.path``, the
+default corpus when not given), with a progress bar (the job: ``jobs/eval/``). SOURCE (``eval.source``)
+is a run directory, a checkpoint or a pretrained directory, an imported one included. Writes
+``eval.json`` and the resolved config into the run directory (``outputs/<source name>/<date>_<time>/``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from te_assembly.analysis.analyze import COMMON, COMMON_SECTIONS, Analysis
+from te_assembly.analysis.settings import CommonSettings
+from te_assembly.cli import job_dir
+from te_assembly.data.settings import DataSettings
+from te_assembly.diagnostics import error, printable
+from te_assembly.engines.target import Target
+from te_assembly.errors import ConfigError
+from te_assembly.files.write import write_text_atomic
+from te_assembly.jobs.eval.settings import EvalSettings
+from te_assembly.jobs.events import Advanced
+
+SECTIONS = {**COMMON_SECTIONS, "eval": EvalSettings, "data": DataSettings}
+RUN_DIR = True
+
+
+def main(analysis: Analysis, console: Console) -> int:
+    from te_assembly.jobs.eval.job import evaluate
+
+    settings: EvalSettings = analysis.section("eval")
+    if settings.source is None:
+        raise ConfigError(
+            [
+                error(
+                    "eval.source",
+                    "missing",
+                    "eval needs a model to score: a run directory, a checkpoint or a pretrained directory",
+                    "e.g. python -m te_assembly eval outputs/dense_lm/<date>_<time> data.path=notes/",
+                )
+            ]
+        )
+    common: CommonSettings = analysis.section(COMMON)
+    job = job_dir.current("eval")
+    job_dir.check_claimable(job)  # where it writes, before the model is loaded
+    data: DataSettings = analysis.section("data")
+    target = Target.from_settings(common, None)
+    where = data.path or "the default corpus"
+    console.print(
+        f"eval {printable(settings.source)} on {printable(where)} ({settings.split}): windows of "
+        f"{settings.seq_len}, stride {settings.stride or settings.seq_len}, {settings.batch} per forward",
+        markup=False,
+        soft_wrap=True,
+    )
+    bar = Progress(
+        TextColumn("scoring"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("windows {task.description}"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    task = bar.add_task("", total=None)
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Advanced) and event.task == "eval":
+            bar.update(task, completed=event.done, total=event.total, description=event.description)
+
+    with bar:
+        result = evaluate(settings.source, target, data, settings, on_event=on_event)
+    bpb = f"{result.bits_per_byte:.4f}" if result.bits_per_byte is not None else "n/a (bytes unknown)"
+    console.print(
+        f"loss {result.loss:.4f} nats/token, perplexity {result.perplexity:.3f}, bits per byte {bpb} "
+        f"({result.tokens:,} tokens in {result.windows:,} windows)",
+        markup=False,
+    )
+    out = job_dir.claim(job)
+    job_dir.write_config(out, analysis.resolved.as_config(), job)
+    written = write_text_atomic(out / "eval.json", json.dumps(result.as_json(), indent=1))
+    console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
+    return 0

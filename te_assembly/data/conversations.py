@@ -1,0 +1,205 @@
+"""Instruction data: JSON Lines of conversations (``{"messages": [{"role": ..., "content": ...}, ...]}``),
+rendered with the model's chat template, with the loss on the assistant's tokens only.
+
+Each conversation is one example, alone in its row: rendered whole, tokenized, cut to ``seq_len + 1``
+tokens and padded after its end (padding is never a label and, attention being causal, never seen by a
+real token), so attention stays within the example. A token is the assistant's when the characters it
+starts at lie in an assistant turn: the text each assistant message adds to the rendered conversation
+(``render(messages[:i+1])`` minus ``render(messages[:i], add_generation_prompt=True)``: its content and
+the template's end of turn, as ``transformers`` marks them with ``{% generation %}``). Every other label
+is -100. Batches are a pure function of (seed, step), as for text (``Corpus``); held-out examples are
+chosen by a hash of their name (``data.val_fraction``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from te_assembly.data.batch_seeds import step_seed
+from te_assembly.data.cache import is_validation
+from te_assembly.data.chat import ChatTemplate, ChatTemplateError, check_messages, load_chat_template
+from te_assembly.data.settings import DataSettings
+from te_assembly.data.sources import find_sources, read_text
+from te_assembly.data.tokenizer import Tokenizer, load_tokenizer_file
+from te_assembly.errors import DataError
+from te_assembly.files.read import InputFileError, parse_json
+
+IGNORE = -100
+MESSAGES = "messages"
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    """Its file and line."""
+    ids: np.ndarray
+    """The rendered conversation's tokens (at most ``seq_len + 1``)."""
+    assistant: np.ndarray
+    """Whether each token is the assistant's (a label)."""
+
+
+def assistant_spans(
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], where: str
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the ``[start, end)`` characters of each assistant turn in it: the
+    template's own ``{% generation %}`` blocks where it has them, else what each assistant message adds."""
+    check_messages(messages, where)
+    if template.marks_generation:
+        return template.generation_spans(messages)
+    full = template.render(messages, add_generation_prompt=False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = template.render(messages[:index], add_generation_prompt=True) if index else ""
+        through = template.render(messages[: index + 1], add_generation_prompt=False)
+        if not through.startswith(before) or not full.startswith(through):
+            raise DataError(
+                f"{where}: the chat template does not render this conversation turn by turn (an earlier "
+                "turn's text changes when later turns are added), so its assistant tokens cannot be found"
+            )
+        spans.append((len(before), len(through)))
+    return full, spans
+
+
+def tokenized(
+    tokenizer: Tokenizer, text: str, spans: Sequence[tuple[int, int]], limit: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``text`` (at most ``limit``) and whether each starts inside one of ``spans``."""
+    ids, offsets = tokenizer.encode_offsets(text)
+    inside = np.zeros(len(ids), dtype=bool)
+    for number, (start, _) in enumerate(offsets):
+        inside[number] = any(a <= start < b for a, b in spans)
+    return np.asarray(ids[:limit], dtype=np.int64), inside[:limit]
+
+
+def conversations(settings: DataSettings) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """``(name, messages)`` of every record of the JSON Lines files ``data.path`` names."""
+    sources = find_sources(settings)
+    if sources.kind != "text":
+        raise DataError(f"data.format=chat reads JSON Lines of conversations; {sources.description} is not")
+    for path in sources.files:
+        for number, line in enumerate(read_text(path).splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = parse_json(line, where)
+            except InputFileError as exc:
+                raise DataError(f"{where} is not a JSON record: {exc.problem}") from None
+            if not isinstance(record, dict) or not isinstance(record.get(MESSAGES), list):
+                raise DataError(
+                    f"{where} has no {MESSAGES!r} list (a conversation: [{{role, content}}, ...])"
+                )
+            yield where, record[MESSAGES]
+
+
+@dataclass
+class ChatCorpus:
+    """Conversations as training examples (module docstring); what ``Corpus`` offers a ``LanguageTask``."""
+
+    train: list[Example]
+    val: list[Example]
+    tokenizer: Tokenizer
+    seq_len: int
+    meta: dict[str, Any]
+
+    @classmethod
+    def prepare(
+        cls, settings: DataSettings, seq_len: int, progress: Callable[[int, int], None] | None = None
+    ) -> ChatCorpus:
+        path = settings.tokenizer.path
+        if path is None:
+            raise DataError(
+                "data.format=chat renders conversations with the model's chat template: set "
+                "data.tokenizer.path to the model's tokenizer.json (its folder holds the template: "
+                "tokenizer_config.json or chat_template.jinja)"
+            )
+        folder = Path(path).expanduser().parent
+        tokenizer = load_tokenizer_file(Path(path).expanduser(), settings.tokenizer.eot)
+        template = load_chat_template(folder)
+        train: list[Example] = []
+        val: list[Example] = []
+        digest = hashlib.sha256(template.text.encode())
+        unlabelled = 0
+        for where, messages in conversations(settings):
+            try:
+                text, spans = assistant_spans(template, messages, where)
+            except ChatTemplateError as exc:
+                raise DataError(f"{where}: {exc}") from None
+            ids, assistant = tokenized(tokenizer, text, spans, seq_len + 1)
+            digest.update(text.encode() + b"\0")
+            if not assistant[1:].any():  # no answer within the window: nothing to learn from it
+                unlabelled += 1
+                continue
+            example = Example(where, ids, assistant)
+            (val if is_validation(where, settings.val_fraction) else train).append(example)
+            if progress is not None:
+                progress(len(train) + len(val), 0)
+        if not train and val:
+            train.append(val.pop())
+        meta = {
+            "sources": f"data.path={settings.path} (conversations)",
+            "sources_sha256": digest.hexdigest(),
+            "tokenizer": tokenizer.fingerprint,
+            "examples": {"train": len(train), "val": len(val), "without_answers": unlabelled},
+        }
+        return cls(train, val, tokenizer, seq_len, meta)
+
+    @property
+    def data(self) -> ChatCorpus:
+        return self  # the run record reads ``corpus.data.meta``, as for a tokenized text
+
+    def check_fits(self, vocab: int, model: str) -> None:
+        if self.tokenizer.vocab_size > vocab:
+            raise DataError(
+                f"{model}'s vocabulary has {vocab} ids, the tokenizer {self.tokenizer.vocab_size}: it is not "
+                "the model's own tokenizer"
+            )
+        if not self.train:
+            raise DataError(
+                f"{self.meta['sources']} has no assistant tokens within train.seq_len={self.seq_len} of any "
+                "conversation: nothing to learn (add assistant turns or raise train.seq_len)"
+            )
+
+    @property
+    def has_validation(self) -> bool:
+        return bool(self.val)
+
+    @property
+    def val_bytes_per_token(self) -> float | None:
+        return None
+
+    def batch(
+        self, seed: int, step: int, sequences: int, micro: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(step_seed(seed, step, micro))
+        chosen = torch.randint(0, len(self.train), (sequences,), generator=generator).tolist()
+        return self.rows([self.train[i] for i in chosen])
+
+    def eval_batches(self, batches: int, sequences: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        examples = self.val[: batches * sequences]
+        return [self.rows(examples[i : i + sequences]) for i in range(0, len(examples), sequences)]
+
+    def rows(self, examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` and ``labels`` ``[len(examples), seq_len]``: each example from the row's start, padded
+        with the end-of-text id; a label only where the next token is the assistant's."""
+        x = np.full((len(examples), self.seq_len), max(self.tokenizer.eot_id, 0), dtype=np.int64)
+        labels = np.full((len(examples), self.seq_len), IGNORE, dtype=np.int64)
+        for row, example in enumerate(examples):
+            n = len(example.ids) - 1
+            if n <= 0:
+                continue
+            x[row, :n] = example.ids[:n]
+            labels[row, :n] = np.where(example.assistant[1 : n + 1], example.ids[1 : n + 1], IGNORE)
+        return torch.from_numpy(x), torch.from_numpy(labels)
+
+
+__all__ = ["IGNORE", "ChatCorpus", "Example", "assistant_spans", "conversations", "tokenized"]

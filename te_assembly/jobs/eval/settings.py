@@ -1,0 +1,34 @@
+"""The ``eval:`` section (pure Python: ``validate`` reads it without torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from te_assembly.sections import setting
+
+SPLITS = ("all", "val")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """``eval:``: the model to score, and the windows its text is scored in."""
+
+    source: str | None = setting(
+        None,
+        nonempty=True,
+        doc="a run directory (its newest good checkpoint), a checkpoint file or a pretrained directory",
+    )
+    seq_len: int = setting(1024, minimum=2, doc="positions in each window")
+    stride: int | None = setting(
+        None,
+        minimum=1,
+        doc="tokens between window starts (null: seq_len, windows side by side); smaller: each token "
+        "scored once, with up to seq_len - stride tokens of context before it",
+    )
+    batch: int = setting(8, minimum=1, doc="windows per forward")
+    split: str = setting(
+        "all", choices=SPLITS, doc="all: every token of data.path; val: the held-out split a train run uses"
+    )
+
+
+__all__ = ["SPLITS", "EvalSettings"]

@@ -1,0 +1,160 @@
+"""The ``config.json`` of real Hub checkpoints imports as published: every field is read (math), held to
+its one value (``rope_interleaved: false``, ``pretraining_tp: 1``, ``use_sliding_window: false``) or
+metadata; the models te_assembly builds from them have transformers' own parameter count (transformers
+building the same config on the meta device, no weights); what would change the math is still refused
+at its line; an unknown field is refused until ``import_hf.ignore_fields`` names it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from te_assembly.formats.hf.config import HFConfigError, parse_config
+from te_assembly.formats.hf.convert import analysis_of, read_spec
+from tests.hf.hub_configs import HUB_CONFIGS, OLD_STYLE_FIELDS
+
+
+def _written(tmp_path: Path, config: dict[str, Any]) -> Path:
+    """``config`` as the Hub writes it (two-space JSON, one key a line) in a folder of its own."""
+    folder = tmp_path / "checkpoint"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def _line_of(folder: Path, key: str) -> int:
+    lines = (folder / "config.json").read_text().splitlines()
+    return next(n for n, line in enumerate(lines, start=1) if line.strip().startswith(f'"{key}"'))
+
+
+EXPECTED = {
+    "meta-llama/Llama-3.2-1B-Instruct": {"tied": True, "head_dim": 64, "rope_type": "llama3"},
+    "meta-llama/Llama-3.1-8B-Instruct": {"tied": False, "kv_heads": 8, "rope_type": "llama3"},
+    "HuggingFaceTB/SmolLM2-135M-Instruct": {"heads": 9, "kv_heads": 3, "tied": True},
+    "mistralai/Mistral-7B-v0.1": {"sliding_window": 4096},
+    "mistralai/Mistral-7B-Instruct-v0.3": {"sliding_window": None, "vocab": 32768},
+    "Qwen/Qwen2.5-0.5B-Instruct": {"qkv_bias": True, "sliding_window": None, "tied": True},
+    "Qwen/Qwen2.5-7B-Instruct": {"qkv_bias": True, "kv_heads": 4},
+    "Qwen/Qwen3-0.6B": {"qk_norm": True, "head_dim": 128, "qkv_bias": False},
+    "mistralai/Mixtral-8x7B-v0.1": {"experts": 8, "top_k": 2, "pre_softmax": False},
+    "Qwen/Qwen1.5-MoE-A2.7B": {"experts": 60, "top_k": 4, "shared_ffn": 5632, "pre_softmax": True},
+    "Qwen/Qwen3-30B-A3B": {"experts": 128, "top_k": 8, "pre_softmax": False, "qk_norm": True},
+}
+
+
+@pytest.mark.parametrize("repo", sorted(HUB_CONFIGS))
+def test_published_config_imports_as_is(repo: str, tmp_path: Path) -> None:
+    folder = _written(tmp_path, HUB_CONFIGS[repo])
+    spec = read_spec(folder)
+    config = HUB_CONFIGS[repo]
+    assert spec.architecture == config["architectures"][0]
+    assert (spec.hidden, spec.layers, spec.vocab) == (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["vocab_size"],
+    )
+    for key, value in EXPECTED[repo].items():
+        actual = spec.rope["rope_type"] if key == "rope_type" else getattr(spec, key)
+        assert actual == value, (repo, key)
+    # the token ids and the context length are kept for export, the list of Llama 3's eos ids included
+    assert spec.metadata["eos_token_id"] == config["eos_token_id"]
+    assert spec.metadata["max_position_embeddings"] == config["max_position_embeddings"]
+
+
+@pytest.mark.parametrize("repo", sorted(HUB_CONFIGS))
+def test_parameter_count_is_transformers_own(repo: str, tmp_path: Path) -> None:
+    """The model built from the published config has exactly the parameters transformers' model of the
+    same config has (built on the meta device: real sizes, no memory)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    folder = _written(tmp_path, HUB_CONFIGS[repo])
+    with torch.device("meta"):
+        reference = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(folder)
+        )
+    expected = sum(p.numel() for p in reference.parameters())
+    analysis, _ = analysis_of(read_spec(folder), "hub")
+    assert analysis.checked_plan().num_params == expected
+
+
+def test_old_style_generic_fields_are_metadata(tmp_path: Path) -> None:
+    """Older transformers wrote every generic ``PretrainedConfig`` field (sampling defaults, encoder-decoder
+    flags, label maps) and fine-tunes add ``_model_name_or_path`` and ``unk_token_id``: none is refused."""
+    config = {**HUB_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"], **OLD_STYLE_FIELDS}
+    spec = read_spec(_written(tmp_path, config))
+    assert spec.metadata["unk_token_id"] == 0
+    assert "_model_name_or_path" not in spec.metadata  # a name, not kept for export
+
+
+@pytest.mark.parametrize(
+    ("repo", "key", "value", "words"),
+    [
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "rope_interleaved", True, "rotate halves"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "pretraining_tp", 2, "unsplit"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "pretraining_tp", True, "unsplit"),
+        ("Qwen/Qwen2.5-7B-Instruct", "use_sliding_window", True, "sliding windows"),
+        ("Qwen/Qwen3-30B-A3B", "mlp_only_layers", [0, 47], "every layer"),
+        ("Qwen/Qwen3-30B-A3B", "decoder_sparse_step", 2, "every layer"),
+        ("meta-llama/Llama-3.2-1B-Instruct", "pruned_heads", {"0": [1]}, "pruned"),
+        ("meta-llama/Llama-3.2-1B-Instruct", "add_cross_attention", True, "cross-attention"),
+    ],
+)
+def test_math_changing_value_is_refused_at_its_line(
+    repo: str, key: str, value: Any, words: str, tmp_path: Path
+) -> None:
+    folder = _written(tmp_path, {**HUB_CONFIGS[repo], key: value})
+    with pytest.raises(HFConfigError) as caught:
+        read_spec(folder)
+    (found,) = caught.value.diagnostics
+    assert found.path == f"config.json:{key}"
+    assert words in found.message
+    assert found.line == _line_of(folder, key)
+
+
+def test_unknown_field_is_refused_until_ignored_by_name(tmp_path: Path) -> None:
+    config = {**HUB_CONFIGS["Qwen/Qwen2.5-0.5B-Instruct"], "rope_flavour": "spicy", "vision_tower": None}
+    folder = _written(tmp_path, config)
+    with pytest.raises(HFConfigError) as caught:
+        read_spec(folder)
+    refused = {d.path: d for d in caught.value.diagnostics}
+    assert set(refused) == {"config.json:rope_flavour", "config.json:vision_tower"}
+    assert refused["config.json:rope_flavour"].line == _line_of(folder, "rope_flavour")
+    assert "import_hf.ignore_fields=[vision_tower]" in (refused["config.json:vision_tower"].hint or "")
+    with pytest.raises(HFConfigError) as caught:
+        read_spec(folder, ignore_fields=["vision_tower"])
+    assert [d.path for d in caught.value.diagnostics] == ["config.json:rope_flavour"]
+    spec = read_spec(folder, ignore_fields=["vision_tower", "rope_flavour"])
+    assert spec.architecture == "Qwen2ForCausalLM"
+
+
+def test_ignore_fields_takes_only_unknown_fields_present(tmp_path: Path) -> None:
+    """Ignoring a field te_assembly reads would drop its meaning silently; ignoring one the file lacks is a
+    typo: both are refused, with the fields named."""
+    config = {**HUB_CONFIGS["mistralai/Mistral-7B-v0.1"], "vision_tower": None}
+    with pytest.raises(HFConfigError) as caught:
+        parse_config(config, Path("config.json"), ignore=["sliding_window", "vision_towr", "vision_tower"])
+    refused = {d.path: d for d in caught.value.diagnostics}
+    assert set(refused) == {"config.json:sliding_window", "config.json:vision_towr"}
+    assert "reads" in refused["config.json:sliding_window"].message
+    assert "vision_tower" in (refused["config.json:vision_towr"].hint or "")
+
+
+def test_ignored_fields_are_recorded_by_import(tmp_path: Path) -> None:
+    """``import_hf.ignore_fields`` is recorded in the pretrained directory's ``config.yaml``."""
+    import yaml
+
+    from te_assembly.formats.hf.convert import import_hf
+    from tests.hf.tiny import make
+
+    source = make("llama", tmp_path / "made")
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "vision_tower": None}, indent=2))
+    with pytest.raises(HFConfigError):
+        import_hf(source, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    out = import_hf(source, tmp_path / "imported", ignore_fields=["vision_tower"])
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["hf_ignored_fields"] == ["vision_tower"]

@@ -1,0 +1,118 @@
+"""``eval``: every token scored exactly once with the context the windows promise; the score equal to a
+cross-entropy computed with transformers' own model on the same windows; the command as a new user runs
+it (an imported checkpoint, a text folder, ``eval.json``), and what it refuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from te_assembly.jobs.eval.job import IGNORE, score, windows
+
+
+@settings(max_examples=200, deadline=None)
+@given(length=st.integers(2, 400), seq_len=st.integers(2, 64), data=st.data())
+def test_every_target_is_scored_once_with_its_promised_context(
+    length: int, seq_len: int, data: st.DataObject
+) -> None:
+    stride = data.draw(st.integers(1, seq_len))
+    scored: list[int] = []
+    for number, (begin, end, skip) in enumerate(windows(length, seq_len, stride)):
+        assert 0 <= begin < end <= length - 1 and end - begin <= seq_len
+        targets = list(range(begin + 1 + skip, end + 1))
+        scored += targets
+        if number:  # after the first window, each target sees at least seq_len - stride earlier tokens
+            assert all(t - begin >= min(seq_len - stride, t) for t in targets)
+    assert scored == list(range(1, length))
+
+
+def test_a_stride_longer_than_the_window_is_refused() -> None:
+    with pytest.raises(Exception, match=r"stride=9 is more than eval\.seq_len=8"):
+        windows(100, 8, 9)
+
+
+@pytest.mark.parametrize(("seq_len", "stride"), [(16, 16), (16, 5), (40, 40)])
+def test_score_equals_transformers_on_the_same_windows(seq_len: int, stride: int, tmp_path: Path) -> None:
+    from te_assembly.engines.target import Target
+    from te_assembly.formats.hf.convert import from_hf
+    from te_assembly.jobs.verify_hf import float64_islands_removed, load_transformers
+    from tests.hf.tiny import make
+
+    source = make("qwen2", tmp_path / "hf")
+    mine = from_hf(source, Target.of("reference", dtype=torch.float64))
+    theirs = load_transformers(source, torch.float64)
+    ids = torch.randint(0, 96, (157,), generator=torch.Generator().manual_seed(4))
+    total, count, made = score(mine, ids, seq_len, stride, batch=3)
+    expected, n = 0.0, 0
+    with float64_islands_removed(theirs), torch.no_grad():
+        for begin, end, skip in windows(len(ids), seq_len, stride):
+            logits = theirs(input_ids=ids[None, begin:end]).logits[0]
+            labels = ids[begin + 1 : end + 1].clone()
+            labels[:skip] = IGNORE
+            expected += float(
+                torch.nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
+            )
+            n += int((labels != IGNORE).sum())
+    assert (count, made) == (n, len(windows(len(ids), seq_len, stride)))
+    assert count == len(ids) - 1
+    assert abs(total - expected) <= 1e-10 * abs(expected)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "te_assembly", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200", "TE_ASSEMBLY_CACHE": str(cwd / "cache")},
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_eval_command_on_an_imported_checkpoint(tmp_path: Path) -> None:
+    """From a folder outside the repository: import a checkpoint, score it on a folder of text; the
+    numbers printed are those in ``eval.json`` and those ``evaluate`` returns from Python."""
+    from te_assembly.data.settings import DataSettings
+    from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.eval.settings import EvalSettings
+    from tests.hf.tiny import make
+
+    make("llama", tmp_path / "tiny", changes={"vocab_size": 272})
+    assert _cli("import-hf", "tiny", "mine", cwd=tmp_path).returncode == 0
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("the cat sat on the mat. " * 60)
+    (tmp_path / "notes" / "b.md").write_text("# notes\nsome more words, and a few more. " * 30)
+    done = _cli("eval", "mine", "data.path=notes", "eval.seq_len=64", "eval.stride=16", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (written,) = (tmp_path / "outputs" / "mine").glob("*/eval.json")
+    report = json.loads(written.read_text())
+    assert f"loss {report['loss']:.4f} nats/token" in done.stdout
+    assert report["seq_len"] == 64 and report["stride"] == 16 and report["bits_per_byte"] > 0
+    os.environ["TE_ASSEMBLY_CACHE"] = str(tmp_path / "cache")
+    try:
+        again = evaluate(
+            tmp_path / "mine",
+            "reference",
+            DataSettings(path=str(tmp_path / "notes")),
+            EvalSettings(seq_len=64, stride=16),
+        )
+    finally:
+        del os.environ["TE_ASSEMBLY_CACHE"]
+    assert again.loss == pytest.approx(report["loss"], rel=1e-6)
+    assert again.tokens == report["tokens"]
+
+
+def test_eval_without_a_source_says_what_it_needs(tmp_path: Path) -> None:
+    done = _cli("eval", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "eval needs a model to score" in done.stdout + done.stderr
+    assert not (tmp_path / "outputs").exists()
