@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from te_assembly.data.tokenizer import HFTokenizer, load_tokenizer_file
 from te_assembly.errors import DataError
 from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
 
@@ -216,6 +217,19 @@ def special_tokens(folder: Path) -> dict[str, str]:
     return {name: text for name, text in found.items() if text is not None}
 
 
+def model_tokenizer(path: Path, eot: str, within: Path | None = None) -> HFTokenizer:
+    """The ``tokenizer.json`` at ``path`` with ``eot`` as its end-of-text token; a tokenizer without one
+    (Llama 3 ends a text with ``<|end_of_text|>``, an instruct model a turn with ``<|im_end|>``) is loaded
+    with the ``eos_token`` of the ``tokenizer_config.json`` beside it instead."""
+    try:
+        return load_tokenizer_file(path, eot, within=within)
+    except DataError:
+        eos = special_tokens(path.parent).get("eos_token")
+        if eos is None or eos == eot:
+            raise
+        return load_tokenizer_file(path, eos, within=within)
+
+
 def load_chat_template(folder: Path) -> ChatTemplate:
     """The chat template beside a tokenizer: ``chat_template.jinja``, else ``tokenizer_config.json``'s
     ``chat_template`` (a string, or named templates: ``default``); ``ChatTemplateError`` when there is
@@ -246,6 +260,7 @@ __all__ = [
     "ChatTemplateError",
     "check_messages",
     "load_chat_template",
+    "model_tokenizer",
     "special_tokens",
     "tokenizer_config",
 ]

@@ -24,10 +24,16 @@ import torch
 
 from te_assembly.data.batch_seeds import step_seed
 from te_assembly.data.cache import is_validation
-from te_assembly.data.chat import ChatTemplate, ChatTemplateError, check_messages, load_chat_template
+from te_assembly.data.chat import (
+    ChatTemplate,
+    ChatTemplateError,
+    check_messages,
+    load_chat_template,
+    model_tokenizer,
+)
 from te_assembly.data.settings import DataSettings
 from te_assembly.data.sources import find_sources, read_text
-from te_assembly.data.tokenizer import Tokenizer, load_tokenizer_file
+from te_assembly.data.tokenizer import Tokenizer
 from te_assembly.errors import DataError
 from te_assembly.files.read import InputFileError, parse_json
 
@@ -123,7 +129,7 @@ class ChatCorpus:
                 "tokenizer_config.json or chat_template.jinja)"
             )
         folder = Path(path).expanduser().parent
-        tokenizer = load_tokenizer_file(Path(path).expanduser(), settings.tokenizer.eot)
+        tokenizer = model_tokenizer(Path(path).expanduser(), settings.tokenizer.eot)
         template = load_chat_template(folder)
         train: list[Example] = []
         val: list[Example] = []

@@ -87,6 +87,7 @@ class HFTokenizer:
                 "data.tokenizer.eot (GPT-2's is <|endoftext|>, Llama 3's <|end_of_text|>)"
             )
         self.eot_id = int(eot_id)
+        self.eot = eot
         # An added token may have an id past the vocabulary's size: ids are stored by the largest one.
         ids = tokenizer.get_vocab(with_added_tokens=True).values()  # type: ignore[attr-defined]
         size = int(tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]

@@ -31,7 +31,13 @@ def _tokenizer_words(tokenizer: object) -> str:
 
 
 def main(analysis: Analysis, console: Console) -> int:
-    from te_assembly.jobs.generate.job import Text, load_source, read_prompt, tokenizer_for
+    from te_assembly.jobs.generate.job import (
+        Text,
+        generation_defaults,
+        load_source,
+        read_prompt,
+        tokenizer_for,
+    )
 
     session = start(analysis, console)
     settings: GenerateSettings = session.section("generate")
@@ -46,6 +52,8 @@ def main(analysis: Analysis, console: Console) -> int:
         )
     target = session.target
     source = Path(settings.source).expanduser() if settings.source is not None else None
+    given = {o.lstrip("+").split("=", 1)[0].removeprefix("generate.") for o in analysis.resolved.overrides}
+    settings, taken = generation_defaults(source, settings, sorted(given))
     prompt = "" if settings.interactive else read_prompt(settings)
     if settings.source is not None:
         model = load_source(settings.source, target)
@@ -63,7 +71,9 @@ def main(analysis: Analysis, console: Console) -> int:
     )
     console.print(
         f"{printable(model.plan.name)} {printable(where)}; {printable(_tokenizer_words(tokenizer))}; {how}; "
-        f"up to {settings.max_new_tokens} tokens" + ("; chat template" if settings.chat else ""),
+        f"up to {settings.max_new_tokens} tokens"
+        + (f" ({', '.join(taken)} from generation_config.json)" if taken else "")
+        + ("; chat template" if settings.chat else ""),
         markup=False,
         soft_wrap=True,
     )

@@ -196,7 +196,7 @@ def _evaluate_answers(
 def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettings:
     """``data`` tokenized with the tokenizer ``source`` was trained with: its ``tokenizer.json`` unless
     ``data.tokenizer`` names one (held to the recorded fingerprint either way)."""
-    from te_assembly.data.tokenizer import load_tokenizer_file
+    from te_assembly.data.chat import model_tokenizer
     from te_assembly.formats.pretrained import check_tokenizer
     from te_assembly.jobs.generate.job import tokenizer_for
     from te_assembly.jobs.generate.settings import GenerateSettings
@@ -206,7 +206,7 @@ def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettin
     if data.tokenizer.path is not None:
         check_tokenizer(
             source,
-            load_tokenizer_file(Path(data.tokenizer.path).expanduser(), data.tokenizer.eot),
+            model_tokenizer(Path(data.tokenizer.path).expanduser(), data.tokenizer.eot),
             "data.tokenizer.path",
         )
         return data
@@ -214,7 +214,9 @@ def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettin
     path = getattr(tokenizer, "source", None)
     if path is None:
         return data
-    return dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(path)))
+    # The end-of-text token it was loaded with (its eos_token where it has no data.tokenizer.eot).
+    eot = getattr(tokenizer, "eot", data.tokenizer.eot)
+    return dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(path), eot=eot))
 
 
 def _bytes_per_token(corpus: Tokenized, split: str) -> float | None:

@@ -12,14 +12,15 @@ Generation stops at ``max_new_tokens``, a stop id (the end-of-text token, the mo
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from te_assembly.data.chat import ChatTemplate, load_chat_template, special_tokens
+from te_assembly.data.chat import ChatTemplate, load_chat_template, model_tokenizer
 from te_assembly.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer_file
 from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.target import Target, as_target
@@ -261,6 +262,51 @@ def chat_template_for(source: Path | None, settings: GenerateSettings) -> ChatTe
     return load_chat_template(model_folder(source))
 
 
+SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens")
+"""The ``generate`` settings a model's ``generation_config.json`` may choose (and ``do_sample``)."""
+
+
+def generation_defaults(
+    source: Path | None, settings: GenerateSettings, given: Sequence[str] = ()
+) -> tuple[GenerateSettings, list[str]]:
+    """``settings`` with the sampling choices of the ``generation_config.json`` beside ``source`` for
+    every one not in ``given`` (the ones the user set), as transformers reads it: without ``do_sample:
+    true`` greedy; with it its ``temperature``, ``top_k`` and ``top_p``; its ``max_new_tokens`` (a value
+    ``generate`` would refuse is ignored). Also the names of the settings taken, for the user."""
+    if source is None:
+        return settings, []
+    path = model_folder(source) / "generation_config.json"
+    if not (path.exists() or path.is_symlink()):
+        return settings, []
+    try:
+        data = read_json(path, limit=LIMITS["metadata"], within=model_folder(source))
+    except InputFileError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        return settings, []
+    chosen: dict[str, object] = {}
+    if data.get("do_sample") is not True:
+        if "temperature" not in given:
+            chosen["temperature"] = 0.0
+    else:
+        for name in SAMPLING:
+            if name not in given and name in data and _usable(name, data[name]):
+                chosen[name] = data[name]
+    if "max_new_tokens" not in given and _usable("max_new_tokens", data.get("max_new_tokens")):
+        chosen["max_new_tokens"] = data["max_new_tokens"]
+    return dataclasses.replace(settings, **chosen), sorted(chosen)  # type: ignore[arg-type]
+
+
+def _usable(name: str, value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if name in ("top_k", "max_new_tokens"):
+        return isinstance(value, int) and value >= 1
+    if name == "top_p":
+        return 0 < value <= 1
+    return math.isfinite(value) and value >= 0
+
+
 def stop_ids_of(source: Path | None, tokenizer: Tokenizer, settings: GenerateSettings) -> frozenset[int]:
     """The ids generation stops at (``stop_at_eot``): the tokenizer's end-of-text token and every
     ``eos_token_id`` of the model's ``generation_config.json`` (else ``hf_config.json``) beside
@@ -293,12 +339,12 @@ def tokenizer_for(source: Path | None, settings: GenerateSettings, eot: str = "<
     tokenizer: Tokenizer
     if settings.tokenizer is not None:
         path = Path(settings.tokenizer).expanduser()
-        tokenizer = _with_eos(lambda end: load_tokenizer_file(path, end), eot, path.parent)
+        tokenizer = model_tokenizer(path, eot)
     elif source is not None:
         folder = model_folder(source)
         beside = folder / "tokenizer.json"
         if beside.exists() or beside.is_symlink():
-            tokenizer = _with_eos(lambda end: load_tokenizer_file(beside, end, within=folder), eot, folder)
+            tokenizer = model_tokenizer(beside, eot, within=folder)
         else:
             tokenizer = ByteTokenizer()
     else:
@@ -312,18 +358,6 @@ def model_folder(source: Path) -> Path:
     """The folder of a source's files (tokenizer, chat template, generation config): the run or
     pretrained directory itself, or a checkpoint's run."""
     return source if source.is_dir() else source.parent
-
-
-def _with_eos(load: Callable[[str], Tokenizer], eot: str, folder: Path) -> Tokenizer:
-    """``load(eot)``; a tokenizer without ``eot`` (Llama 3's ends a text with ``<|end_of_text|>``) is
-    loaded with the ``eos_token`` its ``tokenizer_config.json`` names instead."""
-    try:
-        return load(eot)
-    except DataError:
-        eos = special_tokens(folder).get("eos_token")
-        if eos is None or eos == eot:
-            raise
-        return load(eos)
 
 
 def read_prompt(settings: GenerateSettings) -> str:
@@ -361,6 +395,7 @@ __all__ = [
     "conversation",
     "generate",
     "generate_many",
+    "generation_defaults",
     "load_source",
     "model_folder",
     "next_token",
