@@ -15,7 +15,9 @@
 #            (scripts/gpu_sanity.py), with CUDA_MODULE_LOADING=EAGER: a kernel missing
 #            from the slimmed library fails here, at once                                  ~30 s
 #   pytest   the gpu tier: pytest -m gpu tests with TE_ASSEMBLY_REQUIRE_TE=1 and
-#            TE_ASSEMBLY_REQUIRE_GPU=1 (a skip for missing TE or GPU becomes a failure)    ~90 s
+#            TE_ASSEMBLY_REQUIRE_GPU=1 (a skip for missing TE or GPU becomes a failure); with
+#            tests/te/test_gpu_language.py: KV-cache generation in the TE engine, eval, an
+#            instruction fine-tuning run with TE's fused cross-entropy under fp8_delayed     ~90 s
 #   verify   verify of the shipped models under bf16, float32 (TF32) and every recipe;
 #            MXFP8/NVFP4 are reported unsupported on sm_90 (scripts/gpu_report.py)          ~60 s
 #   bench    TE engine step times, tokens/s and TFLOP/s (scripts/gpu_report.py)             ~60 s
