@@ -232,18 +232,21 @@ def _row_parallel_bias_is_whole(rank: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_process_layouts_equal_the_single_process() -> None:
     """DP, TP (plain and with sequence parallelism) and EP, two processes each."""
     spawn_world(2, _world, "TWO_PROCESSES")
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_four_process_layouts_equal_the_single_process() -> None:
     """DP x EP, DP x TP, TP x EP, FSDP2 x EP and one expert per rank, four processes."""
     spawn_world(4, _world, "FOUR_PROCESSES", timeout=300)
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_hsdp_with_expert_parallelism_equals_the_single_process() -> None:
     """FSDP2 within pairs, replicated across pairs, and experts split: eight processes, every mesh
     dimension of ``fsdp_meshes`` larger than one."""

@@ -16,7 +16,7 @@ import torch
 from te_assembly.formats.checkpoint import list_checkpoints, model_state
 from tests.parallel.test_torchrun import _losses, _ok, single, torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 # Two block uses (two FSDP2 units) plus a root holding the final norm and head.
 MODEL = ["model=dense_transformer", "model.dims.hidden=32", "model.dims.ffn=64", "model.dims.heads=2"]

@@ -17,7 +17,7 @@ import pytest
 from te_assembly.jobs.train.metrics import read_records
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 SMALL_MOE = ["model=moe_block", "model.dims.hidden=16", "model.dims.ffn=16"]
 SMALL_MLP = ["model=residual_mlp", "model.dims.hidden=16", "model.dims.ffn=32"]

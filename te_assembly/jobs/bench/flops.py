@@ -92,9 +92,13 @@ def count_flops(
         )
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as fwd:
+    from te_assembly.engines.reference.attention import twice_differentiable
+
+    # Attention counted on SDPA's math backend, whose batched GEMMs the counter sees (the fast CPU
+    # kernel is one opaque call it would count as nothing).
+    with twice_differentiable(), FlopCounterMode(display=False) as fwd:
         loss = forward()
-    with FlopCounterMode(display=False) as bwd:
+    with twice_differentiable(), FlopCounterMode(display=False) as bwd:
         loss.backward()
     counted = FlopCount(int(fwd.get_total_flops()), int(bwd.get_total_flops()), COUNTER)
     if counted.forward == 0 and forward_flops(plan, tokens, seq_len) > 0:
