@@ -32,10 +32,9 @@ from te_assembly.data.chat import (
     model_tokenizer,
 )
 from te_assembly.data.settings import DataSettings
-from te_assembly.data.sources import find_sources, read_text
+from te_assembly.data.sources import find_sources, json_records
 from te_assembly.data.tokenizer import Tokenizer
 from te_assembly.errors import DataError
-from te_assembly.files.read import InputFileError, parse_json
 
 IGNORE = -100
 MESSAGES = "messages"
@@ -92,14 +91,7 @@ def conversations(settings: DataSettings) -> Iterator[tuple[str, list[dict[str, 
     if sources.kind != "text":
         raise DataError(f"data.format=chat reads JSON Lines of conversations; {sources.description} is not")
     for path in sources.files:
-        for number, line in enumerate(read_text(path).splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = parse_json(line, where)
-            except InputFileError as exc:
-                raise DataError(f"{where} is not a JSON record: {exc.problem}") from None
+        for where, record in json_records(path):
             if not isinstance(record, dict) or not isinstance(record.get(MESSAGES), list):
                 raise DataError(
                     f"{where} has no {MESSAGES!r} list (a conversation: [{{role, content}}, ...])"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,11 +79,17 @@ class Corpus:
     @property
     def val_bytes_per_token(self) -> float | None:
         """UTF-8 bytes per validation token (for bits per byte); None for pre-tokenized data."""
-        counts = self.data.meta.get("bytes")
-        tokens = self.data.meta["tokens"]["val"]
-        if not counts or not tokens:
-            return None
-        return counts["val"] / tokens
+        return bytes_per_token(self.data.meta, "val")
+
+
+def bytes_per_token(meta: dict[str, Any], split: str) -> float | None:
+    """UTF-8 bytes per token of a tokenized corpus's ``split`` (``train`` or ``val``, from its cache
+    entry's ``meta``); None for pre-tokenized data, whose bytes are unknown, or an empty split."""
+    counts = meta.get("bytes")
+    tokens = meta["tokens"][split]
+    if not counts or not tokens:
+        return None
+    return float(counts[split] / tokens)
 
 
 def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
@@ -96,4 +103,4 @@ def _round_up(n: int, multiple: int = 16) -> int:
     return -(-n // multiple) * multiple
 
 
-__all__ = ["Corpus", "bits_per_byte"]
+__all__ = ["Corpus", "bits_per_byte", "bytes_per_token"]

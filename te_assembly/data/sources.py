@@ -16,6 +16,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from te_assembly.data.settings import DataSettings
 from te_assembly.errors import DataError
@@ -229,13 +230,17 @@ def _dataset_rows(root: Path, field: str) -> Iterator[Document]:
                 yield Document(where, value)
 
 
+def json_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` of each non-blank line of the JSON Lines file ``path`` (``where``: its file
+    and line), each line through the shared JSON parser (``DataError`` naming a line that is no JSON)."""
+    for number, line in enumerate(read_text(path).splitlines(), 1):
+        if line.strip():
+            where = f"{path}:{number}"
+            yield where, parse_json(line, where, make_error=_record_error)
+
+
 def _records(path: Path, field: str) -> Iterator[Document]:
-    text = read_text(path)
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        record = parse_json(line, where, make_error=_record_error)
+    for where, record in json_records(path):
         if not isinstance(record, dict) or field not in record:
             keys = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
             raise DataError(
@@ -248,4 +253,13 @@ def _records(path: Path, field: str) -> Iterator[Document]:
             yield Document(where, value)
 
 
-__all__ = ["DEFAULT_CORPUS", "Document", "Sources", "documents", "find_sources", "read_text", "stdlib_files"]
+__all__ = [
+    "DEFAULT_CORPUS",
+    "Document",
+    "Sources",
+    "documents",
+    "find_sources",
+    "json_records",
+    "read_text",
+    "stdlib_files",
+]

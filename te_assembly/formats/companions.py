@@ -65,6 +65,18 @@ def read_companions(folder: Path, names: Mapping[str, str] | None = None) -> dic
     return out
 
 
+def companion_json(folder: Path, name: str) -> dict[str, Any] | None:
+    """The JSON companion ``name`` (``generation_config.json``, ``hf_config.json``...) in ``folder``,
+    read through the bounded reader inside ``folder``; None when there is none or it holds no JSON
+    object, ``CheckpointError`` when it cannot be read."""
+    path = folder / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    text = read_text(path, limit=LIMITS["metadata"], within=folder, make_error=_refused)
+    data = parse_json(text, str(path), make_error=_refused)
+    return data if isinstance(data, dict) else None
+
+
 def source_metadata(folder: Path, fields: tuple[str, ...]) -> dict[str, Any] | None:
     """``fields`` of the ``config.json`` a model was imported from (``hf_config.json`` in ``folder``);
     None when there is none or it cannot be read."""

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from te_assembly.data.cache import Tokenized, prepare
-from te_assembly.data.corpus import bits_per_byte
+from te_assembly.data.cache import prepare
+from te_assembly.data.corpus import bits_per_byte, bytes_per_token
 from te_assembly.data.settings import DataSettings
-from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.base import AssembledModel, loss_precision
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, DataError
 from te_assembly.jobs.eval.settings import EvalSettings
@@ -96,16 +96,20 @@ def score(
             labels = torch.stack([flat[b + 1 : e + 1] for b, e, _ in chunk]).to(device)
             for row, (_, _, skip) in enumerate(chunk):
                 labels[row, :skip] = IGNORE
-            logits = model(x).y
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            loss = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
-            )
-            total += float(loss.double())
-            count += int((labels != IGNORE).sum())
-            done += len(chunk)
+            summed, labelled = _summed_loss(model, x, labels)
+            total, count, done = total + summed, count + labelled, done + len(chunk)
             on_event(Advanced("eval", done, len(cut), f"{count:,} tokens"))
     return total, count, len(cut)
+
+
+def _summed_loss(model: AssembledModel, x: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
+    """The next-token cross-entropy of ``model`` on ``x`` summed over the labels that are not
+    ``IGNORE`` (float32 at least, the sum in float64), and how many they are."""
+    logits = loss_precision(model(x).y)
+    summed = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
+    return float(summed.double()), int((labels != IGNORE).sum())
 
 
 def evaluate(
@@ -149,7 +153,10 @@ def evaluate(
     return Evaluated(
         loss=loss,
         perplexity=math.exp(min(loss, 700.0)),
-        bits_per_byte=bits_per_byte(loss, _bytes_per_token(corpus, settings.split)),
+        # split=all holds every document in "train" (val_fraction 0, above)
+        bits_per_byte=bits_per_byte(
+            loss, bytes_per_token(corpus.meta, "val" if settings.split == "val" else "train")
+        ),
         tokens=count,
         windows=made,
         seq_len=settings.seq_len,
@@ -174,14 +181,8 @@ def _evaluate_answers(
     with torch.no_grad():
         for start in range(0, len(examples), settings.batch):
             x, labels = corpus.rows(examples[start : start + settings.batch])
-            logits = model(x.to(device)).y
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            labels = labels.to(device)
-            summed = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
-            )
-            total += float(summed.double())
-            count += int((labels != IGNORE).sum())
+            summed, labelled = _summed_loss(model, x.to(device), labels.to(device))
+            total, count = total + summed, count + labelled
             on_event(
                 Advanced(
                     "eval", min(start + settings.batch, len(examples)), len(examples), f"{count:,} tokens"
@@ -217,16 +218,6 @@ def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettin
     # The end-of-text token it was loaded with (its eos_token where it has no data.tokenizer.eot).
     eot = getattr(tokenizer, "eot", data.tokenizer.eot)
     return dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(path), eot=eot))
-
-
-def _bytes_per_token(corpus: Tokenized, split: str) -> float | None:
-    counts = corpus.meta.get("bytes")
-    tokens = corpus.meta["tokens"]
-    if not counts:
-        return None
-    parts = ("val",) if split == "val" else ("train",)
-    n_tokens = sum(tokens[p] for p in parts)
-    return sum(counts[p] for p in parts) / n_tokens if n_tokens else None
 
 
 __all__ = ["Evaluated", "evaluate", "score", "windows"]

@@ -6,6 +6,7 @@ step) recomputes its window each token, as does every model once a sequence outg
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,16 +55,17 @@ def decode(
     batch, longest = len(windows), max(len(w) for w in windows)
     capacity = min(settings.context, longest + settings.max_new_tokens)
     layouts = cache_layouts(model)
-    cached = bool(layouts) and all(a.causal for a in layouts)
-    if cached:
+    if not all(a.causal for a in layouts):
+        layouts = []  # a later position would change earlier ones: every forward sees the whole window
+    if layouts:
         _check_cache_fits(cache_bytes(layouts, batch, capacity, dtype), device, batch, capacity)
-    out = Decoded([[] for _ in windows], [None] * batch, cached=cached, finished=[False] * batch)
+    out = Decoded([[] for _ in windows], [None] * batch, cached=bool(layouts), finished=[False] * batch)
+    window = functools.partial(_forward, model, layouts, settings.context, device, dtype)
     began = time.perf_counter()
     model.eval()
     with torch.no_grad():
         history = [list(w) for w in windows]
-        cache = _prefill_cache(model, layouts, history, capacity, device, dtype) if cached else None
-        logits = _forward(model, history, cache, device, settings.context)
+        logits, cache = window(history, capacity)
         for step in range(settings.max_new_tokens):
             chosen = []
             for row in range(batch):
@@ -82,8 +84,7 @@ def decode(
             if cache is not None and cache.length < cache.capacity:
                 logits = _step(model, cache, chosen, device)
             else:  # outgrew the context: the window slides and is recomputed
-                cache = None
-                logits = _forward(model, history, None, device, settings.context)
+                logits, cache = window(history)[0], None
     out.seconds = time.perf_counter() - began
     return out
 
@@ -98,18 +99,6 @@ def _check_cache_fits(needed: int, device: torch.device, batch: int, capacity: i
         )
 
 
-def _prefill_cache(
-    model: AssembledModel,
-    layouts: list[Attention],
-    history: list[list[int]],
-    capacity: int,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> KVCache:
-    longest = max(len(h) for h in history)
-    return KVCache(layouts, len(history), capacity, device, dtype, pads=[longest - len(h) for h in history])
-
-
 def _padded(history: list[list[int]], context: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
     windows = [h[-context:] for h in history]
     longest = max(len(w) for w in windows)
@@ -119,21 +108,26 @@ def _padded(history: list[list[int]], context: int, device: torch.device) -> tup
 
 
 def _forward(
-    model: AssembledModel, history: list[list[int]], cache: KVCache | None, device: torch.device, context: int
-) -> torch.Tensor:
-    """The last position's logits ``[batch, vocab]`` of each sequence's window: through ``cache`` (the
-    prefill) or, without one, a fresh cache for this forward alone (left padding still masked)."""
+    model: AssembledModel,
+    layouts: list[Attention],
+    context: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    history: list[list[int]],
+    capacity: int | None = None,
+) -> tuple[torch.Tensor, KVCache | None]:
+    """The last position's logits ``[batch, vocab]`` of each sequence's window (its last ``context``
+    tokens, left-padded to one length), and the cache that forward filled: one of ``capacity``
+    positions to go on with (the prefill), or without one, a cache for this forward alone where
+    padding must be masked (None when nothing is cached)."""
     ids, pads = _padded(history, context, device)
-    if cache is None:
-        layouts = cache_layouts(model)
-        if not layouts or not all(a.causal for a in layouts) or not any(pads):
-            return model(ids).y[:, -1]
-        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
-        cache = KVCache(layouts, ids.shape[0], ids.shape[1], device, dtype, pads=pads)
+    if not layouts or (capacity is None and not any(pads)):
+        return model(ids).y[:, -1], None
+    cache = KVCache(layouts, len(history), capacity or ids.shape[1], device, dtype, pads=pads)
     with attending(model, cache):
         y = model(ids).y[:, -1]
     cache.advance(ids.shape[1])
-    return y
+    return y, cache
 
 
 def _step(model: AssembledModel, cache: KVCache, chosen: list[int], device: torch.device) -> torch.Tensor:

@@ -26,7 +26,8 @@ from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, CheckpointError, DataError
 from te_assembly.files.directory import recover
-from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
+from te_assembly.files.read import LIMITS, InputFileError, read_text
+from te_assembly.formats.companions import GENERATION_CONFIG, SOURCE_CONFIG, companion_json
 from te_assembly.formats.pretrained import check_tokenizer
 from te_assembly.jobs.events import OnEvent, ignore
 from te_assembly.jobs.generate.decode import decode
@@ -273,16 +274,8 @@ def generation_defaults(
     every one not in ``given`` (the ones the user set), as transformers reads it: without ``do_sample:
     true`` greedy; with it its ``temperature``, ``top_k`` and ``top_p``; its ``max_new_tokens`` (a value
     ``generate`` would refuse is ignored). Also the names of the settings taken, for the user."""
-    if source is None:
-        return settings, []
-    path = model_folder(source) / "generation_config.json"
-    if not (path.exists() or path.is_symlink()):
-        return settings, []
-    try:
-        data = read_json(path, limit=LIMITS["metadata"], within=model_folder(source))
-    except InputFileError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
+    data = companion_json(model_folder(source), GENERATION_CONFIG) if source is not None else None
+    if data is None:
         return settings, []
     chosen: dict[str, object] = {}
     if data.get("do_sample") is not True:
@@ -316,15 +309,11 @@ def stop_ids_of(source: Path | None, tokenizer: Tokenizer, settings: GenerateSet
     ids = {tokenizer.eot_id} if tokenizer.eot_id >= 0 else set()
     if source is not None:
         folder = model_folder(source)
-        for name in ("generation_config.json", "hf_config.json"):
-            path = folder / name
-            if not (path.exists() or path.is_symlink()):
+        for name in (GENERATION_CONFIG, SOURCE_CONFIG):
+            data = companion_json(folder, name)
+            if data is None:
                 continue
-            try:
-                data = read_json(path, limit=LIMITS["metadata"], within=folder)
-            except InputFileError as exc:
-                raise CheckpointError(f"cannot read {path}: {exc}") from None
-            eos = data.get("eos_token_id") if isinstance(data, dict) else None
+            eos = data.get("eos_token_id")
             found = eos if isinstance(eos, list) else [eos]
             ids |= {i for i in found if isinstance(i, int) and not isinstance(i, bool) and i >= 0}
             break
