@@ -41,6 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.engines.reference.ops.base import compute_dtype
+from te_assembly.engines.reference.rotary import apply_rotary
 
 _TWICE = contextvars.ContextVar("te_assembly_twice_differentiable", default=False)
 
@@ -111,13 +112,6 @@ def rotary_tables(
 def rms_norm(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``t / sqrt(mean(t^2) + eps) * weight`` over the last dimension (the RMSNorm op's formula)."""
     return t * torch.rsqrt(t.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(t.dtype)
-
-
-def apply_rotary(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``t`` ``[batch, seq, heads, head_dim]`` rotated by position (rotate-half)."""
-    first, second = t.chunk(2, dim=-1)
-    rotated = torch.cat((-second, first), dim=-1)
-    return t * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 class Attention(torch.nn.Module):

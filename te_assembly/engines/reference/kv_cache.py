@@ -24,6 +24,7 @@ import torch
 
 from te_assembly.engines.memory import format_bytes
 from te_assembly.engines.reference.ops.base import compute_dtype
+from te_assembly.engines.reference.rotary import apply_rotary
 from te_assembly.errors import ArgumentError
 
 
@@ -127,7 +128,7 @@ class KVCache:
             self._angles[key] = table
         angles = table[self.positions(q.shape[1])]  # [b, new, d]
         cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     def append(
         self, layout: Attention, k: torch.Tensor, v: torch.Tensor
@@ -155,12 +156,6 @@ class KVCache:
             seen = seen & (query - key < window)
         seen = seen[None] & (key[None] >= self.pads[:, None, None])
         return (seen | (key == query)[None])[:, None]
-
-
-def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``apply_rotary`` with per-sequence tables ``[b, new, d]``."""
-    first, second = t.chunk(2, dim=-1)
-    return t * cos[:, :, None, :] + torch.cat((-second, first), dim=-1) * sin[:, :, None, :]
 
 
 def attend(layout: Attention, qkv: torch.Tensor, cache: KVCache, rotary: bool) -> torch.Tensor:
