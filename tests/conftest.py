@@ -41,6 +41,30 @@ def _run_cli(args: Sequence[str], timeout: float = 120) -> subprocess.CompletedP
     )
 
 
+def user_cli(
+    cwd: Path,
+    *args: str,
+    timeout: float = 300,
+    pythonpath: str = "",
+    umask: int | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m te_assembly ARGS...`` as a user runs it, in ``cwd`` (outside the repository), the
+    package found through ``PYTHONPATH`` as an installed one (``pythonpath``: more folders after it).
+    ``umask``: the child's own; ``env``: more environment variables."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p)
+    environment = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": path}
+    return subprocess.run(
+        [sys.executable, "-m", "te_assembly", *args],
+        cwd=cwd,
+        env={**environment, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=None if umask is None else lambda: os.umask(umask),
+    )
+
+
 @pytest.fixture
 def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``python -m te_assembly ARGS...`` in a subprocess; returns the completed process."""

@@ -12,13 +12,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import user_cli
 
 HANG_LIMIT_S = 60
 
@@ -98,19 +97,6 @@ READ_ATTACKS: dict[str, Attack] = {
     "too-large": huge,
 }
 """Every attack on the bounded reader that does not depend on the file's format."""
-
-
-def user_cli(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The CLI as a user runs it, in ``cwd`` (outside the repository)."""
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "te_assembly", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def clean_failure(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:

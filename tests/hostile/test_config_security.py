@@ -7,31 +7,20 @@ is carried from an imported checkpoint into anything te_assembly writes."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import te_assembly
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, user_cli
 from tests.hostile.conftest import clean_failure
 
 
 def _cli(cwd: Path, *args: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p)
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": path}
-    return subprocess.run(
-        [sys.executable, "-m", "te_assembly", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return user_cli(cwd, *args, pythonpath=pythonpath)
 
 
 def _fake_dot(folder: Path, marker: Path) -> Path:

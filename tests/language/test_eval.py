@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from te_assembly.jobs.eval.job import IGNORE, score, windows
+from tests.conftest import user_cli
 
 
 @settings(max_examples=200, deadline=None)
@@ -67,14 +67,7 @@ def test_score_equals_transformers_on_the_same_windows(seq_len: int, stride: int
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "te_assembly", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "200", "TE_ASSEMBLY_CACHE": str(cwd / "cache")},
-        check=False,
-    )
+    return user_cli(cwd, *args, env={"TE_ASSEMBLY_CACHE": str(cwd / "cache")})
 
 
 @pytest.mark.slow

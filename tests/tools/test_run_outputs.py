@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import stat
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from te_assembly.jobs.train.metrics import tensorboard_writer_class
 from te_assembly.jobs.train.schedule import lr_at
 from te_assembly.jobs.train.settings import TrainSettings
 from tests.conftest import REPO_ROOT
+from tests.conftest import user_cli as shared_user_cli
 
 STAMP = re.compile(r"^\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(_\d+)?$")
 TINY = ["train.steps=2", "train.batch_tokens=32"]
@@ -31,16 +30,7 @@ def user_cli(
     cwd: Path, args: Sequence[str], umask: int = 0o022, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """The CLI in ``cwd`` (not the repository), the package found through PYTHONPATH as an installed one."""
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "te_assembly", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=lambda: os.umask(umask),  # the child's umask only
-    )
+    return shared_user_cli(cwd, *args, umask=umask, timeout=timeout)
 
 
 def only_run(root: Path, model: str) -> Path:

@@ -4,15 +4,13 @@ from a directory outside the repository, as a new user's would."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import user_cli
 
 MODEL = """\
 # a user's block
@@ -47,15 +45,7 @@ def user(tmp_path: Path) -> Path:
 
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "te_assembly", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return user_cli(cwd, *args)
 
 
 def _line(text: str, pattern: str) -> int:
