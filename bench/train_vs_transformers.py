@@ -19,7 +19,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -27,7 +26,8 @@ from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import te_assembly
+import smollm_shape
+
 from te_assembly.jobs import objective
 
 
@@ -45,25 +45,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=args.layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-    )
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(
-            tmp, attn_implementation="sdpa", dtype=torch.float32
-        ).train()
-        ours = te_assembly.from_hf(tmp, "reference").train()
+    theirs, ours, config = smollm_shape.both(args.layers)
+    theirs.train(), ours.train()
     params = sum(p.numel() for p in ours.parameters())
     print(
         f"random Llama, {args.layers} layers, 576 wide, 9/3 heads, vocab 49,152 ({params:,} parameters), "
