@@ -412,7 +412,7 @@ def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagn
     order = [resolved.sources[k] for k in ("model",) if k in resolved.sources]
     order.extend(resolved.expansion.sources if resolved.expansion is not None else ())
     order.extend(resolved.sources[k] for k in ("recipe", "config", "shipped config") if k in resolved.sources)
-    set_by = _command_line_keys(resolved.overrides)
+    set_by = command_line_keys(resolved.overrides)
     located = []
     blocks = resolved.expansion.blocks if resolved.expansion is not None else {}
     for d in diags:
@@ -430,8 +430,9 @@ def _finish(diags: Sequence[Diagnostic], resolved: ResolvedConfig) -> list[Diagn
     return dedupe(sort_diagnostics(located, [s.file for s in order]))
 
 
-def _command_line_keys(overrides: Sequence[str]) -> dict[str, str]:
-    """Key path -> the override that set it (the last one wins, as in Hydra)."""
+def command_line_keys(overrides: Sequence[str]) -> dict[str, str]:
+    """Key path -> the override that set it (the last one wins, as in Hydra); group choices (``model``,
+    ``recipe``) and ``hydra.`` keys left out."""
     out: dict[str, str] = {}
     for text in overrides:
         key, sep, _ = text.partition("=")
@@ -498,4 +499,5 @@ __all__ = [
     "ModelAnalysis",
     "analyze_model",
     "analyze_resolved",
+    "command_line_keys",
 ]

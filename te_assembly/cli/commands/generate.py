@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis
+from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis, command_line_keys
 from te_assembly.cli.commands.session import start
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ArgumentError
@@ -52,8 +52,8 @@ def main(analysis: Analysis, console: Console) -> int:
         )
     target = session.target
     source = Path(settings.source).expanduser() if settings.source is not None else None
-    given = {o.lstrip("+").split("=", 1)[0].removeprefix("generate.") for o in analysis.resolved.overrides}
-    settings, taken = generation_defaults(source, settings, sorted(given))
+    given = [k.removeprefix("generate.") for k in command_line_keys(analysis.resolved.overrides)]
+    settings, taken = generation_defaults(source, settings, given)
     prompt = "" if settings.interactive else read_prompt(settings)
     if settings.source is not None:
         model = load_source(settings.source, target)
