@@ -61,8 +61,9 @@ def _mutate(model: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[st
             node = node[key]
         except (KeyError, IndexError, TypeError):
             return out
-    if isinstance(node, dict) or (isinstance(node, list) and path[-1] < len(node)):
-        node[path[-1]] = value
+    last = path[-1]
+    if isinstance(node, dict) or (isinstance(node, list) and isinstance(last, int) and last < len(node)):
+        node[last] = value
     return out
 
 
