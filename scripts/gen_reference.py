@@ -200,6 +200,18 @@ EXAMPLES: dict[str, Example] = {
     "unknown-arg": Example(corpus="unknown-arg-typo"),
     "missing-arg": Example(corpus="missing-arg"),
     "arg-order": Example(corpus="dispatch-top-k-above-num-experts"),
+    "bad-args": Example(
+        V,
+        {
+            "m.yaml": _model(
+                LINEAR.replace("out_features: 8", "out_features: 6")
+                + "  - {name: lora, op: LoRA,"
+                + " args: {in_features: 8, out_features: 6, rank: 2, parts: [4, 4]}}\n"
+            )
+        },
+    ),
+    "lora-target": Example(("validate", "model=llama_tiny", "lora.rank=4", "lora.targets=[layers.*.qkx]")),
+    "lora-rank": Example(("validate", "model=llama_tiny", "lora.rank=40", "lora.targets=[layers.*.qkv]")),
     "not-a-multiple": Example(("validate", "model=dense_transformer", "model.dims.kv_heads=3")),
     "unknown-slot": Example(corpus="unknown-slot-typo"),
     "disabled-slot": Example(corpus="disabled-slot"),

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from te_assembly.analysis.adapters import SECTION as LORA
+from te_assembly.analysis.adapters import LoraSettings, attach
 from te_assembly.analysis.channels import ChannelGraph, RawChannels, check_channels
 from te_assembly.analysis.fusers import assign_fusers
 from te_assembly.analysis.fusions import FusionTarget, near_miss_warnings, predict
@@ -52,7 +54,7 @@ FUSIONS = "fusions"
 PARALLEL = "parallel"
 """Section name of the parallel layout (``torchrun``'s processes)."""
 
-COMMON_SECTIONS: dict[str, type] = {COMMON: CommonSettings, PARALLEL: ParallelSettings}
+COMMON_SECTIONS: dict[str, type] = {COMMON: CommonSettings, PARALLEL: ParallelSettings, LORA: LoraSettings}
 """What every command checks: the top-level keys and the parallel layout (the model must split as it
 says, whatever the command)."""
 DEFAULT_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "run": RunSettings}
@@ -215,7 +217,11 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     """Pass 3 (see the module docstring). ``sections``: settings sections to check and parse, by name
     (default: the top-level keys and ``run``)."""
     diags: list[Diagnostic] = list(resolved.diagnostics)
-    model = resolved.expanded_model
+    attached = attach(resolved.expanded_model, resolved.expansion, resolved.settings.get(LORA))
+    diags.extend(attached.diagnostics)
+    if attached.expansion is not resolved.expansion:  # adapters joined the model (``adapters.py``)
+        resolved = dataclasses.replace(resolved, expansion=attached.expansion)
+    model = attached.model
     expansion = resolved.expansion
     blocks = expansion.groups if expansion is not None else ()
     result = ModelAnalysis()

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from te_assembly.catalog import MODULE_ALLOWLIST, OPS, SEQUENCE_LAYOUTS, ModuleSpec, OpSpec, Slot
+from te_assembly.catalog import (
+    ADAPTER_TYPES,
+    MODULE_ALLOWLIST,
+    OPS,
+    SEQUENCE_LAYOUTS,
+    ModuleSpec,
+    OpSpec,
+    Slot,
+)
 from te_assembly.config.block_uses import BlockGroup, BlockUse  # noqa: F401  (part of the plan's vocabulary)
 from te_assembly.diagnostics import Diagnostic
 
@@ -171,6 +179,23 @@ class Plan:
     def takes_sequences(self) -> bool:
         """``x`` is whole sequences (``[batch, seq, features]`` or token ids): jobs cut it by ``seq_len``."""
         return self.input_layout in SEQUENCE_LAYOUTS
+
+    @cached_property
+    def adapter_params(self) -> frozenset[str]:
+        """The adapters' parameters by name (``steps.layers.0.qkv_lora.lora_A0``). A plan with any is a
+        frozen base with adapters: only these train, and a checkpoint holds only these."""
+        return frozenset(
+            f"steps.{step.name}.{name}"
+            for step in self.steps
+            if step.type in ADAPTER_TYPES
+            for name in step.param_shapes
+        )
+
+    @property
+    def num_trainable_params(self) -> int:
+        """Parameters an optimizer updates: the adapters' when there are any, else every one."""
+        adapters = [s for s in self.steps if s.type in ADAPTER_TYPES]
+        return sum(s.num_params for s in adapters) if adapters else self.num_params
 
     @cached_property
     def tied_params(self) -> dict[str, str]:

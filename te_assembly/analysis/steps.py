@@ -177,6 +177,9 @@ def _check_args(spec: OpSpec | ModuleSpec, args: Mapping[str, Any], path: str) -
         full = spec.with_defaults(args)
         out.extend(_arg_order(spec, full, path))
         out.extend(_multiples(spec, full, path))
+    if not out and isinstance(spec, OpSpec):
+        for arg, message, hint in spec.arg_checks(spec.with_defaults(args)):
+            out.append(error(f"{path}.{arg}", "bad-args", f"{spec.name}: {message}", hint))
     return out
 
 

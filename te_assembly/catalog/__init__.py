@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from te_assembly.catalog.adapter_ops import ADAPTER_OPS, ADAPTER_TYPES
 from te_assembly.catalog.branch_ops import BRANCH_OPS
 from te_assembly.catalog.modules import MODULES
 from te_assembly.catalog.moe_ops import MOE_OPS
@@ -27,7 +28,9 @@ from te_assembly.catalog.spec import (
 from te_assembly.catalog.te_ops import TE_OPS
 from te_assembly.catalog.token_ops import TOKEN_OPS
 
-OPS: dict[str, OpSpec] = {spec.name: spec for spec in (*TE_OPS, *MOE_OPS, *TOKEN_OPS, *BRANCH_OPS)}
+OPS: dict[str, OpSpec] = {
+    spec.name: spec for spec in (*TE_OPS, *MOE_OPS, *TOKEN_OPS, *BRANCH_OPS, *ADAPTER_OPS)
+}
 MODULE_ALLOWLIST: dict[str, ModuleSpec] = {spec.name: spec for spec in MODULES}
 
 
@@ -38,6 +41,7 @@ def load_object(path: str) -> Any:
 
 
 __all__ = [
+    "ADAPTER_TYPES",
     "INPUT_LAYOUTS",
     "LAYOUTS",
     "MODULE_ALLOWLIST",

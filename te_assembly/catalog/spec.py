@@ -25,6 +25,8 @@ class Param:
     default_from: str | None = None
     """A null (or missing) value takes this other argument's value (Attention's ``num_kv_heads``
     defaults to ``num_heads``)."""
+    items: Any = None
+    """For a ``list`` argument: the type of each item (LoRA's ``parts``: widths, ints)."""
 
     @property
     def required(self) -> bool:
@@ -48,7 +50,12 @@ class Param:
         nullable = len(kept) < len(types)
         choices = None if self.choices is None else tuple(c for c in self.choices if c is not None)
         kind: type | tuple[type, ...] = kept[0] if len(kept) == 1 else kept
-        return FieldSpec(kind, self.default, self.doc, choices, minimum=low, maximum=high, nullable=nullable)
+        items = (
+            None if self.items is None else FieldSpec(self.items, minimum=1 if self.items is int else None)
+        )
+        return FieldSpec(
+            kind, self.default, self.doc, choices, minimum=low, maximum=high, nullable=nullable, items=items
+        )
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class Slot:
     e.g. ``("groups", "num_experts")`` on a producer and ``("groups", "num_groups")`` on a consumer."""
     enabled_if: tuple[str, ...] = ()
     """The slot exists only when all these bool arguments are true (TE sizes slots at init)."""
+    width_arg: str | None = None
+    """A ``main``-shaped slot whose width is this argument's, not the width of the main path arriving
+    at the op (LoRA's ``x``: the input of the projection it adapts, ``in_features`` wide)."""
     doc: str = ""
     shape: str = "main"
     """What the tensor looks like, so a channel can only join slots that agree:
@@ -324,6 +334,10 @@ class OpSpec(_Arguments):
     """(smaller, larger, message) pairs of arguments that must satisfy ``args[smaller] <= args[larger]``."""
     multiples: tuple[MultipleOf, ...] = ()
     """Arguments that must be multiples of another argument or a number."""
+    arg_checks: Callable[[Mapping[str, Any]], list[tuple[str, str, str | None]]] = lambda args: []
+    """Rules across arguments that ``arg_rules`` and ``multiples`` cannot say, as (argument, message,
+    hint) per problem, given the arguments with their defaults (LoRA's ``parts`` summing to
+    ``out_features``)."""
     needs_layout: str | None = None
     """The main-path layout (``LAYOUTS``) the op needs: ``tokens`` for Dispatch and Combine."""
     sets_layout: str | None = None

@@ -231,10 +231,13 @@ def _footprint(
     size = dtype_bytes(dtype)
     params = elements * size
     untrained = (elements if others is None else others) * size * (models - trained)
+    # A frozen base with adapters: only the adapters' share has gradients and optimizer state.
+    share = plan.num_trainable_params / plan.num_params if plan.num_params else 1.0
+    learned = math.ceil(params * share)
     return MemoryEstimate(
         parameters=params * trained + untrained + gathered * size,
-        gradients=params * trained + gathered * size * trained,
-        optimizer=params * trained * OPTIMIZER_STATES.get(optimizer, 2),
+        gradients=learned * trained + math.ceil(gathered * size * share) * trained,
+        optimizer=learned * trained * OPTIMIZER_STATES.get(optimizer, 2),
         # Backward holds the gradient of the activation it is working on next to the saved ones.
         activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused, checkpointing) if tokens else 0,
         loss=loss_bytes(plan, tokens, dtype),

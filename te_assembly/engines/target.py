@@ -344,6 +344,29 @@ def assemble(
 ) -> AssembledModel:
     """``plan`` built in ``engine`` (``Target.build`` calls it; no memory check, no seeding): the
     reference model, TE's fusers, or this rank's part of a parallel layout."""
+    model = _assembled(plan, engine, kernels, device, dtype, recipe, parallel)
+    if plan.adapter_params:
+        freeze_base(model, plan, parallel)
+    return model
+
+
+def freeze_base(model: torch.nn.Module, plan: Plan, parallel: ParallelContext | None = None) -> None:
+    """A plan with adapters trains only them: every other parameter stops requiring gradients, so no
+    optimizer holds state for it and backward computes no weight gradient for it."""
+    rename = parallel.local_to_global if parallel is not None else {}
+    for name, param in model.named_parameters():
+        param.requires_grad_(rename.get(name, name) in plan.adapter_params)
+
+
+def _assembled(
+    plan: Plan,
+    engine: str,
+    kernels: str,
+    device: torch.device | None,
+    dtype: torch.dtype,
+    recipe: Recipe | None,
+    parallel: ParallelContext | None,
+) -> AssembledModel:
     device = device if device is not None else torch.device("cpu")
     if engine == "te" and not te_available():
         raise EngineUnavailableError(
@@ -374,6 +397,7 @@ __all__ = [
     "as_target",
     "assemble",
     "for_source",
+    "freeze_base",
     "resolve_device",
     "synchronize",
 ]

@@ -75,6 +75,7 @@ def _legacy_pretrained(folder: Path, files: list[str]) -> bool:
 
 PRETRAINED = Kind("pretrained", "a pretrained model directory", _legacy_pretrained)
 HF = Kind("hf", "a Hugging Face checkpoint te_assembly exported")
+PEFT = Kind("peft", "a PEFT adapter directory te_assembly exported")
 
 
 def listed_files(folder: Path) -> list[str]:
@@ -111,7 +112,7 @@ def _what_is_there(folder: Path, kind: Kind) -> tuple[str | None, list[str]]:
     recorded, listed = manifest_kind(folder)
     if recorded is not None:
         return recorded, sorted(set(files) - set(listed))
-    for known in (PRETRAINED, HF):
+    for known in (PRETRAINED, HF, PEFT):
         if known.legacy is not None and known.legacy(folder, files):
             return known.name, []
     return None, files
@@ -321,6 +322,7 @@ def recover(out: Path) -> str | None:
 __all__ = [
     "HF",
     "MANIFEST",
+    "PEFT",
     "PRETRAINED",
     "Kind",
     "check_destination",

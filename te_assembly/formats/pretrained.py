@@ -73,6 +73,8 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _check_fits(plan: Plan, weights: Mapping[str, torch.Tensor], where: str) -> None:
     """``CheckpointError`` naming every weight that is missing, unexpected or of another shape."""
     wanted = expected_shapes(plan)
+    if plan.adapter_params and not plan.adapter_params & set(weights):
+        wanted = {k: v for k, v in wanted.items() if k not in plan.adapter_params}  # a base, adapters fresh
     missing = sorted(set(wanted) - set(weights))
     extra = sorted(set(weights) - set(wanted))
     shapes = [
@@ -239,8 +241,11 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 def _load_weights(model: AssembledModel, weights: Mapping[str, torch.Tensor]) -> None:
     """Load checked weights; TE's ``_extra_state`` entries (never saved) stay the model's own."""
-    own_extra = {k: v for k, v in model.state_dict().items() if k.endswith(_EXTRA_STATE)}
-    model.load_state_dict({**weights, **own_extra}, strict=True)
+    own = model.state_dict()
+    own_extra = {k: v for k, v in own.items() if k.endswith(_EXTRA_STATE)}
+    # A frozen base without its adapters (``_check_fits`` allows it): they keep their fresh values.
+    fresh = {k: v for k, v in own.items() if k in model.plan.adapter_params and k not in weights}
+    model.load_state_dict({**weights, **own_extra, **fresh}, strict=True)
 
 
 def _check_directory(folder: Path) -> None:
@@ -391,8 +396,48 @@ def _checkpoint_model(source: Path) -> tuple[Mapping[str, Any], Plan, dict[str, 
     if not isinstance(run, Mapping) or not isinstance(run.get("model"), Mapping):
         raise CheckpointError(f"{source} does not record its model, so it cannot be exported")
     plan = load(dict(run["model"])).checked_plan()
+    if plan.adapter_params and set(weights) <= plan.adapter_params:
+        weights = {**base_weights(plan, run, source), **weights}
     _check_fits(plan, weights, str(source))
     return run, plan, weights
+
+
+def base_digest(named: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 of a frozen base: every tensor's name, dtype, shape and bytes, in name order. A run with
+    adapters records it, so its adapters are never put on another base."""
+    digest = hashlib.sha256()
+    for name in sorted(named):
+        tensor = named[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def base_weights(plan: Plan, run: Mapping[str, Any], source: Path) -> dict[str, torch.Tensor]:
+    """The frozen base an adapters-only checkpoint was trained on: its ``train.init_from`` directory's
+    weights, or the weights its seed draws; ``CheckpointError`` when that base is gone or is not the
+    one the run recorded."""
+    base = run.get("base")
+    if not isinstance(base, Mapping):
+        raise CheckpointError(f"{source} holds adapters only and does not record its base model")
+    origin = base.get("init_from")
+    if isinstance(origin, str):
+        folder = Path(origin)
+        _check_directory(folder)
+        weights = _verified_weights(folder, plan)
+        where = f"its train.init_from {folder}"
+    else:
+        dtype = getattr(torch, str(run.get("dtype") or "float32"))
+        model = Target(engine="reference", dtype=dtype).build(plan, seed=int(run.get("seed") or 0))
+        weights = {k: v for k, v in _weights(model).items() if k not in plan.adapter_params}
+        where = f"the weights seed {run.get('seed')} draws"
+    weights = {k: v for k, v in weights.items() if k not in plan.adapter_params}
+    if base_digest(weights) != base.get("sha256"):
+        raise CheckpointError(
+            f"{source} holds adapters trained on another base than {where} (its SHA-256 differs from the "
+            "one the run recorded): restore that base, or export the run where it was trained"
+        )
+    return weights
 
 
 def from_checkpoint(checkpoint: str | os.PathLike[str], target: Target | str = "auto") -> AssembledModel:
@@ -414,19 +459,29 @@ def export_checkpoint(
     directory: str | os.PathLike[str] | None = None,
     *,
     overwrite: bool = False,
+    merge: bool = False,
 ) -> Path:
     """A training checkpoint (or a run directory: its newest checkpoint, every tensor verified) as a
     pretrained directory (default: ``pretrained/`` in the checkpoint's run directory). The model tensors
     are global (a parallel run gathers them before saving), so the result loads in one process; a
-    language model's ``tokenizer.json`` beside the run is copied with it."""
+    language model's ``tokenizer.json`` beside the run is copied with it. A run with adapters is
+    written with its base and adapters, or (``merge``) as its base with the adapters folded in."""
+    from te_assembly.formats.adapters import base_plan, merged_weights
+
     source = newest_checkpoint(Path(checkpoint).expanduser(), "export")
     target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
     check_destination(target, PRETRAINED, overwrite=overwrite, sources=[source])
     run, plan, weights = _checkpoint_model(source)
+    model_config = run["model"]
+    if merge:
+        if not plan.adapter_params:
+            raise ArgumentError(f"{source} has no adapters to merge (export.merge=true is for LoRA runs)")
+        weights, plan = merged_weights(plan, weights), base_plan(plan)
+        model_config = model_record(plan)
     data = run.get("data")
     tokenizer = data.get("tokenizer") if isinstance(data, Mapping) else None
     config = config_of(
-        run["model"],
+        model_config,
         run.get("recipe"),
         str(run.get("dtype") or "float32"),
         plan.tied_params,
@@ -441,6 +496,8 @@ __all__ = [
     "FORMAT",
     "TOKENIZER_FILE",
     "WEIGHTS_FILE",
+    "base_digest",
+    "base_weights",
     "export_checkpoint",
     "from_checkpoint",
     "from_pretrained",

@@ -15,6 +15,7 @@ from te_assembly.analysis.parallel.layout import ShardPlan
 from te_assembly.analysis.plan import FuserGroup, Plan, PlannedStep, PublicTensor
 from te_assembly.catalog import LAYOUTS
 from te_assembly.diagnostics import printable
+from te_assembly.views.adapters import adapter_table
 from te_assembly.views.fusions import fusion_table
 from te_assembly.views.outline import Expand, Outline, Uses
 
@@ -236,4 +237,7 @@ def tables(
 
         out.extend(layout_tables(plan, layout, str(getattr(target, "dtype", "float32"))))
     out.append(fusion_table(plan, target, expand))
+    adapters = adapter_table(plan, target)
+    if adapters is not None:
+        out.append(adapters)
     return out

@@ -33,8 +33,11 @@ class ExportSettings:
     to: str | None = setting(None, nonempty=True, doc="the directory to write (null: <run dir>/pretrained)")
     overwrite: bool = setting(False, doc="write into a directory that is not empty")
     format: str = setting(
-        "te", choices=("te", "hf"), doc="te: a pretrained directory; hf: a Hugging Face one"
+        "te",
+        choices=("te", "hf", "peft"),
+        doc="te: a pretrained directory; hf: a Hugging Face one; peft: a LoRA run's adapters alone, for PEFT",
     )
+    merge: bool = setting(False, doc="a LoRA run: its adapters folded into the base's weights (te or hf)")
     max_shard_mb: int = setting(5120, minimum=1, doc="format=hf: the largest safetensors shard, in MiB")
 
 
@@ -49,9 +52,13 @@ def main(analysis: Analysis, console: Console) -> int:
         raise ConfigError([error("export.checkpoint", "missing", message, hint)])
     if settings.format == "hf":
         return _export_hf(settings, console)
+    if settings.format == "peft":
+        return _export_peft(settings, console)
     from te_assembly.formats.pretrained import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
 
-    out = export_checkpoint(settings.checkpoint, settings.to, overwrite=settings.overwrite)
+    out = export_checkpoint(
+        settings.checkpoint, settings.to, overwrite=settings.overwrite, merge=settings.merge
+    )
     size = (out / WEIGHTS_FILE).stat().st_size / 2**20
     console.print(
         f"wrote {printable(str(out / WEIGHTS_FILE))} ({size:,.2f} MiB) and "
@@ -83,11 +90,51 @@ def _export_hf(settings: ExportSettings, console: Console) -> int:
             overwrite=settings.overwrite,
             max_shard_bytes=settings.max_shard_mb * 2**20,
             progress=progress,
+            merge=settings.merge,
         )
     files = sorted(p.name for p in out.iterdir())
     console.print(f"wrote {printable(str(out))}: {printable(', '.join(files))}", markup=False, soft_wrap=True)
     console.print(
         f"load it with: transformers.AutoModelForCausalLM.from_pretrained({printable(repr(str(out)))})",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+def _export_peft(settings: ExportSettings, console: Console) -> int:
+    from pathlib import Path
+
+    from te_assembly.files.directory import PEFT, check_destination
+    from te_assembly.formats.adapters import write_peft
+    from te_assembly.formats.hf.convert import export_source
+
+    assert settings.checkpoint is not None
+    if settings.merge:
+        message = (
+            "export.merge=true writes a whole model (format te or hf); format=peft writes the adapters alone"
+        )
+        raise ConfigError([error("export.merge", "conflicting-settings", message, "drop export.merge")])
+    given = Path(settings.checkpoint).expanduser()
+    dest = (
+        Path(settings.to).expanduser()
+        if settings.to
+        else (given if given.is_dir() else given.parent) / "adapter"
+    )
+
+    def check(read_from: Path) -> None:  # refused before the model loads
+        check_destination(dest, PEFT, overwrite=settings.overwrite, sources=[read_from])
+
+    model, read_from, _ = export_source(given, check)
+    weights = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    out = write_peft(model.plan, weights, dest, overwrite=settings.overwrite, sources=(read_from,))
+    console.print(
+        f"wrote {printable(str(out))}: adapter_config.json, adapter_model.safetensors",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"load it with: peft.PeftModel.from_pretrained(base_model, {printable(repr(str(out.resolve())))})",
         markup=False,
         soft_wrap=True,
     )

@@ -41,6 +41,9 @@ class ImportSettings:
         doc="config.json fields te_assembly does not know, accepted knowingly as having no effect on "
         "the model (recorded in config.yaml)",
     )
+    adapter: str | None = setting(
+        None, nonempty=True, doc="a PEFT LoRA adapter directory for this checkpoint: imported on its base"
+    )
 
 
 SECTIONS = {"import_hf": ImportSettings}
@@ -62,6 +65,7 @@ def main(analysis: Analysis, console: Console) -> int:
     from te_assembly.cli.report import tensor_progress
     from te_assembly.formats.hf.config import FAMILIES
     from te_assembly.formats.hf.convert import import_hf, model_name, read_spec
+    from te_assembly.formats.pretrained import read_config
 
     source = Path(settings.source).expanduser()
     dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / f"{source.name}_te"
@@ -74,6 +78,7 @@ def main(analysis: Analysis, console: Console) -> int:
             overwrite=settings.overwrite,
             ignore_fields=settings.ignore_fields,
             progress=progress,
+            adapter=settings.adapter,
         )
     name = settings.name or model_name(dest)
     console.print(
@@ -85,6 +90,14 @@ def main(analysis: Analysis, console: Console) -> int:
     )
     shown = printable(str(out))
     console.print(f"the model as YAML: {shown}/model/{name}.yaml", markup=False, soft_wrap=True)
+    if settings.adapter is not None:
+        lora = read_config(out).get("lora")
+        console.print(
+            f"with the adapter of {printable(settings.adapter)}: train it further with "
+            f"train.init_from={shown} and these lora settings (config.yaml's lora): {printable(str(lora))}",
+            markup=False,
+            soft_wrap=True,
+        )
     console.print(
         f"check it:  python -m te_assembly validate -cd {shown} model={name}", markup=False, soft_wrap=True
     )

@@ -38,6 +38,7 @@ from te_assembly.errors import CheckpointError, NonFiniteError
 from te_assembly.files import write as files_write
 from te_assembly.files.read import open_regular
 from te_assembly.formats.checkpoint import sharded
+from te_assembly.formats.checkpoint.state import adapter_names, checkpoint_state
 
 FORMAT = "te_assembly.train/2"
 SUFFIX = ".safetensors"
@@ -331,7 +332,7 @@ def save_checkpoint(
     Raises ``NonFiniteError`` (nothing written) when a parameter is NaN/Inf."""
     check_finite(step, model)
     tensors: dict[str, torch.Tensor] = {}
-    for name, value in model.state_dict().items():
+    for name, value in checkpoint_state(model).items():
         tensors[f"model/{name}"] = value.detach().to("cpu").contiguous().clone()
     optim_scalars: dict[str, Any] = {}
     for index, state in optimizer.state_dict()["state"].items():
@@ -378,7 +379,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     was only if the problem is found before restoring (checksums and shapes are all checked first)."""
     header, tensors = read_verified(path)
     model_state = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
-    mine = model.state_dict()
+    mine = checkpoint_state(model)
     if set(model_state) != set(mine):
         missing, extra = sorted(set(mine) - set(model_state)), sorted(set(model_state) - set(mine))
         raise CheckpointError(f"{path} does not fit this model: missing {missing}, unexpected {extra}")
@@ -396,7 +397,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         cuda_keys = sorted(
             (k for k in tensors if k.startswith("rng/cuda/")), key=lambda k: int(k.rsplit("/", 1)[1])
         )
-        model.load_state_dict(model_state)
+        model.load_state_dict(model_state, strict=not adapter_names(model))
         # Keep this run's param groups (hyper-parameters come from the config; lr is set every step).
         optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
         torch.set_rng_state(rng)

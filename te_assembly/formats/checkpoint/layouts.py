@@ -32,6 +32,7 @@ from te_assembly.formats.checkpoint.file import (
     save_checkpoint,
     verify,
 )
+from te_assembly.formats.checkpoint.state import adapter_names
 
 SINGLE = {"data": 1, "shard": 1, "tensor": 1, "sequence": 1, "expert": 1}
 RESHARDABLE = ("data", "shard")
@@ -54,7 +55,8 @@ def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
 
 def _global_state(par: ParallelContext, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     named = {par.local_to_global.get(k, k): v for k, v in model.state_dict().items()}
-    return par.gather_global(named)
+    keep = adapter_names(model)
+    return par.gather_global({k: v for k, v in named.items() if k in keep} if keep else named)
 
 
 def _global_optimizer_state(
@@ -168,7 +170,8 @@ class _GlobalView:
         for key, value in self.model.state_dict().items():
             if key not in self.par.local_to_global:
                 shapes[key] = value  # not a parameter (a buffer, TE's extra state): the same everywhere
-        return shapes
+        keep = adapter_names(self.model)
+        return {k: v for k, v in shapes.items() if k in keep} if keep else shapes
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         self.par.load_global(self.model, state)

@@ -36,6 +36,7 @@ from te_assembly.engines.parallel.pieces import local_piece
 from te_assembly.errors import CheckpointError, NonFiniteError
 from te_assembly.files import write
 from te_assembly.files.read import LIMITS, InputFileError, read_json, sha256_file
+from te_assembly.formats.checkpoint.state import adapter_names
 
 DIR_SUFFIX = ".dcp"
 MANIFEST = "checkpoint.json"
@@ -60,9 +61,10 @@ def flat_state(
     otherwise) under a single-process checkpoint's names (an expert rank's ``weight0`` is its first
     expert's global name); and the optimizer's state dict by parameter name
     (``torch.distributed.checkpoint.state_dict``), to load into."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer)
+    frozen = StateDictOptions(ignore_frozen_params=bool(adapter_names(model)))  # only adapters train
+    model_state, optim_state = get_state_dict(model, optimizer, options=frozen)
     optim_state = dict(optim_state)  # parameter name -> {slot: value}, and param_groups
     names, index = par.local_to_global, par.optimizer_index(model)
     flat = {f"model/{names.get(k, k)}": v for k, v in model_state.items() if isinstance(v, torch.Tensor)}
@@ -81,7 +83,7 @@ def _restore(
     flat: Mapping[str, torch.Tensor],
     optim_state: dict[str, Any],
 ) -> None:
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     local = {key: name for name, key in par.local_to_global.items()}
     index = par.optimizer_index(model)
@@ -94,7 +96,9 @@ def _restore(
         elif key.startswith("optim/"):
             _, i, slot = key.split("/", 2)
             optim_state["state"][by_index[int(i)]][slot] = value
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)  # type: ignore[arg-type]
+    partial = StateDictOptions(strict=not adapter_names(model))  # adapters only: the base stays as loaded
+    given: Any = model_state  # set_state_dict's annotation is narrower than the tensors it takes
+    set_state_dict(model, optimizer, model_state_dict=given, optim_state_dict=optim_state, options=partial)
 
 
 def _check_finite(par: ParallelContext, step: int, flat: Mapping[str, torch.Tensor]) -> None:

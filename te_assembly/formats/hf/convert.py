@@ -35,8 +35,9 @@ from te_assembly.formats.companions import (
     source_metadata,
 )
 from te_assembly.formats.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_config, read_config
-from te_assembly.formats.hf.layout import BLOCKS, check_same_steps, model_config, spec_of_plan
-from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, renamed, rules
+from te_assembly.formats.hf.layout import BLOCKS, model_config
+from te_assembly.formats.hf.mapping import hf_config, mapping_of_plan
+from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, rules
 from te_assembly.formats.hf.shards import FLOAT_DTYPES, HFCheckpoint, write_shards
 from te_assembly.formats.pretrained import (
     CONFIG_FILE,
@@ -170,6 +171,7 @@ def import_hf(
     overwrite: bool = False,
     ignore_fields: Sequence[str] = (),
     progress: Progress | None = None,
+    adapter: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Turn the Hugging Face checkpoint ``hf_dir`` into the pretrained directory ``dest`` (what
     ``from_pretrained`` loads): ``model.safetensors`` and ``config.yaml``, the model as te_assembly YAML
@@ -177,7 +179,9 @@ def import_hf(
     explains and trains it), the checkpoint's ``config.json`` as ``hf_config.json`` and its
     ``tokenizer.json``. Nothing is written unless everything checks: ``dest`` is whole or absent.
     ``ignore_fields``: ``config.json`` fields te_assembly does not know, accepted knowingly (recorded
-    in ``config.yaml`` as ``hf_ignored_fields``)."""
+    in ``config.yaml`` as ``hf_ignored_fields``). ``adapter``: a PEFT LoRA adapter directory for this
+    checkpoint, imported on it (the model in ``config.yaml`` has its branches, the weights hold base and
+    adapters, and ``config.yaml``'s ``lora`` holds the section that rebuilds them)."""
     folder = _hf_folder(hf_dir)
     out = Path(dest).expanduser()
     model_id = safe_name(name, "import_hf.name") if name is not None else model_name(out)
@@ -218,10 +222,21 @@ def import_hf(
         + block_text,
         **companions,
     }
+    lora = None
+    if adapter is not None:
+        from te_assembly.formats.adapters import adapter_plan, from_peft_tensors, lora_section, read_peft
+
+        peft_config, peft_weights = read_peft(adapter)
+        lora = lora_section(peft_config, plan)
+        plan = adapter_plan(plan, lora)
+        weights.update({k: v.to(dtype) for k, v in from_peft_tensors(plan, peft_weights).items()})
     config = config_of(model_record(plan), None, spec.dtype, plan.tied_params, fingerprint)
+    if lora is not None:
+        config["lora"] = lora
     if ignore_fields:
         config["hf_ignored_fields"] = sorted(set(ignore_fields))
-    return write_pretrained(out, weights, config, overwrite=overwrite, files=files, sources=[folder])
+    sources = [folder, *([Path(adapter).expanduser()] if adapter is not None else [])]
+    return write_pretrained(out, weights, config, overwrite=overwrite, files=files, sources=sources)
 
 
 def _model_yaml(model: Mapping[str, Any], source: Path) -> str:
@@ -266,15 +281,7 @@ def from_hf(
 
 def _mapping(model: AssembledModel, metadata: Mapping[str, Any] | None = None) -> tuple[HFSpec, list[Rule]]:
     """The spec ``model`` expresses and its rules under the model's own step names."""
-    from te_assembly.analysis.pipeline import load
-
-    read = spec_of_plan(model.plan, metadata)
-    # Through config.json and back: what the family cannot say (a Mistral's q/k/v biases) is dropped
-    # here, so the comparison below names the step instead of an export that silently loses it.
-    spec = parse_config(hf_config(read, "float32"), Path("config.json"))
-    rebuilt = load(model_config(spec, model.plan.name)).checked_plan()
-    names = check_same_steps(model.plan, rebuilt, spec.architecture)
-    return spec, renamed(rules(spec), names)
+    return mapping_of_plan(model.plan, metadata)
 
 
 def to_hf_state_dict(
@@ -306,72 +313,6 @@ def from_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor
     return out
 
 
-def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
-    """The ``config.json`` of ``spec``: the family's own fields, each one ``config.py`` reads back."""
-    family = spec.family
-    # The family and the dtype are the model's own now; the rest of the import's metadata is kept.
-    written = {"architectures", "model_type", "dtype", "torch_dtype"}
-    keep = {k: v for k, v in spec.metadata.items() if k in KEPT_FIELDS and k not in written}
-    out: dict[str, Any] = {
-        "architectures": [family.architecture],
-        "model_type": family.model_type,
-        "vocab_size": spec.vocab,
-        "hidden_size": spec.hidden,
-        "intermediate_size": spec.ffn,
-        "num_hidden_layers": spec.layers,
-        "num_attention_heads": spec.heads,
-        "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": spec.eps,
-        "tie_word_embeddings": spec.tied,
-        "attention_dropout": 0.0,
-        "initializer_range": spec.init_std,
-        "max_position_embeddings": keep.pop("max_position_embeddings", 4096),
-        "rope_theta": spec.rope["rope_theta"],
-        "rope_scaling": _rope_scaling(spec),
-        "dtype": dtype,
-        **keep,
-    }
-    if family.qkv_bias == "attention_bias":
-        out["attention_bias"] = spec.qkv_bias
-    if family.qkv_bias == "qkv_bias":
-        out["qkv_bias"] = spec.qkv_bias
-    if family.architecture == "LlamaForCausalLM":
-        out["mlp_bias"] = spec.mlp_bias
-    if family.sliding == "window":
-        out["sliding_window"] = spec.sliding_window
-    if family.sliding == "qwen":
-        out["use_sliding_window"] = False
-    if family.mlp != "dense":
-        out[family.experts_field] = spec.experts
-        out["num_experts_per_tok"] = spec.top_k
-        out["router_aux_loss_coef"] = spec.aux_loss_coeff
-        if family.norm_topk_field is not None:
-            out[family.norm_topk_field] = not spec.pre_softmax
-        if family.model_type != "mixtral":
-            out["moe_intermediate_size"] = spec.ffn
-            out["decoder_sparse_step"] = 1
-            out["mlp_only_layers"] = []
-    if family.mlp == "shared_moe":
-        out["shared_expert_intermediate_size"] = spec.shared_ffn
-    return out
-
-
-def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
-    rope = spec.rope
-    if rope["rope_type"] == "default":
-        return None
-    out: dict[str, Any] = {"rope_type": rope["rope_type"], "factor": rope["rope_factor"]}
-    if rope["rope_type"] == "llama3":
-        out.update(
-            low_freq_factor=rope["rope_low_freq_factor"],
-            high_freq_factor=rope["rope_high_freq_factor"],
-            original_max_position_embeddings=rope["rope_original_max_positions"],
-        )
-    return out
-
-
 def to_hf(
     model: AssembledModel,
     dest: str | os.PathLike[str],
@@ -396,6 +337,12 @@ def to_hf(
         raise ArgumentError(f"to_hf() takes a model built by te_assembly; got {type(model).__name__}")
     if not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
         raise ArgumentError(f"max_shard_bytes must be a positive integer, got {max_shard_bytes!r}")
+    if model.plan.adapter_params:
+        raise ArgumentError(
+            f"{model.plan.name} has LoRA adapters, which a Hugging Face checkpoint has no place for: merge "
+            "them into the base (export.merge=true, formats.adapters.merged_model) or write them alone in "
+            "PEFT's format (export.format=peft)"
+        )
     check_destination(dest, HF, overwrite=overwrite, sources=sources)
     spec, table = _mapping(model, metadata)
     state = {
@@ -441,18 +388,13 @@ def _hf_files(
     return files
 
 
-def export_hf(
-    source: str | os.PathLike[str],
-    dest: str | os.PathLike[str],
-    *,
-    overwrite: bool = False,
-    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-    progress: Progress | None = None,
-) -> Path:
-    """``export SOURCE DEST format=hf``: a pretrained directory or a training run (its newest good
-    checkpoint) as a Hugging Face checkpoint directory, with everything the source keeps beside its
-    weights: the tokenizer files, the generation config and, for a model imported (or fine-tuned from
-    an import), the original checkpoint's context length and special token ids."""
+def export_source(
+    source: str | os.PathLike[str], check: Callable[[Path], None] | None = None
+) -> tuple[AssembledModel, Path, Path]:
+    """What ``export`` reads: a pretrained directory, or a training run (its newest good checkpoint) or a
+    checkpoint file, as a reference-engine model; with the file it was read from and its folder (where
+    its companions are). ``check(read_from)`` runs before anything is loaded (the destination's
+    checks, so a refusal costs no load)."""
     from te_assembly.formats.pretrained import from_checkpoint, from_pretrained, newest_checkpoint
 
     folder = Path(source).expanduser()
@@ -463,9 +405,37 @@ def export_hf(
         and not any(folder.glob("ckpt-*.safetensors"))
     )
     read_from = folder if pretrained else newest_checkpoint(folder, "export")
-    check_destination(dest, HF, overwrite=overwrite, sources=[read_from])
+    if check is not None:
+        check(read_from)
     model = from_pretrained(folder, "reference") if pretrained else from_checkpoint(read_from, "reference")
-    base = folder if folder.is_dir() else folder.parent
+    return model, read_from, folder if folder.is_dir() else folder.parent
+
+
+def export_hf(
+    source: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: Progress | None = None,
+    merge: bool = False,
+) -> Path:
+    """``export SOURCE DEST format=hf``: a pretrained directory or a training run (its newest good
+    checkpoint) as a Hugging Face checkpoint directory, with everything the source keeps beside its
+    weights: the tokenizer files, the generation config and, for a model imported (or fine-tuned from
+    an import), the original checkpoint's context length and special token ids. ``merge``: a model with
+    LoRA adapters, folded into its base (a checkpoint has no place for them otherwise)."""
+
+    def check(read_from: Path) -> None:
+        check_destination(dest, HF, overwrite=overwrite, sources=[read_from])
+
+    model, read_from, base = export_source(source, check)
+    if merge:
+        from te_assembly.formats.adapters import merged_model
+
+        if not model.plan.adapter_params:
+            raise ArgumentError(f"{source} has no adapters to merge (export.merge=true is for LoRA runs)")
+        model = merged_model(model)
     return to_hf(
         model,
         dest,

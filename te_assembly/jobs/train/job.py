@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from te_assembly import display
 from te_assembly.analysis.plan import Plan
 from te_assembly.data.settings import DataSettings
@@ -207,15 +209,20 @@ def _locked(
     start = 0
     if par is not None:
         par.barrier()  # every rank has read the directory before rank 0 changes anything in it
+    adapters = bool(plan.adapter_params)
+    # A frozen base is loaded on a resume too: the checkpoints hold only the adapters.
+    if settings.init_from is not None and (resume_path is None or adapters):
+        from te_assembly.formats.pretrained import load_pretrained_weights
+
+        load_pretrained_weights(stepper.student, settings.init_from)  # type: ignore[arg-type]
+        if resume_path is None:
+            notes.append(f"started from the weights of {settings.init_from}")
+    if adapters:
+        run["base"] = base_record(stepper.student, settings, par)
     if resume_path is not None:
         start, losses = restore(par, resume_path, stepper.student, stepper.optimizer, run, settings, notes)
     elif settings.resume:
         notes.append(f"no checkpoint in {out_dir}: starting from step 1")
-    if resume_path is None and settings.init_from is not None:
-        from te_assembly.formats.pretrained import load_pretrained_weights
-
-        load_pretrained_weights(stepper.student, settings.init_from)  # type: ignore[arg-type]
-        notes.append(f"started from the weights of {settings.init_from}")
     end = min(settings.steps, settings.stop_after or settings.steps)
     if start >= end:
         notes.append(f"nothing to do: already at step {start} (train.steps={settings.steps})")
@@ -235,6 +242,36 @@ def _locked(
         if files is not None:
             files.close()
     return _result(plan, target, out_dir, loop, losses, start, end, main, settings.plot)
+
+
+def base_record(
+    model: torch.nn.Module, settings: TrainSettings, par: ParallelContext | None
+) -> dict[str, Any]:
+    """What a run with adapters records of its frozen base: where it came from (``train.init_from``, as
+    an absolute path, or none: the seed's weights) and the SHA-256 of its global tensors, so adapters
+    are never resumed, exported or loaded onto another base."""
+    from te_assembly.formats.pretrained import base_digest
+
+    plan: Plan = model.plan  # type: ignore[assignment]
+    rename = par.local_to_global if par is not None else {}
+    frozen = {
+        rename.get(k, k): v
+        for k, v in model.state_dict().items()
+        if isinstance(v, torch.Tensor)
+        and rename.get(k, k) in _param_names(plan)
+        and rename.get(k, k) not in plan.adapter_params
+    }
+    if par is not None and par.is_parallel:
+        gathered = par.gather_global(frozen)
+        digest = par.from_main(base_digest(gathered) if gathered is not None else None)
+    else:
+        digest = base_digest(frozen)
+    origin = str(Path(settings.init_from).expanduser().resolve()) if settings.init_from is not None else None
+    return {"init_from": origin, "sha256": digest}
+
+
+def _param_names(plan: Plan) -> set[str]:
+    return {f"steps.{s.name}.{n}" for s in plan.steps for n in s.param_shapes} - set(plan.tied_params)
 
 
 def _directory_now(

@@ -1,0 +1,314 @@
+"""A model with LoRA adapters, as files: its base plan, the adapters merged into the base's weights,
+and the adapters alone in PEFT's format (``adapter_config.json`` + ``adapter_model.safetensors``),
+both ways.
+
+PEFT names an adapter by the module it adapts (``base_model.model.model.layers.0.self_attn.q_proj``):
+each part of a stacked te_assembly projection is one of them, found through the Hugging Face rules of
+the base (``hf/names.py``: ``qkv`` = q_proj | k_proj | v_proj rows), so every family ``import-hf``
+reads has its PEFT names without a table of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from te_assembly.analysis.plan import Plan, PlannedStep
+from te_assembly.catalog import ADAPTER_TYPES
+from te_assembly.catalog.adapter_ops import adapted_parts, parts_of, scaling
+from te_assembly.errors import ArgumentError
+from te_assembly.files.directory import PEFT, check_destination, write_directory
+from te_assembly.files.read import LIMITS, InputFileError, read_json
+from te_assembly.formats.checkpoint import CheckpointError
+from te_assembly.formats.model_record import model_record
+
+PEFT_CONFIG = "adapter_config.json"
+PEFT_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+
+
+def adapter_steps(plan: Plan) -> list[PlannedStep]:
+    return [s for s in plan.steps if s.type in ADAPTER_TYPES]
+
+
+def adapted_step(plan: Plan, adapter: PlannedStep) -> PlannedStep:
+    """The projection an adapter step adapts: the step just before it."""
+    return plan.steps[adapter.index - 1]
+
+
+def base_plan(plan: Plan) -> Plan:
+    """``plan`` without its adapters: each adapter step and the ``MakeExtraOutput`` that keeps its input
+    only for it are gone; every other step keeps its name (and so its weights' names)."""
+    from te_assembly.analysis.pipeline import load
+
+    adapters = adapter_steps(plan)
+    if not adapters:
+        return plan
+    kept_for = {s.input_channels[0] for s in adapters}
+    record = model_record(plan)
+    ops = [
+        op
+        for op, step in zip(record["ops"], plan.steps, strict=True)
+        if step.type not in ADAPTER_TYPES
+        and not (
+            step.type == "MakeExtraOutput" and step.output_channels and step.output_channels[0] in kept_for
+        )
+    ]
+    return load({**record, "ops": ops}).checked_plan()
+
+
+def _delta(adapter: PlannedStep, weights: Mapping[str, torch.Tensor], suffix: str) -> torch.Tensor:
+    """``scaling * B @ A`` of one adapter set, parts stacked by rows (zeros for a part without one)."""
+    args = adapter.args
+    rows = []
+    for i, width in enumerate(parts_of(args)):
+        if i in adapted_parts(args):
+            a = weights[f"steps.{adapter.name}.lora_A{i}{suffix}"].double()
+            b = weights[f"steps.{adapter.name}.lora_B{i}{suffix}"].double()
+            rows.append(b @ a)
+        else:
+            rows.append(torch.zeros(width, int(args["in_features"]), dtype=torch.float64))
+    return torch.cat(rows, dim=0) * scaling(args)
+
+
+def merged_weights(plan: Plan, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base's weights with every adapter folded in (``W + scaling * B @ A``, summed in float64 and
+    rounded once to the weight's dtype): the weights of ``base_plan(plan)``, computing what the model
+    with adapters computes."""
+    out = {k: v for k, v in weights.items() if k not in plan.adapter_params}
+    for adapter in adapter_steps(plan):
+        target = adapted_step(plan, adapter)
+        if adapter.type == "LoRA":
+            key = f"steps.{target.name}.basic_ops.0.weight"
+            out[key] = (out[key].double() + _delta(adapter, weights, "")).to(out[key].dtype)
+        else:
+            for g in range(int(adapter.args["num_groups"])):
+                key = f"steps.{target.name}.weight{g}"
+                out[key] = (out[key].double() + _delta(adapter, weights, f"_{g}")).to(out[key].dtype)
+    return out
+
+
+def merged_model(model: torch.nn.Module) -> Any:
+    """A reference-engine model of ``model``'s base with its adapters merged (its dtype, eval mode)."""
+    from te_assembly.engines.target import Target
+
+    plan: Plan = model.plan  # type: ignore[assignment]
+    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    dtype = next(iter(state.values())).dtype
+    merged = Target(engine="reference", dtype=dtype).build(base_plan(plan))
+    merged.load_state_dict(merged_weights(plan, state))
+    return merged.eval()
+
+
+# --- PEFT ------------------------------------------------------------------------------------------
+
+
+def _modules(plan: Plan) -> dict[tuple[str, int], str]:
+    """(adapter step, part) -> the Hugging Face module PEFT adapts there (``model.layers.0.mlp.up_proj``).
+    ``ArgumentError`` for an adapter PEFT's format cannot hold (beside experts: one stacked tensor)."""
+    from te_assembly.formats.hf.mapping import rules_of_plan
+
+    base = base_plan(plan)
+    table = {rule.te: rule for rule in rules_of_plan(base)}
+    out: dict[tuple[str, int], str] = {}
+    for adapter in adapter_steps(plan):
+        target = adapted_step(plan, adapter)
+        if adapter.type != "LoRA":
+            raise ArgumentError(
+                f"step {adapter.name!r} adapts the experts of {target.name!r}: PEFT stores expert adapters "
+                "of a stacked expert tensor in a form te_assembly does not write; export the run in the te "
+                "format, or merge it (export.merge=true)"
+            )
+        rule = table.get(f"steps.{target.name}.basic_ops.0.weight")
+        parts = parts_of(adapter.args)
+        if rule is None or len(rule.hub) != len(parts) or any(p.index is not None for p in rule.hub):
+            raise ArgumentError(f"step {target.name!r} has no Hugging Face module PEFT could name")
+        for i in adapted_parts(adapter.args):
+            out[(adapter.name, i)] = rule.hub[i].name.removesuffix(".weight")
+    return out
+
+
+def peft_tensors(plan: Plan, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters of ``weights`` under PEFT's names."""
+    out = {}
+    for (step, i), module in _modules(plan).items():
+        out[f"{PEFT_PREFIX}{module}.lora_A.weight"] = weights[f"steps.{step}.lora_A{i}"].contiguous()
+        out[f"{PEFT_PREFIX}{module}.lora_B.weight"] = weights[f"steps.{step}.lora_B{i}"].contiguous()
+    return out
+
+
+def peft_config(plan: Plan, base_name: str | None) -> dict[str, Any]:
+    """``adapter_config.json`` for the plan's adapters (one rank, alpha, dropout and scaling rule for
+    all of them, as the ``lora:`` section makes them)."""
+    adapters = adapter_steps(plan)
+    args = adapters[0].args
+    for step in adapters[1:]:
+        if any(step.args.get(k) != args.get(k) for k in ("rank", "alpha", "dropout", "rslora")):
+            raise ArgumentError(
+                f"steps {adapters[0].name!r} and {step.name!r} have different LoRA settings: PEFT's "
+                "adapter_config.json holds one rank and alpha for every module"
+            )
+    modules = sorted({m.rsplit(".", 1)[-1] for m in _modules(plan).values()})
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_name,
+        "r": int(args["rank"]),
+        "lora_alpha": float(args["alpha"]),
+        "lora_dropout": float(args["dropout"]),
+        "use_rslora": bool(args.get("rslora")),
+        "target_modules": modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+    }
+
+
+def write_peft(
+    plan: Plan,
+    weights: Mapping[str, torch.Tensor],
+    dest: str | os.PathLike[str],
+    *,
+    base_name: str | None = None,
+    overwrite: bool = False,
+    sources: tuple[str | os.PathLike[str], ...] = (),
+) -> Path:
+    """The adapters of ``plan`` as a PEFT adapter directory (``PeftModel.from_pretrained(base, dest)``
+    loads it), through the guarded directory writer."""
+    from safetensors.torch import save_file
+
+    if not plan.adapter_params:
+        raise ArgumentError(f"{plan.name} has no adapters to export in PEFT's format (lora.rank is null)")
+    check_destination(dest, PEFT, overwrite=overwrite, sources=sources)
+    tensors = {k: v.detach().to("cpu") for k, v in peft_tensors(plan, weights).items()}
+    config = peft_config(plan, base_name)
+
+    def fill(staging: Path) -> None:
+        save_file(tensors, str(staging / PEFT_WEIGHTS), metadata={"format": "pt"})
+        (staging / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    return write_directory(dest, PEFT, fill, overwrite=overwrite, sources=sources)
+
+
+def read_peft(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A PEFT adapter directory's config and tensors (PEFT's names), every limit of the bounded reader
+    kept; ``CheckpointError`` for anything but a LoRA adapter te_assembly can place."""
+    from safetensors.torch import load_file
+
+    folder = Path(directory).expanduser()
+    try:
+        config = read_json(folder / PEFT_CONFIG, limit=LIMITS["metadata"])
+    except InputFileError as exc:
+        raise CheckpointError(f"{folder} is not a PEFT adapter directory: {exc}") from None
+    if not isinstance(config, Mapping) or config.get("peft_type") != "LORA":
+        raise CheckpointError(
+            f"{folder / PEFT_CONFIG}: te_assembly reads LoRA adapters (peft_type LORA) only"
+        )
+    unsupported = {
+        key: config.get(key)
+        for key in ("use_dora", "fan_in_fan_out", "modules_to_save", "rank_pattern", "alpha_pattern")
+        if config.get(key)
+    }
+    if config.get("bias", "none") != "none":
+        unsupported["bias"] = config.get("bias")
+    if unsupported:
+        shown = ", ".join(f"{k}={v!r}" for k, v in unsupported.items())
+        raise CheckpointError(f"{folder / PEFT_CONFIG}: {shown} is not supported (plain LoRA adapters only)")
+    weights = folder / PEFT_WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(f"{folder} has no {PEFT_WEIGHTS} (an adapter saved with safe_serialization)")
+    return dict(config), load_file(str(weights))
+
+
+def lora_section(config: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """The ``lora:`` section that rebuilds a PEFT adapter's branches on ``plan`` (its base): its rank,
+    alpha, dropout, scaling rule and targets, each PEFT module as a step and part."""
+    from te_assembly.formats.hf.mapping import rules_of_plan
+
+    modules = config.get("target_modules")
+    if isinstance(modules, str) or not isinstance(modules, list) or not modules:
+        raise CheckpointError(f"{PEFT_CONFIG}: target_modules must be a list of module names")
+    rank = config.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise CheckpointError(f"{PEFT_CONFIG}: r must be a positive integer, got {rank!r}")
+    wanted = {str(m) for m in modules}
+    targets: dict[str, set[str]] = {}
+    found = set()
+    for rule in rules_of_plan(plan):
+        if not rule.te.endswith(".basic_ops.0.weight"):
+            continue
+        step = rule.te.removeprefix("steps.").removesuffix(".basic_ops.0.weight")
+        for part in rule.hub:
+            module = part.name.removesuffix(".weight").rsplit(".", 1)[-1]
+            if module in wanted:
+                found.add(module)
+                chosen = targets.setdefault(_use_pattern(step), set())
+                if len(rule.hub) > 1:
+                    chosen.add(_PART_NAMES.get(module, module))
+    missing = sorted(wanted - found)
+    if missing:
+        raise CheckpointError(f"{PEFT_CONFIG}: target_modules {missing} name no projection of {plan.name}")
+    return {
+        "rank": rank,
+        "alpha": float(config.get("lora_alpha", 8)),
+        "dropout": float(config.get("lora_dropout", 0.0)),
+        "rslora": bool(config.get("use_rslora")),
+        "targets": [f"{p}:{'+'.join(sorted(parts))}" if parts else p for p, parts in sorted(targets.items())],
+    }
+
+
+_PART_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "gate_proj": "gate", "up_proj": "up"}
+"""PEFT's module names of a stacked projection's parts, as the ``lora:`` section names the parts."""
+
+
+def adapter_plan(base: Plan, lora: Mapping[str, Any]) -> Plan:
+    """``base`` with the adapters the ``lora:`` section ``lora`` describes."""
+    from te_assembly.analysis.pipeline import load
+
+    return load({"model": model_record(base), "lora": dict(lora)}).checked_plan()
+
+
+def with_adapter(model: Any, directory: str | os.PathLike[str]) -> Any:
+    """``model`` (a base built by te_assembly: ``from_hf``, ``from_pretrained``) with the PEFT adapter
+    in ``directory`` on it, built on the reference engine in the model's dtype, in eval mode."""
+    from te_assembly.engines.target import Target
+
+    config, tensors = read_peft(directory)
+    plan = adapter_plan(model.plan, lora_section(config, model.plan))
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    dtype = next(iter(state.values())).dtype
+    out = Target(engine="reference", dtype=dtype).build(plan)
+    adapters = {k: v.to(dtype) for k, v in from_peft_tensors(plan, tensors).items()}
+    out.load_state_dict({**state, **adapters})
+    return out.eval()
+
+
+def _use_pattern(step: str) -> str:
+    import re
+
+    return re.sub(r"\.\d+\.", ".*.", step)
+
+
+def from_peft_tensors(plan: Plan, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """PEFT-named ``tensors`` under the names of ``plan``'s adapters (a plan whose adapters the adapter's
+    config built); ``CheckpointError`` naming what is missing or left over."""
+    out: dict[str, torch.Tensor] = {}
+    used = set()
+    for (step, i), module in _modules(plan).items():
+        for kind in ("A", "B"):
+            key = f"{PEFT_PREFIX}{module}.lora_{kind}.weight"
+            if key not in tensors:
+                raise CheckpointError(f"{PEFT_WEIGHTS} has no {key}")
+            out[f"steps.{step}.lora_{kind}{i}"] = tensors[key]
+            used.add(key)
+    extra = sorted(set(tensors) - used)
+    if extra:
+        raise CheckpointError(f"{PEFT_WEIGHTS} holds tensors no adapter of {plan.name} takes: {extra[:4]}")
+    return out

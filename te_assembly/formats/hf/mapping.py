@@ -1,0 +1,105 @@
+"""A te_assembly plan as a Hugging Face family: the ``config.json`` of its spec, and the rules that say
+where each of its tensors lives in a checkpoint (``names.py``), under the plan's own step names. What
+import, export and the PEFT adapter format (``formats/adapters.py``) all map through."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from te_assembly.formats.hf.config import KEPT_FIELDS, HFSpec, parse_config
+from te_assembly.formats.hf.layout import check_same_steps, model_config, spec_of_plan
+from te_assembly.formats.hf.names import Rule, renamed, rules
+
+if TYPE_CHECKING:
+    from te_assembly.analysis.plan import Plan
+
+
+def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
+    """The ``config.json`` of ``spec``: the family's own fields, each one ``config.py`` reads back."""
+    family = spec.family
+    # The family and the dtype are the model's own now; the rest of the import's metadata is kept.
+    written = {"architectures", "model_type", "dtype", "torch_dtype"}
+    keep = {k: v for k, v in spec.metadata.items() if k in KEPT_FIELDS and k not in written}
+    out: dict[str, Any] = {
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": spec.eps,
+        "tie_word_embeddings": spec.tied,
+        "attention_dropout": 0.0,
+        "initializer_range": spec.init_std,
+        "max_position_embeddings": keep.pop("max_position_embeddings", 4096),
+        "rope_theta": spec.rope["rope_theta"],
+        "rope_scaling": _rope_scaling(spec),
+        "dtype": dtype,
+        **keep,
+    }
+    if family.qkv_bias == "attention_bias":
+        out["attention_bias"] = spec.qkv_bias
+    if family.qkv_bias == "qkv_bias":
+        out["qkv_bias"] = spec.qkv_bias
+    if family.architecture == "LlamaForCausalLM":
+        out["mlp_bias"] = spec.mlp_bias
+    if family.sliding == "window":
+        out["sliding_window"] = spec.sliding_window
+    if family.sliding == "qwen":
+        out["use_sliding_window"] = False
+    if family.mlp != "dense":
+        out[family.experts_field] = spec.experts
+        out["num_experts_per_tok"] = spec.top_k
+        out["router_aux_loss_coef"] = spec.aux_loss_coeff
+        if family.norm_topk_field is not None:
+            out[family.norm_topk_field] = not spec.pre_softmax
+        if family.model_type != "mixtral":
+            out["moe_intermediate_size"] = spec.ffn
+            out["decoder_sparse_step"] = 1
+            out["mlp_only_layers"] = []
+    if family.mlp == "shared_moe":
+        out["shared_expert_intermediate_size"] = spec.shared_ffn
+    return out
+
+
+def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
+    rope = spec.rope
+    if rope["rope_type"] == "default":
+        return None
+    out: dict[str, Any] = {"rope_type": rope["rope_type"], "factor": rope["rope_factor"]}
+    if rope["rope_type"] == "llama3":
+        out.update(
+            low_freq_factor=rope["rope_low_freq_factor"],
+            high_freq_factor=rope["rope_high_freq_factor"],
+            original_max_position_embeddings=rope["rope_original_max_positions"],
+        )
+    return out
+
+
+def mapping_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> tuple[HFSpec, list[Rule]]:
+    """The spec ``plan`` expresses and its rules under its own step names (``UnexportableError`` for a
+    plan no family expresses: one with adapters among them; ``formats/adapters.py`` maps those)."""
+    from te_assembly.analysis.pipeline import load
+
+    read = spec_of_plan(plan, metadata)
+    # Through config.json and back: what the family cannot say (a Mistral's q/k/v biases) is dropped
+    # here, so the comparison below names the step instead of an export that silently loses it.
+    spec = parse_config(hf_config(read, "float32"), Path("config.json"))
+    rebuilt = load(model_config(spec, plan.name)).checked_plan()
+    names = check_same_steps(plan, rebuilt, spec.architecture)
+    return spec, renamed(rules(spec), names)
+
+
+def rules_of_plan(plan: Plan) -> list[Rule]:
+    """Every tensor of ``plan`` (a model no adapters are part of) with where a Hugging Face checkpoint
+    keeps it."""
+    return mapping_of_plan(plan)[1]
+
+
+__all__ = ["hf_config", "mapping_of_plan", "rules_of_plan"]
