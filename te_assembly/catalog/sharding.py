@@ -98,6 +98,17 @@ SHARDING: dict[str, Sharding] = {
     "SigmoidGate": Sharding(
         note="its gate is a dot product over all of gate_input's features: it runs on whole vectors"
     ),
+    # An adapter reads whole input vectors and adds to whole output vectors: it runs where its projection
+    # runs whole; beside experts, each rank holds its own experts' adapters.
+    "LoRA": Sharding(
+        note="a LoRA adapter reads the whole input of its projection: adapt Linears without "
+        "tensor_parallel_mode (leave them out of lora.targets, or the layout unsplit)"
+    ),
+    "GroupedLoRA": Sharding(
+        expert="experts",
+        expert_count="num_groups",
+        group_params=tuple(f"lora_{m}{i}_" for i in range(3) for m in "AB"),
+    ),
 }
 
 MODULE_SHARDING: dict[str, Sharding] = {

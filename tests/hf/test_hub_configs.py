@@ -158,3 +158,32 @@ def test_ignored_fields_are_recorded_by_import(tmp_path: Path) -> None:
     out = import_hf(source, tmp_path / "imported", ignore_fields=["vision_tower"])
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["hf_ignored_fields"] == ["vision_tower"]
+
+
+def test_rank_8_adapters_on_a_135m_model_are_a_fraction_of_its_training_memory(tmp_path: Path) -> None:
+    """SmolLM2-135M's published config with rank-8 adapters on every projection: PEFT's count of trainable
+    parameters (r * (in + out) per adapted module), and ``explain``'s table shows gradients and AdamW state
+    at about 1.5% of training every weight."""
+    from rich.console import Console
+
+    from te_assembly.analysis.fusions import FusionTarget
+    from te_assembly.formats.adapters import adapter_plan
+    from te_assembly.views.adapters import adapter_table
+
+    folder = _written(tmp_path, HUB_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"])
+    spec = read_spec(folder)
+    base = analysis_of(spec, "hub")[0].checked_plan()
+    plan = adapter_plan(base, {"rank": 8})
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    shapes = [(spec.hidden, q), (spec.hidden, kv), (spec.hidden, kv), (q, spec.hidden)]
+    shapes += [(spec.hidden, spec.ffn), (spec.hidden, spec.ffn), (spec.ffn, spec.hidden)]
+    assert plan.num_trainable_params == spec.layers * sum(8 * (a + b) for a, b in shapes)
+    share = plan.num_trainable_params / plan.num_params
+    assert 0.01 < share < 0.02
+    console = Console(width=200, record=True)
+    table = adapter_table(plan, FusionTarget.of(None, recipe=None, dtype="bfloat16"))
+    assert table is not None
+    console.print(table)
+    text = console.export_text()
+    assert f"{plan.num_trainable_params:,} of {plan.num_params:,}" in text
+    assert f"({100 * share:.2f}%)" in text  # gradients + AdamW state: the same share

@@ -74,6 +74,9 @@ def _mine(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tenso
         ("llama", ["q_proj", "v_proj"], False),  # PEFT's default for Llama: parts of the stacked qkv
         ("qwen2", ["q_proj", "k_proj", "up_proj"], True),
         ("mixtral", ["q_proj", "o_proj"], False),
+        ("mistral", ALL, False),
+        ("qwen3", ["k_proj", "o_proj", "gate_proj", "down_proj"], False),
+        ("qwen2_moe", ["v_proj", "gate_proj", "up_proj", "down_proj"], False),  # the shared expert's MLP
     ],
 )
 def test_peft_adapter_equals_peft(
