@@ -88,6 +88,14 @@ class PlannedStep:
         new.__dict__.update(self.__dict__, **changes)
         return new
 
+    def slot_width(self, slot: Slot) -> int | None:
+        """The feature width of a ``main``-shaped slot's tensor: the main path's arriving here, or the
+        argument the slot names (LoRA's ``x``: ``in_features``)."""
+        if slot.width_arg is not None:
+            value = self.args.get(slot.width_arg)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return self.in_width
+
     def public_input_name(self, slot: int) -> str:
         return f"{self.name}_{self.input_slots[slot].name}"
 

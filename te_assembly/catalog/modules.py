@@ -92,18 +92,56 @@ MODULES: tuple[ModuleSpec, ...] = (
                 "rope_type",
                 str,
                 "default",
-                choices=("default", "linear", "llama3"),
+                choices=("default", "linear", "llama3", "yarn"),
                 doc="Frequency scaling, as Hugging Face's rope_scaling types: linear divides every "
-                "frequency by rope_factor; llama3 divides the low ones and blends the middle band.",
+                "frequency by rope_factor; llama3 divides the low ones and blends the middle band; yarn "
+                "interpolates the low ones, keeps the high ones, ramps between, and scales cos and sin.",
             ),
-            Param("rope_factor", float, 1.0, bounds=(1e-6, 1e6), doc="linear and llama3: the factor."),
+            Param("rope_factor", float, 1.0, bounds=(1e-6, 1e6), doc="linear, llama3 and yarn: the factor."),
             Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, 1e6), doc="llama3: low_freq_factor."),
             Param("rope_high_freq_factor", float, 4.0, bounds=(1e-6, 1e6), doc="llama3: high_freq_factor."),
             Param(
                 "rope_original_max_positions",
                 int,
                 8192,
-                doc="llama3: original_max_position_embeddings (the context length it was trained at).",
+                doc="llama3 and yarn: original_max_position_embeddings (the context length it was trained "
+                "at).",
+            ),
+            Param("rope_beta_fast", float, 32.0, bounds=(1e-6, 1e6), doc="yarn: beta_fast."),
+            Param("rope_beta_slow", float, 1.0, bounds=(1e-6, 1e6), doc="yarn: beta_slow."),
+            Param(
+                "rope_mscale",
+                (float, type(None)),
+                None,
+                bounds=(0.0, 1e3),
+                doc="yarn: mscale (with rope_mscale_all_dim: the attention factor's numerator).",
+            ),
+            Param(
+                "rope_mscale_all_dim",
+                (float, type(None)),
+                None,
+                bounds=(0.0, 1e3),
+                doc="yarn: mscale_all_dim (the attention factor's denominator).",
+            ),
+            Param(
+                "rope_attention_factor",
+                (float, type(None)),
+                None,
+                bounds=(0.0, 1e3),
+                doc="yarn: multiplies cos and sin; null: 0.1 ln(factor) + 1, or the mscale ratio.",
+            ),
+            Param(
+                "rope_truncate",
+                bool,
+                True,
+                doc="yarn: round the ramp's ends outwards to whole dimensions (Hugging Face's truncate).",
+            ),
+            Param(
+                "rotary_dim",
+                (int, type(None)),
+                None,
+                doc="Partial rotary: only the first rotary_dim features of each q and k head turn (even, "
+                "at most head_dim; Hugging Face's partial_rotary_factor * head_dim); null: all of them.",
             ),
             Param(
                 "qk_norm",
@@ -137,8 +175,10 @@ MODULES: tuple[ModuleSpec, ...] = (
                 "each key/value head serves the same number of query heads (grouped-query attention)",
             ),
             MultipleOf("head_dim", 2, "rotary embeddings rotate pairs of features", when="rotary"),
+            MultipleOf("rotary_dim", 2, "rotary embeddings rotate pairs of features", when="rotary"),
         ),
         arg_rules=(
+            ("rotary_dim", "head_dim", "partial rotary turns some of a head's features, never more"),
             (
                 "rope_low_freq_factor",
                 "rope_high_freq_factor",

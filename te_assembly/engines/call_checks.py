@@ -135,7 +135,7 @@ def input_rules(plan: Plan) -> tuple[InputRule, ...]:
                 where=f"{step.name}.{slot.name} ({step.type})",
                 is_int=slot.dtype == "int",
                 kind=slot.shape,
-                width=step.in_width,
+                width=step.slot_width(slot),
                 count=_count(slot.shape, slot.agree, step.args),
                 row_factor=factor[step.index],
                 flat=step.layout == "tokens",

@@ -120,7 +120,7 @@ def _sample(
     slot, args = tensor.ref.slot_name, step.args
     if step.type == "RestoreTokens" and slot == "token_shape":
         return torch.tensor(lead or (rows,), dtype=torch.int64)  # back to x's layout
-    if step.type == "GroupedLinear" and slot == "split_sizes":
+    if step.type in ("GroupedLinear", "GroupedLoRA") and slot == "split_sizes":
         return split_sizes(rows, int(args["num_groups"]), generator)
     if step.type == "Dispatch" and slot == "routing_map":
         top_k, experts = int(args["top_k"]), int(args["num_experts"])
@@ -137,7 +137,8 @@ def _sample(
         return torch.rand(rows, generator=generator) + 0.5  # per-row scales, like router probabilities
     # An addend shaped like the main path there: x's leading dims, or token rows after a FlattenTokens.
     main_lead = lead if lead is not None and step.layout != "tokens" else (rows,)
-    return torch.randn(*main_lead, step.in_width or 1, generator=generator)
+    width = step.slot_width(step.input_slots[tensor.ref.slot])
+    return torch.randn(*main_lead, width or 1, generator=generator)
 
 
 def split_sizes(rows: int, groups: int, generator: torch.Generator) -> torch.Tensor:

@@ -34,7 +34,10 @@ def _hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
         return model(ids).logits
 
 
-@pytest.mark.parametrize("variant", [*FAMILIES, "llama-tied-mqa", "llama-rope-llama3", "qwen2_moe-norm-topk"])
+@pytest.mark.parametrize(
+    "variant",
+    [*FAMILIES, "llama-tied-mqa", "llama-rope-llama3", "qwen2_moe-norm-topk", "qwen3_moe-rope-yarn-mscale"],
+)
 def test_import_then_export_loads_in_transformers_with_equal_logits(
     variant: str, hf_dir: Callable[[str], Path], tmp_path: Path
 ) -> None:
@@ -51,7 +54,14 @@ def test_import_then_export_loads_in_transformers_with_equal_logits(
     }
     torch.testing.assert_close(_hf_logits(exported, ids), mine, rtol=0, atol=1e-10)
     config = json.loads((exported / "config.json").read_text())
-    assert config["architectures"] == json.loads((source / "config.json").read_text())["architectures"]
+    original = json.loads((source / "config.json").read_text())
+    assert config["architectures"] == original["architectures"]
+    theirs = original.get("rope_parameters") or original.get("rope_scaling") or {"rope_type": "default"}
+    ours = config.get("rope_parameters") or config.get("rope_scaling") or {"rope_type": "default"}
+    # the scaling comes back as it went
+    assert {k: v for k, v in ours.items() if k != "rope_theta"} == {
+        k: v for k, v in theirs.items() if k not in ("rope_theta", "type")
+    }
 
 
 def test_the_imported_yaml_validates_and_rebuilds_the_same_model(

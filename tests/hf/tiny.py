@@ -42,6 +42,32 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "llama-head-dim": ("LlamaConfig", {"head_dim": 12}),
+    # YaRN as Qwen2.5's long-context recipe and DeepSeek-V3 write it: the factor over a short original
+    # context, so the ramp and the attention factor both matter at 11 positions.
+    "qwen2-rope-yarn": (
+        "Qwen2Config",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}},
+    ),
+    "qwen3_moe-rope-yarn-mscale": (
+        "Qwen3MoeConfig",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+            "head_dim": 8,
+            "norm_topk_prob": True,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "original_max_position_embeddings": 4,
+                "beta_fast": 16.0,
+                "beta_slow": 2.0,
+                "mscale": 0.9,
+                "mscale_all_dim": 0.6,
+                "truncate": False,
+            },
+        },
+    ),
     "mistral": ("MistralConfig", {"sliding_window": 5}),
     "mistral-no-window": ("MistralConfig", {"sliding_window": None}),
     "qwen2": ("Qwen2Config", {}),

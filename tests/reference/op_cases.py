@@ -47,6 +47,11 @@ def _routing(num_experts: int, top_k: int) -> Callable[[torch.Generator, Tensor]
     return make
 
 
+def _width(g: torch.Generator, x: Tensor, width: int) -> Tensor:
+    """A tensor with x's rows and ``width`` features (an adapter's input beside its projection's output)."""
+    return torch.randn(*x.shape[:-1], width, generator=g, dtype=F64)
+
+
 def _like(g: torch.Generator, x: Tensor) -> Tensor:
     return torch.randn(x.shape, generator=g, dtype=F64)
 
@@ -193,6 +198,36 @@ CASES: list[OpCase] = [
         "SigmoidGate-3d", "SigmoidGate", {"in_features": 5}, (2, 3, 5), lambda g, x: [_like(g, x)], te=False
     ),
     OpCase("SwapExtraInput", "SwapExtraInput", {}, (4, 3), lambda g, x: [_like(g, x)]),
+    OpCase(
+        "LoRA",
+        "LoRA",
+        {"in_features": 3, "out_features": 5, "rank": 2},
+        (6, 5),
+        lambda g, x: [_width(g, x, 3)],
+    ),
+    OpCase(
+        "LoRA-parts-rslora",
+        "LoRA",
+        {
+            "in_features": 4,
+            "out_features": 6,
+            "rank": 2,
+            "alpha": 3.0,
+            "rslora": True,
+            "parts": [2, 3, 1],
+            "adapted": [True, False, True],
+        },
+        (2, 3, 6),
+        lambda g, x: [_width(g, x, 4)],
+        te=False,
+    ),
+    OpCase(
+        "GroupedLoRA",
+        "GroupedLoRA",
+        {"num_groups": 3, "in_features": 4, "out_features": 6, "rank": 2, "parts": [3, 3]},
+        (7, 6),
+        lambda g, x: [_width(g, x, 4), _split_sizes(g, x)],
+    ),
     OpCase(
         "AddExtraInput",
         "AddExtraInput",

@@ -285,6 +285,44 @@ def sigmoid_gate(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) ->
     return Result(x * s, [], gy * s, [gz * w], {"weight": grad_w})
 
 
+def lora(args: dict[str, Any]) -> Oracle:
+    """y = y_in + s * B_i A_i u per part i of the row (u the adapted projection's input, s = alpha / rank
+    or alpha / sqrt(rank)); with split_sizes, row r's group g has its own A and B. Row by row:
+    dy_in = gy; du = s * sum_i A_i^T B_i^T gy_i; dA_i = s * (B_i^T gy_i) u^T; dB_i = s * gy_i (A_i u)^T."""
+    rank = args["rank"]
+    scale = args["alpha"] / (math.sqrt(rank) if args["rslora"] else rank)
+    parts = list(args["parts"] or [args["out_features"]])
+    adapted = [True] * len(parts) if args["adapted"] is None else list(args["adapted"])
+    starts = [sum(parts[:i]) for i in range(len(parts))]
+
+    def run(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
+        lead, y_in = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        u = extras[0].reshape(y_in.shape[0], -1)
+        grouped = len(extras) > 1
+        sizes = [int(n) for n in extras[1].reshape(-1).tolist()] if grouped else [y_in.shape[0]]
+        group_of = [grp for grp, n in enumerate(sizes) for _ in range(n)]
+        gy2 = _cot(None if gy is None else gy.reshape(y_in.shape), y_in)
+        y, gu = y_in.clone(), torch.zeros_like(u)
+        grads = {name: torch.zeros_like(p) for name, p in params.items()}
+        for r, grp in enumerate(group_of):
+            suffix = f"_{grp}" if grouped else ""
+            for i, (start, width) in enumerate(zip(starts, parts, strict=True)):
+                if not adapted[i]:
+                    continue
+                a, b = params[f"lora_A{i}{suffix}"], params[f"lora_B{i}{suffix}"]
+                h = a @ u[r]
+                y[r, start : start + width] += scale * (b @ h)
+                gpart = gy2[r, start : start + width]
+                gh = b.T @ gpart
+                gu[r] += scale * (a.T @ gh)
+                grads[f"lora_A{i}{suffix}"] += scale * torch.outer(gh, u[r])
+                grads[f"lora_B{i}{suffix}"] += scale * torch.outer(gpart, h)
+        grad_extras: list[Tensor | None] = [gu.reshape(extras[0].shape), *([None] if grouped else [])]
+        return Result(y.reshape(*lead, -1), [], gy2.reshape(*lead, -1), grad_extras, grads)
+
+    return run
+
+
 def swap_extra_input(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
     """y = value, out = x: each gradient goes to the other tensor."""
     (value,) = extras
@@ -434,6 +472,8 @@ def for_op(op: str, args: dict[str, Any]) -> Oracle:
         return layer_norm(args["eps"], args["zero_centered_gamma"])
     if op == "RMSNorm":
         return rms_norm(args["eps"], args["zero_centered_gamma"])
+    if op in ("LoRA", "GroupedLoRA"):
+        return lora(args)
     if op == "ConstantScale":
         return constant_scale(args["scale"])
     if op in ("Identity", "Dropout"):  # Dropout: eval mode only

@@ -110,10 +110,13 @@ HF_CASES = [
     {"rope_type": "llama3", "rope_factor": 8.0, "rope_original_max_positions": 32, "rotary_base": 500000.0},
     {"qk_norm": True},
     {"sliding_window": 16},
+    # YaRN (Qwen2.5's long context, DeepSeek-V3, GPT-OSS) with GLM-4.5's partial rotary: TE's fused RoPE
+    # turns the first rotary_dim features, the attention factor is applied after it
+    {"rope_type": "yarn", "rope_factor": 4.0, "rope_original_max_positions": 16, "rotary_dim": 32},
 ]
 
 
-@pytest.mark.parametrize("knobs", HF_CASES, ids=["llama3", "qk_norm", "window"])
+@pytest.mark.parametrize("knobs", HF_CASES, ids=["llama3", "qk_norm", "window", "yarn-partial"])
 def test_te_attention_matches_the_reference_with_hugging_face_knobs(knobs: dict[str, object]) -> None:
     from te_assembly.engines.reference.attention import Attention
     from te_assembly.engines.te.attention import TEAttention

@@ -41,7 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.engines.reference.ops.base import compute_dtype
-from te_assembly.engines.reference.rotary import apply_rotary
+from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
 
 _TWICE = contextvars.ContextVar("te_assembly_twice_differentiable", default=False)
 
@@ -59,7 +59,7 @@ def twice_differentiable() -> Iterator[None]:
         _TWICE.reset(token)
 
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """The frequency scalings ``rope_type`` takes (Hugging Face's ``rope_scaling.rope_type`` names)."""
 
 
@@ -73,11 +73,36 @@ class Rope:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    @property
+    def scale(self) -> float:
+        """What cos and sin are multiplied by: 1, or YaRN's attention factor (given, or from ``factor``,
+        ``mscale`` and ``mscale_all_dim`` as the YaRN paper and DeepSeek-V3 compute it)."""
+        if self.type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+
+        def get_mscale(scale: float, mscale: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return float(get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim))
+        return get_mscale(self.factor)
 
     def inv_freq(self, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
         """``[head_dim / 2]`` float32 frequencies, each operation in the order the published formulas
-        give it, so every float32 rounding is the one TE and ``transformers`` make."""
+        give it, so every float32 rounding is the one TE and ``transformers`` make. ``head_dim``: the
+        rotated features (all of a head's, or its first ``rotary_dim``)."""
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).to(torch.float32)
+        if self.type == "yarn":
+            return self._yarn(exponents, head_dim)
         inv_freq = 1.0 / (self.base ** (exponents / head_dim))
         if self.type == "linear":
             return inv_freq / self.factor
@@ -94,6 +119,29 @@ class Rope:
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
 
+    def _yarn(self, exponents: torch.Tensor, dim: int) -> torch.Tensor:
+        """YaRN: the low frequencies interpolated (divided by ``factor``), the high ones kept, a linear
+        ramp between the dimensions that turn ``beta_slow`` and ``beta_fast`` times over the original
+        context (rounded outwards unless ``truncate`` is false)."""
+        pos_freqs = self.base ** (exponents / dim)
+        extrapolation = 1.0 / pos_freqs
+        interpolation = 1.0 / (self.factor * pos_freqs)
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(self.original_max_positions / (rotations * 2 * math.pi))) / (
+                2 * math.log(self.base)
+            )
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # the published formula's guard against a zero-width ramp
+        ramp = (torch.arange(dim // 2, dtype=torch.float32, device=exponents.device) - low) / (high - low)
+        extrapolation_factor = 1 - torch.clamp(ramp, 0, 1)
+        return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+
     def angles(self, seq_len: int, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
         """``[seq_len, head_dim]`` float32 rotation angles, rotate-half layout (each frequency twice)."""
         positions = torch.arange(seq_len, device=device, dtype=torch.int64).to(torch.float32)
@@ -104,9 +152,9 @@ class Rope:
 def rotary_tables(
     seq_len: int, head_dim: int, rope: Rope, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, ``[seq_len, head_dim]``, computed in float32 and rounded once to ``dtype``."""
-    emb = rope.angles(seq_len, head_dim, device)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    """cos and sin, ``[seq_len, head_dim]`` (``head_dim``: the rotated features), computed in float32
+    (times YaRN's attention factor) and rounded once to ``dtype``."""
+    return cos_sin(rope.angles(seq_len, head_dim, device), rope.scale, dtype)
 
 
 def rms_norm(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -131,6 +179,13 @@ class Attention(torch.nn.Module):
         rope_low_freq_factor: float = 1.0,
         rope_high_freq_factor: float = 4.0,
         rope_original_max_positions: int = 8192,
+        rope_beta_fast: float = 32.0,
+        rope_beta_slow: float = 1.0,
+        rope_mscale: float | None = None,
+        rope_mscale_all_dim: float | None = None,
+        rope_attention_factor: float | None = None,
+        rope_truncate: bool = True,
+        rotary_dim: int | None = None,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
         sliding_window: int | None = None,
@@ -144,8 +199,13 @@ class Attention(torch.nn.Module):
                 f"Attention needs positive sizes and num_heads a multiple of num_kv_heads, got num_heads="
                 f"{num_heads}, num_kv_heads={kv_heads}, head_dim={head_dim}"
             )
-        if rotary and head_dim % 2:
-            raise ValueError(f"rotary embeddings rotate pairs of features: head_dim={head_dim} must be even")
+        rotated = head_dim if rotary_dim is None else rotary_dim
+        if rotary and (rotated % 2 or not 0 < rotated <= head_dim):
+            raise ValueError(
+                f"rotary embeddings rotate pairs of a head's features: rotary_dim={rotated} must be even and "
+                f"at most head_dim={head_dim}"
+            )
+        self.rotary_dim = rotated
         self.num_heads = num_heads
         self.num_kv_heads = kv_heads
         self.head_dim = head_dim
@@ -166,6 +226,12 @@ class Attention(torch.nn.Module):
             rope_low_freq_factor,
             rope_high_freq_factor,
             rope_original_max_positions,
+            rope_beta_fast,
+            rope_beta_slow,
+            rope_mscale,
+            rope_mscale_all_dim,
+            rope_attention_factor,
+            rope_truncate,
         )
         self.qk_norm = qk_norm
         self.qk_norm_eps = qk_norm_eps
@@ -204,7 +270,7 @@ class Attention(torch.nn.Module):
             q = rms_norm(q, self.q_norm_weight, self.qk_norm_eps)
             k = rms_norm(k, self.k_norm_weight, self.qk_norm_eps)
         if self.rotary and rotate:
-            cos, sin = rotary_tables(seq, d, self.rope, qkv.device, qkv.dtype)
+            cos, sin = rotary_tables(seq, self.rotary_dim, self.rope, qkv.device, qkv.dtype)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v
 

@@ -24,7 +24,7 @@ import torch
 
 from te_assembly.engines.memory import format_bytes
 from te_assembly.engines.reference.ops.base import compute_dtype
-from te_assembly.engines.reference.rotary import apply_rotary
+from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
 from te_assembly.errors import ArgumentError
 
 
@@ -35,6 +35,7 @@ class Attention(Protocol):
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    rotary_dim: int
     causal: bool
     sliding_window: int | None
 
@@ -121,13 +122,13 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` and ``k`` ``[b, new, heads, d]`` rotated at their positions: the float32 angles of the
         uncached forward's table, indexed (so each rounding is the one a full forward makes)."""
-        key = (id(layout.rope), layout.head_dim)
+        key = (id(layout.rope), layout.rotary_dim)
         table = self._angles.get(key)
         if table is None:
-            table = layout.rope.angles(self.capacity, layout.head_dim, q.device)
+            table = layout.rope.angles(self.capacity, layout.rotary_dim, q.device)
             self._angles[key] = table
         angles = table[self.positions(q.shape[1])]  # [b, new, d]
-        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        cos, sin = cos_sin(angles, layout.rope.scale, q.dtype)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     def append(

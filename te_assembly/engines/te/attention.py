@@ -112,7 +112,8 @@ class TEAttention(torch.nn.Module):
         freqs = self._freqs.get(key)
         if freqs is None:
             # TE's layout for the angles: [seq, 1, 1, head_dim], float32.
-            freqs = self.layout.rope.angles(seq_len, self.layout.head_dim, device)[:, None, None, :]
+            # Only rotary_dim of them: TE's fused RoPE turns those features and passes the rest.
+            freqs = self.layout.rope.angles(seq_len, self.layout.rotary_dim, device)[:, None, None, :]
             self._freqs[key] = freqs
         return freqs
 
@@ -139,6 +140,11 @@ class TEAttention(torch.nn.Module):
             freqs = self._rotary_freqs(seq, qkv.device)
             q = apply_rotary_pos_emb(q, freqs, tensor_format="bshd", interleaved=False, fused=True)
             k = apply_rotary_pos_emb(k, freqs, tensor_format="bshd", interleaved=False, fused=True)
+            scale = self.layout.rope.scale
+            if scale != 1.0:  # YaRN's attention factor scales cos and sin: the turned features, linearly
+                turned = self.layout.rotary_dim
+                q = torch.cat((q[..., :turned] * scale, q[..., turned:]), dim=-1)
+                k = torch.cat((k[..., :turned] * scale, k[..., turned:]), dim=-1)
         out = self.te_attention(q.contiguous(), k.contiguous(), v.contiguous(), qkv_format="bshd")
         return out.reshape(batch, seq, self.layout.num_heads * self.layout.head_dim)
 

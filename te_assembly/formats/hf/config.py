@@ -396,6 +396,8 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"rope_theta": theta, "rope_type": rope_type}
     allowed = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
+    if rope_type == "yarn":
+        allowed.add("truncate")
     if rope_type in ("linear", "llama3"):
         out["rope_factor"] = _positive(r, key, params, "factor", "rope_factor")
         allowed.add("factor")
@@ -414,6 +416,9 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
         allowed |= {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
         if out["rope_low_freq_factor"] >= out["rope_high_freq_factor"]:
             r.refuse(key, f"{key}: llama3 needs low_freq_factor < high_freq_factor", code="hf-bad-value")
+    if rope_type == "yarn":
+        out.update(_yarn(r, key, params, data))
+        allowed |= set(YARN_FIELDS) | {"factor", "original_max_position_embeddings"}
     if params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
         r.refuse(
             key, f"{key}.partial_rotary_factor = {shown(params['partial_rotary_factor'])}: supported: 1.0"
@@ -424,6 +429,48 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
             f"{key}.{extra} = {shown(params[extra])}: not read by rope_type {shown(rope_type)}",
             code="hf-unknown-field",
         )
+    return out
+
+
+YARN_FIELDS = {
+    "beta_fast": "rope_beta_fast",
+    "beta_slow": "rope_beta_slow",
+    "mscale": "rope_mscale",
+    "mscale_all_dim": "rope_mscale_all_dim",
+    "attention_factor": "rope_attention_factor",
+}
+"""YaRN's optional numbers in ``rope_scaling`` and the Attention argument each becomes."""
+
+
+def _yarn(r: _Reader, key: str, params: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """YaRN's settings: ``factor`` (or, as transformers reads a config without it, the ratio of
+    ``max_position_embeddings`` to ``original_max_position_embeddings``), the original context, the ramp's
+    betas, the attention factor's ``mscale``s or its value, ``truncate``."""
+    original = params.get("original_max_position_embeddings")
+    if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
+        r.refuse(
+            key,
+            f"{key}.original_max_position_embeddings = {shown(original)}: expected a positive integer",
+            code="hf-bad-value",
+        )
+        original = 8192
+    out: dict[str, Any] = {"rope_original_max_positions": original}
+    factor = params.get("factor")
+    if factor is None and isinstance(data.get("max_position_embeddings"), int):
+        factor = data["max_position_embeddings"] / original
+    out["rope_factor"] = r.checked_number(f"{key}.factor", factor, becomes=("Attention", "rope_factor"))
+    for name, becomes in YARN_FIELDS.items():
+        value = params.get(name)
+        if value is not None or name in ("beta_fast", "beta_slow"):
+            default = {"beta_fast": 32.0, "beta_slow": 1.0}.get(name)
+            # transformers reads a 0 or a missing beta as its default (``or 32``)
+            given = value or default if name in ("beta_fast", "beta_slow") else value
+            out[becomes] = r.checked_number(f"{key}.{name}", given, becomes=("Attention", becomes))
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        r.refuse(key, f"{key}.truncate = {shown(truncate)}: expected true or false", code="hf-bad-value")
+        truncate = True
+    out["rope_truncate"] = truncate
     return out
 
 

@@ -242,4 +242,4 @@ def is_metadata(key: str) -> bool:
     )
 
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")

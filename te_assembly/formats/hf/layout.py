@@ -17,6 +17,17 @@ from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.errors import ArgumentError
 from te_assembly.formats.hf.config import HFSpec
 
+YARN_DIMS = (
+    "rope_beta_fast",
+    "rope_beta_slow",
+    "rope_mscale",
+    "rope_mscale_all_dim",
+    "rope_attention_factor",
+    "rope_truncate",
+)
+"""YaRN's knobs, as the hf_*_layer blocks' dims (and Attention's arguments) name them; a model that does
+not use YaRN leaves them at the blocks' defaults."""
+
 BLOCKS = {"dense": "hf_dense_layer", "moe": "hf_moe_layer", "shared_moe": "hf_shared_moe_layer"}
 """The shipped block each kind of MLP uses."""
 
@@ -40,6 +51,7 @@ def layer_dims(spec: HFSpec) -> dict[str, Any]:
         "rope_low_freq_factor": spec.rope.get("rope_low_freq_factor", 1.0),
         "rope_high_freq_factor": spec.rope.get("rope_high_freq_factor", 4.0),
         "rope_original_max_positions": spec.rope.get("rope_original_max_positions", 8192),
+        **{k: v for k, v in spec.rope.items() if k in YARN_DIMS},
         "sliding_window": spec.sliding_window,
         "qk_norm": spec.qk_norm,
         "qkv_bias": spec.qkv_bias,
@@ -110,6 +122,7 @@ _ROPE_KNOBS = {
     "default": (),
     "linear": ("rope_factor",),
     "llama3": ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"),
+    "yarn": ("rope_factor", "rope_original_max_positions", *YARN_DIMS),
 }
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_assembly.formats.hf.config import KEPT_FIELDS, HFSpec, parse_config
+from te_assembly.formats.hf.config import KEPT_FIELDS, YARN_FIELDS, HFSpec, parse_config
 from te_assembly.formats.hf.layout import check_same_steps, model_config, spec_of_plan
 from te_assembly.formats.hf.names import Rule, renamed, rules
 
@@ -79,6 +79,12 @@ def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
             high_freq_factor=rope["rope_high_freq_factor"],
             original_max_position_embeddings=rope["rope_original_max_positions"],
         )
+    if rope["rope_type"] == "yarn":
+        out["original_max_position_embeddings"] = rope["rope_original_max_positions"]
+        for name, dim in YARN_FIELDS.items():
+            if rope.get(dim) is not None:
+                out[name] = rope[dim]
+        out["truncate"] = rope["rope_truncate"]
     return out
 
 

@@ -37,13 +37,14 @@ class _Adapter(ReferenceOp):
         args: dict[str, Any] = {"out_features": out_features, "parts": parts, "adapted": adapted}
         args.update(rank=rank, alpha=alpha, rslora=rslora)
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
-        self.parts, self.adapted = parts_of(args), adapted_parts(args)
+        self.parts, self.adapted = parts, adapted
+        self.alpha, self.rslora, self.dropout = alpha, rslora, dropout
+        self.widths, self.adapted_indices = parts_of(args), adapted_parts(args)
         self.scaling = scaling(args)
-        self.dropout = dropout
         for suffix in suffixes:
-            for i in self.adapted:
+            for i in self.adapted_indices:
                 self.register_parameter(f"lora_A{i}{suffix}", init_weight(rank, in_features, device, dtype))
-                b = torch.zeros(self.parts[i], rank, device=device, dtype=dtype)
+                b = torch.zeros(self.widths[i], rank, device=device, dtype=dtype)
                 self.register_parameter(f"lora_B{i}{suffix}", torch.nn.Parameter(b))
 
     def update(self, x: torch.Tensor, suffix: str = "") -> torch.Tensor:
@@ -51,8 +52,8 @@ class _Adapter(ReferenceOp):
         if self.dropout > 0.0 and self.training:
             x = functional.dropout(x, self.dropout)
         pieces = []
-        for i, width in enumerate(self.parts):
-            if i in self.adapted:
+        for i, width in enumerate(self.widths):
+            if i in self.adapted_indices:
                 a, b = getattr(self, f"lora_A{i}{suffix}"), getattr(self, f"lora_B{i}{suffix}")
                 pieces.append(functional.linear(functional.linear(x, a.to(x.dtype)), b.to(x.dtype)))
             else:
@@ -81,8 +82,33 @@ class GroupedLoRA(_Adapter):
     """LoRA per group of rows: rows split by ``split_sizes`` (extra input 1) as the adapted
     GroupedLinear splits them; group g's adapters are ``lora_A{i}_{g}``, ``lora_B{i}_{g}``."""
 
-    def __init__(self, num_groups: int, **kwargs: object) -> None:
-        super().__init__(suffixes=[f"_{g}" for g in range(num_groups)], **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        num_groups: int,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        alpha: float = 16.0,
+        dropout: float = 0.0,
+        rslora: bool = False,
+        parts: list[int] | None = None,
+        adapted: list[bool] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            in_features,
+            out_features,
+            rank,
+            alpha,
+            dropout,
+            rslora,
+            parts,
+            adapted,
+            suffixes=[f"_{g}" for g in range(num_groups)],
+            device=device,
+            dtype=dtype,
+        )
         self.num_groups = num_groups
 
     def forward(self, y: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
