@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from te_assembly.catalog.spec import MultipleOf, OpSpec, Param, Slot, Width
 
 _REF = "te_assembly.engines.reference.ops.moe"
 _EXPERTS = ("groups", "num_experts")
 _TOP_K = ("top_k", "top_k")
+
+def _group_score_check(args: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """A group's score sums at most the experts it holds."""
+    chosen, groups, experts = args.get("group_score_topk"), args.get("num_groups"), args.get("num_experts")
+    if not (isinstance(chosen, int) and isinstance(groups, int) and isinstance(experts, int) and groups):
+        return []
+    if chosen > experts // groups:
+        message = f"group_score_topk={chosen} but each of the {groups} groups holds {experts // groups} experts"
+        return [("group_score_topk", message, f"use at most {experts // groups}")]
+    return []
+
 
 MOE_OPS: tuple[OpSpec, ...] = (
     OpSpec(
@@ -53,6 +67,21 @@ MOE_OPS: tuple[OpSpec, ...] = (
                 None,
                 doc="Group-limited routing: only this many best groups compete (with num_groups).",
             ),
+            Param(
+                "group_score_topk",
+                (int, type(None)),
+                None,
+                doc="Group-limited routing: a group's score is the sum of its best this many experts' "
+                "scores; null: top_k / group_topk (TE's and Megatron's); transformers' DeepSeek-V3 and "
+                "GLM-4.5 routers: 2.",
+            ),
+            Param(
+                "sigmoid_renormalise",
+                bool,
+                True,
+                doc="sigmoid with top_k > 1: divide the kept scores by their sum (TE's router; DeepSeek-V3 "
+                "and GLM-4.5's norm_topk_prob=true); false keeps them as they are.",
+            ),
         ),
         outputs=(
             Slot(
@@ -86,6 +115,7 @@ MOE_OPS: tuple[OpSpec, ...] = (
             MultipleOf("num_experts", "num_groups", "the experts are cut into equal groups"),
             MultipleOf("top_k", "group_topk", "each kept group contributes top_k / group_topk experts"),
         ),
+        arg_checks=_group_score_check,
         reference=f"{_REF}:TopKRouter",
         param_shapes=lambda a: {
             "weight": (a["num_experts"], a["in_features"]),

@@ -187,6 +187,10 @@ CASES: list[OpCase] = [
             ("pre-softmax", {"pre_softmax": True}),
             ("scaled", {"scaling_factor": 2.5}),
             ("sigmoid-scaled", {"score_function": "sigmoid", "scaling_factor": 0.5}),
+            (
+                "sigmoid-raw",
+                {"score_function": "sigmoid", "sigmoid_renormalise": False, "scaling_factor": 2.5},
+            ),
         )
     ],
     OpCase("Dispatch", "Dispatch", {"num_experts": 4, "top_k": 2}, (5, 3), _routing(4, 2)),

@@ -339,6 +339,7 @@ def top_k_router(
     aux_loss_coeff: float,
     pre_softmax: bool = False,
     scaling_factor: float | None = None,
+    sigmoid_renormalise: bool = True,
 ) -> Oracle:
     """Scores s = softmax(z) or sigmoid(z) of z = x W^T; each token keeps its top_k experts (highest
     score first) and probs = c * their scores / D, with D their sum (softmax without pre_softmax;
@@ -346,7 +347,7 @@ def top_k_router(
     mean_t q_te with f_e = (slots routed to e) / (tokens * top_k) and q = s (softmax) or s / sum_e s
     (sigmoid). Gradients by the chain rule through dprobs/ds and ds/dz, written out."""
     renormalise = (score_function == "softmax" and not pre_softmax) or (
-        score_function == "sigmoid" and top_k > 1
+        score_function == "sigmoid" and top_k > 1 and sigmoid_renormalise
     )
     c = 1.0 if scaling_factor is None else scaling_factor
 
@@ -486,6 +487,7 @@ def for_op(op: str, args: dict[str, Any]) -> Oracle:
             args["aux_loss_coeff"],
             args.get("pre_softmax", False),
             args.get("scaling_factor"),
+            args.get("sigmoid_renormalise", True),
         )
     if op == "Dispatch":
         return dispatch(args["num_experts"], args["top_k"])

@@ -394,6 +394,65 @@ def test_group_limited_routing_keeps_the_best_groups() -> None:
         torch.testing.assert_close(probs[t], torch.tensor([2.5 * v / sum(kept) for v in kept], dtype=F64))
 
 
+def test_group_scores_of_two_experts_as_transformers_deepseek_and_glm_take_them() -> None:
+    """``group_score_topk=2``: each group is scored by its 2 best (bias-corrected) scores whatever top_k is,
+    as transformers' DeepSeek-V3 and GLM-4.5 routers do, and the kept sigmoid scores are not renormalised
+    (``norm_topk_prob`` false); compared with GLM-4.5's own router (float32: it scores in float32)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.glm4_moe import modeling_glm4_moe as glm
+
+    config = transformers.Glm4MoeConfig(
+        hidden_size=8,
+        n_routed_experts=12,
+        num_experts_per_tok=6,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.7,
+    )
+    theirs = glm.Glm4MoeTopkRouter(config)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.randn(12, 8, generator=generator))
+        theirs.e_score_correction_bias.copy_(torch.randn(12, generator=generator) * 0.3)
+    mine = TopKRouter(
+        8,
+        num_experts=12,
+        top_k=6,
+        score_function="sigmoid",
+        num_groups=4,
+        group_topk=2,
+        group_score_topk=2,
+        scaling_factor=1.7,
+        enable_expert_bias=True,
+        sigmoid_renormalise=False,
+    )
+    with torch.no_grad():
+        mine.weight.copy_(theirs.weight)
+        mine.expert_bias.copy_(theirs.e_score_correction_bias)
+    x = torch.randn(64, 8, generator=generator)
+    _, weights, indices = theirs(x)
+    _, (probs, routing_map, _) = mine(x)
+    order_mine, order_theirs = routing_map.sort(dim=-1), indices.sort(dim=-1)
+    assert torch.equal(order_mine.values, order_theirs.values)
+    torch.testing.assert_close(
+        probs.gather(1, order_mine.indices), weights.gather(1, order_theirs.indices), rtol=1e-6, atol=1e-7
+    )
+    # the default (top_k / group_topk = 3 experts score a group) chooses otherwise for some token
+    te_default = TopKRouter(
+        8,
+        num_experts=12,
+        top_k=6,
+        score_function="sigmoid",
+        num_groups=4,
+        group_topk=2,
+        enable_expert_bias=True,
+    )
+    te_default.load_state_dict(mine.state_dict())
+    _, (_, other_map, _) = te_default(x)
+    assert not torch.equal(other_map.sort(dim=-1).values, order_theirs.values)
+
+
 def test_a_deepseek_style_router_validates_and_a_bad_grouping_is_named() -> None:
     import te_assembly
 

@@ -53,6 +53,8 @@ class TopKRouter(ReferenceOp):
         enable_expert_bias: bool = False,
         num_groups: int | None = None,
         group_topk: int | None = None,
+        group_score_topk: int | None = None,
+        sigmoid_renormalise: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -81,6 +83,8 @@ class TopKRouter(ReferenceOp):
         self.scaling_factor = scaling_factor
         self.num_groups = num_groups
         self.group_topk = group_topk
+        self.group_score_topk = group_score_topk
+        self.sigmoid_renormalise = sigmoid_renormalise
         self.weight = init_weight(num_experts, in_features, device, dtype)
         self.enable_expert_bias = enable_expert_bias
         if enable_expert_bias:
@@ -100,7 +104,8 @@ class TopKRouter(ReferenceOp):
         choice = scores if self.expert_bias is None else scores + self.expert_bias.to(scores.dtype)
         if self.num_groups is not None and self.group_topk is not None:
             grouped = choice.view(choice.shape[0], self.num_groups, -1)
-            group_scores = grouped.topk(self.top_k // self.group_topk, dim=-1).values.sum(dim=-1)
+            scored = self.group_score_topk or self.top_k // self.group_topk
+            group_scores = grouped.topk(scored, dim=-1).values.sum(dim=-1)
             best = group_scores.topk(self.group_topk, dim=-1).indices
             keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
             choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
@@ -120,7 +125,7 @@ class TopKRouter(ReferenceOp):
         probs = scores.gather(1, routing_map)
         if self.score_function == "softmax" and not self.pre_softmax:
             probs = probs / probs.sum(dim=-1, keepdim=True)
-        elif self.score_function == "sigmoid" and self.top_k > 1:
+        elif self.score_function == "sigmoid" and self.top_k > 1 and self.sigmoid_renormalise:
             probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
         if self.scaling_factor is not None:
             probs = probs * self.scaling_factor
