@@ -17,7 +17,8 @@ def _group_score_check(args: Mapping[str, Any]) -> list[tuple[str, str, str | No
     if not (isinstance(chosen, int) and isinstance(groups, int) and isinstance(experts, int) and groups):
         return []
     if chosen > experts // groups:
-        message = f"group_score_topk={chosen} but each of the {groups} groups holds {experts // groups} experts"
+        held = experts // groups
+        message = f"group_score_topk={chosen} but each of the {groups} groups holds {held} experts"
         return [("group_score_topk", message, f"use at most {experts // groups}")]
     return []
 
