@@ -11,9 +11,17 @@ _REF = "te_assembly.engines.reference.ops.moe"
 _EXPERTS = ("groups", "num_experts")
 _TOP_K = ("top_k", "top_k")
 
+
 def _group_score_check(args: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
     """A group's score sums at most the experts it holds."""
     chosen, groups, experts = args.get("group_score_topk"), args.get("num_groups"), args.get("num_experts")
+    top_k, kept = args.get("top_k"), args.get("group_topk")
+    if chosen is None and isinstance(top_k, int) and isinstance(kept, int) and kept and top_k % kept:
+        message = (
+            f"top_k={top_k} is not a multiple of group_topk={kept}: each kept group's score sums "
+            "top_k / group_topk experts unless group_score_topk says how many"
+        )
+        return [("top_k", message, f"make top_k a multiple of {kept}, or set group_score_topk")]
     if not (isinstance(chosen, int) and isinstance(groups, int) and isinstance(experts, int) and groups):
         return []
     if chosen > experts // groups:
@@ -112,10 +120,7 @@ MOE_OPS: tuple[OpSpec, ...] = (
             ("top_k", "num_experts", "a token cannot pick more experts than exist"),
             ("group_topk", "num_groups", "group-limited routing keeps some of the groups"),
         ),
-        multiples=(
-            MultipleOf("num_experts", "num_groups", "the experts are cut into equal groups"),
-            MultipleOf("top_k", "group_topk", "each kept group contributes top_k / group_topk experts"),
-        ),
+        multiples=(MultipleOf("num_experts", "num_groups", "the experts are cut into equal groups"),),
         arg_checks=_group_score_check,
         reference=f"{_REF}:TopKRouter",
         param_shapes=lambda a: {

@@ -83,7 +83,31 @@ def load_transformers(hf_dir: str | Path, dtype: torch.dtype) -> Any:
     finally:
         if shown:
             hf_logging.enable_progress_bar()
+    if dtype == torch.float64:
+        _full_precision(model, Path(hf_dir), dtype)
     return model.eval()
+
+
+def _full_precision(model: torch.nn.Module, folder: Path, dtype: torch.dtype) -> None:
+    """transformers keeps some tensors in float32 inside a float64 model (GLM-4.5's router weight and
+    expert bias): each is read again from the checkpoint at its own precision, in ``dtype``, so a float64
+    checkpoint is compared as it is (another of its float32 islands, removed for the comparison)."""
+    from safetensors import safe_open
+
+    narrow = {
+        name: tensor
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+        if tensor.is_floating_point() and tensor.dtype != dtype
+    }
+    if not narrow:
+        return
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            for key in handle.keys():
+                if key in narrow:
+                    narrow[key].data = handle.get_tensor(key).to(dtype)
+    for tensor in narrow.values():
+        tensor.data = tensor.data.to(dtype)
 
 
 def _rms_norm_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -103,6 +127,29 @@ def _router_forward(
     return logits, top, indices
 
 
+def _grouped_router_forward(
+    self: Any, hidden_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GLM-4.5's (and DeepSeek-V3's) router in the input's dtype: sigmoid scores, the correction bias
+    added for the choice only, the topk_group best of n_group groups (each scored by its best two)."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    # its weight is kept in float32 inside a float64 model: the same values, in the input's dtype
+    logits = torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype))
+    scores = logits.sigmoid()
+    choice = scores + self.e_score_correction_bias.to(scores.dtype)
+    grouped = choice.view(-1, self.num_group, self.num_experts // self.num_group)
+    group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(-1, self.num_experts)
+    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    indices = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, indices)
+    if self.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return logits, weights * self.routed_scaling_factor, indices
+
+
 @contextmanager
 def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
     """Within: each RMSNorm and top-k router of ``model`` computes in its input's dtype (yields the
@@ -116,6 +163,9 @@ def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
         elif name.endswith("TopKRouter") and hasattr(module, "top_k") and hasattr(module, "hidden_dim"):
             patched.append((module, module.forward))
             module.forward = types.MethodType(_router_forward, module)  # type: ignore[method-assign]
+        elif name == "Glm4MoeTopkRouter" and hasattr(module, "e_score_correction_bias"):
+            patched.append((module, module.forward))
+            module.forward = types.MethodType(_grouped_router_forward, module)  # type: ignore[method-assign]
     try:
         yield sorted({type(m).__name__ for m, _ in patched})
     finally:

@@ -58,6 +58,8 @@ def test_import_then_export_loads_in_transformers_with_equal_logits(
     assert config["architectures"] == original["architectures"]
     theirs = original.get("rope_parameters") or original.get("rope_scaling") or {"rope_type": "default"}
     ours = config.get("rope_parameters") or config.get("rope_scaling") or {"rope_type": "default"}
+    if config.get("partial_rotary_factor", 1.0) != 1.0:  # written beside rope_scaling (GLM-4.5 reads both)
+        ours = {**ours, "partial_rotary_factor": config["partial_rotary_factor"]}
     # the scaling comes back as it went
     assert {k: v for k, v in ours.items() if k != "rope_theta"} == {
         k: v for k, v in theirs.items() if k not in ("rope_theta", "type")
@@ -177,6 +179,7 @@ SHIPPED = {
     "mixtral_tiny": "MixtralForCausalLM",
     "qwen2_moe_tiny": "Qwen2MoeForCausalLM",
     "qwen3_moe_tiny": "Qwen3MoeForCausalLM",
+    "glm4_moe_tiny": "Glm4MoeForCausalLM",
 }
 
 
@@ -188,7 +191,7 @@ def test_each_shipped_family_model_exports_to_its_family(
     model = te_assembly.build(name, Target.of("reference", dtype=torch.float64))
     with torch.no_grad():  # norms and biases away from 1 and 0, so a dropped one would show
         for key, value in model.state_dict().items():
-            if key.endswith("norm.weight") or "norm_weight" in key or key.endswith(".bias"):
+            if key.endswith("norm.weight") or "norm_weight" in key or key.endswith("bias"):  # expert_bias too
                 value.add_(torch.randn_like(value) * 0.2)
     out = to_hf(model, tmp_path / name)
     assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]

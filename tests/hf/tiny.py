@@ -113,8 +113,30 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "norm_topk_prob": False,
         },
     ),
+    # GLM-4.5-MoE: a dense first layer, sigmoid routing over 2 of 4 groups (each scored by its best two),
+    # an expert bias, a scaling factor, two shared experts, partial rotary, q/k norms and q/k/v biases.
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 12,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 1,
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 1.8,
+            "partial_rotary_factor": 0.5,
+            "use_qk_norm": True,
+            "attention_bias": True,
+            "num_nextn_predict_layers": 0,
+        },
+    ),
 }
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe")
 """One variant per family, the architectures of the issue."""
 
 

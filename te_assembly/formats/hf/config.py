@@ -57,6 +57,14 @@ class HFSpec:
     pre_softmax: bool = False
     aux_loss_coeff: float = 0.0
     shared_ffn: int = 0
+    rotary_dim: int | None = None
+    """Partial rotary (GLM-4.5's ``partial_rotary_factor * head_dim``); None: the whole head."""
+    first_dense: int = 0
+    """The first layers with a dense MLP of ``dense_ffn`` (GLM-4.5's ``first_k_dense_replace``)."""
+    dense_ffn: int = 0
+    router: dict[str, Any] = field(default_factory=dict)
+    """The family's own TopKRouter arguments beyond experts and top_k (GLM-4.5's sigmoid scores, expert
+    bias, groups and scaling), as the router step takes them."""
     init_std: float = 0.02
     dtype: str = "float32"
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -216,6 +224,8 @@ def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()
     rope = _rope(r, data)
     qkv_bias, o_bias = _biases(r, family)
     moe, ffn_key = _experts(r, data, family)
+    if family.mlp == "glm_moe":
+        moe.update(_glm(r, data, moe, head_dim))
     dtype = _dtype(r, data)
     spec = HFSpec(
         architecture=family.architecture,
@@ -233,7 +243,7 @@ def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=r.flag("mlp_bias", False) if family.architecture == "LlamaForCausalLM" else False,
-        qk_norm=family.qk_norm,
+        qk_norm=r.flag(family.qk_norm_field, False) if family.qk_norm_field else family.qk_norm,
         init_std=r.number("initializer_range", 0.02),
         dtype=dtype,
         metadata={k: data[k] for k in KEPT_FIELDS if k in data},
@@ -322,7 +332,8 @@ def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int
 def _supported_values(r: _Reader) -> None:
     """Fields that change the math, held to the values te_assembly expresses (``CHECKED``)."""
     for key, (allowed, supported) in CHECKED.items():
-        r.require(key, allowed, supported)
+        if key not in HONOURED[r.architecture]:  # a family that reads the field takes its other values
+            r.require(key, allowed, supported)
 
 
 def _biases(r: _Reader, family: Family) -> tuple[bool, bool]:
@@ -334,7 +345,72 @@ def _biases(r: _Reader, family: Family) -> tuple[bool, bool]:
     if family.qkv_bias == "attention_bias":
         both = r.flag("attention_bias", False)
         return both, both
+    if family.qkv_bias == "attention_bias_qkv":
+        return r.flag("attention_bias", False), False
     return False, False
+
+
+def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """GLM-4.5's MoE: sigmoid scores with an expert bias (``e_score_correction_bias``) that chooses but
+    does not weigh, group-limited choice (``n_group``, ``topk_group``; a group scored by its best two),
+    ``norm_topk_prob``, ``routed_scaling_factor``; ``n_shared_experts`` shared experts as one MLP of
+    their summed width beside the routed ones, ungated; the first ``first_k_dense_replace`` layers dense;
+    partial rotary."""
+    experts, top_k = int(moe["experts"]), int(moe["top_k"])
+    groups, kept = r.integer("n_group", 1), r.integer("topk_group", 1)
+    if experts % groups:
+        r.refuse("n_group", f"n_group {groups} does not divide the {experts} experts into equal groups")
+    if kept > groups:
+        r.refuse("topk_group", f"topk_group {kept} is more than the n_group {groups} groups")
+    if groups > 1 and experts // groups < 2:
+        r.refuse(
+            "n_group", f"n_group {groups} leaves groups of one expert: a group is scored by its best two"
+        )
+    layers = r.integer("num_hidden_layers")
+    first_dense = r.integer("first_k_dense_replace", 1, minimum=0)
+    if first_dense >= layers:
+        r.refuse(
+            "first_k_dense_replace", f"first_k_dense_replace {first_dense} leaves no MoE layer of {layers}"
+        )
+    mtp = data.get("num_nextn_predict_layers", 0)
+    if mtp not in (0, None):
+        r.refuse(
+            "num_nextn_predict_layers",
+            f"num_nextn_predict_layers = {shown(mtp)}: the multi-token prediction layers are not imported "
+            "(te_assembly has no MTP head yet), and dropping them would change what the checkpoint is",
+            "a config with num_nextn_predict_layers 0 (the model without its MTP layers) imports",
+        )
+    rope = data.get("rope_parameters") if isinstance(data.get("rope_parameters"), Mapping) else {}
+    factor = data.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    rotary_dim = None
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < 1:
+        rotary_dim = int(head_dim * factor)
+        if rotary_dim % 2 or rotary_dim <= 0:
+            r.refuse(
+                "partial_rotary_factor", f"partial_rotary_factor {factor} turns {rotary_dim} features: odd"
+            )
+    elif factor not in (1, 1.0):
+        r.refuse("partial_rotary_factor", f"partial_rotary_factor = {shown(factor)}: expected 0 < f <= 1")
+    shared = r.integer("n_shared_experts", 1, minimum=0)
+    renormalise = r.flag("norm_topk_prob", True)
+    scaling = r.number("routed_scaling_factor", 1.0, becomes=("TopKRouter", "scaling_factor"))
+    return {
+        "pre_softmax": False,
+        "aux_loss_coeff": 0.0,
+        "shared_ffn": shared * r.integer("moe_intermediate_size"),
+        "rotary_dim": rotary_dim,
+        "first_dense": first_dense,
+        "dense_ffn": r.integer("intermediate_size"),
+        "router": {
+            "score_function": "sigmoid",
+            "enable_expert_bias": True,
+            "num_groups": groups,
+            "group_topk": kept,
+            "group_score_topk": min(2, experts // groups),
+            "scaling_factor": scaling,
+            "sigmoid_renormalise": renormalise,
+        },
+    }
 
 
 def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> tuple[dict[str, Any], str]:
@@ -419,7 +495,8 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     if rope_type == "yarn":
         out.update(_yarn(r, key, params, data))
         allowed |= set(YARN_FIELDS) | {"factor", "original_max_position_embeddings"}
-    if params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
+    partial = "partial_rotary_factor" in HONOURED[r.architecture]  # GLM-4.5 reads it (``_glm``)
+    if not partial and params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
         r.refuse(
             key, f"{key}.partial_rotary_factor = {shown(params['partial_rotary_factor'])}: supported: 1.0"
         )

@@ -16,12 +16,17 @@ class Family:
     architecture: str
     model_type: str
     mlp: str
-    """``dense``, ``moe`` (routed experts) or ``shared_moe`` (routed experts + a gated shared expert)."""
+    """``dense``, ``moe`` (routed experts), ``shared_moe`` (routed experts + a gated shared expert) or
+    ``glm_moe`` (GLM-4.5: a sigmoid router with an expert bias and groups, shared experts without a gate,
+    the first layers dense)."""
     qkv_bias: str = "none"
-    """``none``, ``always`` (Qwen2, Qwen2-MoE), ``attention_bias`` (Llama's flag: q, k, v and o) or
-    ``qkv_bias`` (a config field that may turn Qwen2-MoE's q/k/v biases off)."""
+    """``none``, ``always`` (Qwen2, Qwen2-MoE), ``attention_bias`` (Llama's flag: q, k, v and o),
+    ``attention_bias_qkv`` (GLM-4.5's: q, k and v only) or ``qkv_bias`` (a config field that may turn
+    Qwen2-MoE's q/k/v biases off)."""
     qk_norm: bool = False
     """Qwen3's per-head RMSNorm on queries and keys."""
+    qk_norm_field: str | None = None
+    """The field that turns the per-head q/k norms on (GLM-4.5's ``use_qk_norm``); None: ``qk_norm``."""
     sliding: str = "none"
     """``window``: ``sliding_window`` applies to every layer (Mistral, Mixtral); ``qwen``: only with
     ``use_sliding_window`` on some layers (refused); ``none``."""
@@ -57,6 +62,14 @@ FAMILIES: dict[str, Family] = {
             qk_norm=True,
             sliding="qwen",
             experts_aliases=("num_local_experts",),
+        ),
+        Family(
+            "Glm4MoeForCausalLM",
+            "glm4_moe",
+            "glm_moe",
+            qkv_bias="attention_bias_qkv",
+            qk_norm_field="use_qk_norm",
+            experts_field="n_routed_experts",
         ),
     )
 }
@@ -117,13 +130,33 @@ HONOURED: dict[str, tuple[str, ...]] = {
         *QWEN_EXPERTS,
         "num_local_experts",
     ),
+    "Glm4MoeForCausalLM": (
+        *COMMON_FIELDS,
+        "attention_bias",
+        "use_qk_norm",
+        "partial_rotary_factor",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "n_group",
+        "topk_group",
+        "norm_topk_prob",
+        "routed_scaling_factor",
+        "output_router_logits",
+        "num_nextn_predict_layers",
+    ),
 }
 """The fields each family reads (each checked: a value it cannot express is refused)."""
 
 CHECKED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hidden_act": (lambda v: v == "silu", "silu (SwiGLU MLPs)"),
     "attention_dropout": (lambda v: v in (0, 0.0), "0.0 (te_assembly's Attention has no dropout)"),
-    "partial_rotary_factor": (lambda v: v in (1, 1.0), "1.0 (rotary embeddings on the whole head)"),
+    "partial_rotary_factor": (
+        lambda v: v in (1, 1.0),
+        "1.0 (rotary embeddings on the whole head; GLM-4.5 reads other values)",
+    ),
     "pretraining_tp": (lambda v: type(v) is int and v == 1, "1 (the projections unsplit)"),
     "rope_interleaved": (lambda v: v is False, "false (rotate halves, as transformers does)"),
     "router_jitter_noise": (lambda v: v in (0, 0.0), "0.0 (no jitter on the router input)"),

@@ -28,8 +28,35 @@ YARN_DIMS = (
 """YaRN's knobs, as the hf_*_layer blocks' dims (and Attention's arguments) name them; a model that does
 not use YaRN leaves them at the blocks' defaults."""
 
-BLOCKS = {"dense": "hf_dense_layer", "moe": "hf_moe_layer", "shared_moe": "hf_shared_moe_layer"}
+BLOCKS = {
+    "dense": "hf_dense_layer",
+    "moe": "hf_moe_layer",
+    "shared_moe": "hf_shared_moe_layer",
+    "glm_moe": "hf_glm_moe_layer",
+}
 """The shipped block each kind of MLP uses."""
+
+
+ATTENTION_DIMS = (
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "eps",
+    "rope_theta",
+    "rope_type",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_positions",
+    *YARN_DIMS,
+    "sliding_window",
+    "qk_norm",
+    "rotary_dim",
+    "qkv_bias",
+    "o_bias",
+)
+"""The dims of a layer's attention (and norms): what dense first layers share with the MoE layers."""
 
 
 def _mlp_kind(spec: HFSpec) -> str:
@@ -57,7 +84,21 @@ def layer_dims(spec: HFSpec) -> dict[str, Any]:
         "qkv_bias": spec.qkv_bias,
         "o_bias": spec.o_bias,
     }
-    if _mlp_kind(spec) == "dense":
+    if spec.rotary_dim is not None:
+        dims["rotary_dim"] = spec.rotary_dim
+    if _mlp_kind(spec) == "glm_moe":
+        router = spec.router
+        dims.update(
+            experts=spec.experts,
+            top_k=spec.top_k,
+            shared_ffn=spec.shared_ffn,
+            n_group=router["num_groups"],
+            topk_group=router["group_topk"],
+            group_score_topk=router["group_score_topk"],
+            routed_scaling_factor=router["scaling_factor"],
+            norm_topk_prob=router["sigmoid_renormalise"],
+        )
+    elif _mlp_kind(spec) == "dense":
         dims["mlp_bias"] = spec.mlp_bias
     else:
         dims.update(
@@ -81,13 +122,28 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
     if spec.tied:
         head["tie_weight"] = "embed"
     layer = layer_dims(spec)
+    dims: dict[str, Any] = {"vocab": spec.vocab, "layers": spec.layers - spec.first_dense, **layer}
+    dense: list[dict[str, Any]] = []
+    if spec.first_dense:
+        # The first layers are dense (GLM-4.5's first_k_dense_replace): their own block step, before the
+        # MoE layers; the Hugging Face layer of layers.N is model.layers.{dense_layers + N}.
+        dims = {"vocab": spec.vocab, "dense_layers": spec.first_dense, **dims, "dense_ffn": spec.dense_ffn}
+        shared = {key: f"${{model.dims.{key}}}" for key in layer if key in ATTENTION_DIMS}
+        dense.append(
+            {
+                "name": "dense_layers",
+                "block": BLOCKS["dense"],
+                "repeat": "${model.dims.dense_layers}",
+                "dims": {**shared, "ffn": "${model.dims.dense_ffn}", "mlp_bias": False},
+            }
+        )
     return {
         "name": name,
         "description": description
         or f"{spec.architecture} as te_assembly blocks ({BLOCKS[_mlp_kind(spec)]}).",
         "in_features": "${model.dims.vocab}",
         "input_layout": "token_ids",
-        "dims": {"vocab": spec.vocab, "layers": spec.layers, **layer},
+        "dims": dims,
         "ops": [
             {
                 "name": "embed",
@@ -98,6 +154,7 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
                     "init_std": spec.init_std,
                 },
             },
+            *dense,
             {
                 "name": "layers",
                 "block": BLOCKS[_mlp_kind(spec)],
@@ -173,15 +230,17 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
     expresses). ``metadata``: an imported checkpoint's own fields, kept (its architecture is used when
     the model still fits it)."""
     embed, layers, head = _layer_groups(plan)
-    types = [s.type for s in layers[0]]
-    if "SigmoidGate" in types:
-        kind = "shared_moe"
-    elif "TopKRouter" in types:
-        kind = "moe"
-    else:
-        kind = "dense"
+    kinds = [_kind_of(group) for group in layers]
+    kind = kinds[-1]
+    first_dense = 0
+    while kind != "dense" and first_dense < len(kinds) and kinds[first_dense] == "dense":
+        first_dense += 1  # GLM-4.5's first_k_dense_replace
+    dense_ffn = 0
+    if first_dense:
+        dense_linears = [s for s in layers[0] if s.type == "Linear"]
+        dense_ffn = _args(dense_linears[-1])["in_features"] if len(dense_linears) == 4 else 0
     by_type: dict[str, list[PlannedStep]] = {}
-    for step in layers[0]:
+    for step in layers[first_dense]:
         by_type.setdefault(step.type, []).append(step)
     try:
         attn = _args(by_type["Attention"][0])
@@ -195,7 +254,7 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         else:
             fc2 = _args(by_type["GroupedLinear"][1])
             ffn, mlp_bias = fc2["in_features"], False
-        shared_ffn = _args(mlp_linears[1])["in_features"] if kind == "shared_moe" else 0
+        shared_ffn = _args(mlp_linears[1])["in_features"] if kind in ("shared_moe", "glm_moe") else 0
     except (KeyError, IndexError, ValueError) as exc:
         raise UnexportableError(
             plan, layers[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
@@ -203,6 +262,8 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
     qk_norm = bool(attn["qk_norm"])
     qkv_bias, o_bias = bool(qkv["bias"]), bool(proj["bias"])
     architecture = _architecture(kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], metadata)
+    glm = kind == "glm_moe"
+    router_knobs = {k: router[k] for k in GLM_ROUTER if k in router} if glm else {}
     rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
     rope.update({knob: attn[knob] for knob in _ROPE_KNOBS.get(str(attn["rope_type"]), ())})
     embed_args = _args(embed)
@@ -228,9 +289,37 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         pre_softmax=bool(router.get("pre_softmax", False)),
         aux_loss_coeff=float(router.get("aux_loss_coeff", 0.0)),
         shared_ffn=shared_ffn,
+        rotary_dim=attn.get("rotary_dim"),
+        first_dense=first_dense,
+        dense_ffn=dense_ffn,
+        router=router_knobs,
         init_std=float(embed_args["init_std"]),
         metadata=dict(metadata or {}),
     )
+
+
+GLM_ROUTER = (
+    "score_function",
+    "enable_expert_bias",
+    "num_groups",
+    "group_topk",
+    "group_score_topk",
+    "scaling_factor",
+    "sigmoid_renormalise",
+)
+"""The router arguments a GLM-4.5 layer sets (``HFSpec.router``)."""
+
+
+def _kind_of(layer: list[PlannedStep]) -> str:
+    """The MLP kind of one decoder layer's steps (``BLOCKS``'s keys)."""
+    types = {s.type for s in layer}
+    if "SigmoidGate" in types:
+        return "shared_moe"
+    if "TopKRouter" in types:
+        router = next(_args(s) for s in layer if s.type == "TopKRouter")
+        shared = sum(s.type == "Linear" for s in layer) > 2
+        return "glm_moe" if router["score_function"] == "sigmoid" and shared else "moe"
+    return "dense"
 
 
 def _architecture(
@@ -244,7 +333,9 @@ def _architecture(
     """The family whose features these are (the imported one when it still fits); whether it expresses
     everything else is for ``check_same_steps`` to say."""
     candidates: list[str] = []
-    if kind == "shared_moe":
+    if kind == "glm_moe":
+        candidates = ["Glm4MoeForCausalLM"]
+    elif kind == "shared_moe":
         candidates = ["Qwen2MoeForCausalLM"]
     elif kind == "moe":
         candidates = ["Qwen3MoeForCausalLM"] if qk_norm else ["MixtralForCausalLM"]

@@ -65,6 +65,22 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
             out["mlp_only_layers"] = []
     if family.mlp == "shared_moe":
         out["shared_expert_intermediate_size"] = spec.shared_ffn
+    if family.mlp == "glm_moe":
+        router = spec.router
+        out.update(
+            intermediate_size=spec.dense_ffn,
+            attention_bias=spec.qkv_bias,
+            use_qk_norm=spec.qk_norm,
+            partial_rotary_factor=(spec.rotary_dim or spec.head_dim) / spec.head_dim,
+            n_shared_experts=spec.shared_ffn // spec.ffn,
+            first_k_dense_replace=spec.first_dense,
+            n_group=router["num_groups"],
+            topk_group=router["group_topk"],
+            norm_topk_prob=router["sigmoid_renormalise"],
+            routed_scaling_factor=router["scaling_factor"],
+        )
+        for key in ("router_aux_loss_coef", "decoder_sparse_step", "mlp_only_layers"):
+            out.pop(key, None)
     return out
 
 

@@ -50,7 +50,10 @@ def rules(spec: HFSpec) -> list[Rule]:
     q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     out = [_one("steps.embed.weight", "model.embed_tokens.weight", spec.vocab)]
     for n in range(spec.layers):
-        te, hf = f"steps.layers.{n}.", f"model.layers.{n}."
+        # GLM-4.5's first layers are dense: steps of dense_layers, the rest of layers counted after them
+        dense = n < spec.first_dense
+        te = f"steps.dense_layers.{n}." if dense else f"steps.layers.{n - spec.first_dense}."
+        hf = f"model.layers.{n}."
         attn = f"{hf}self_attn."
         out.append(_one(f"{te}attn_norm.weight", f"{hf}input_layernorm.weight", spec.hidden))
         # q_proj | k_proj | v_proj stacked by rows: the packed QKV Linear (and its bias, Qwen2's).
@@ -66,16 +69,16 @@ def rules(spec: HFSpec) -> list[Rule]:
         if spec.o_bias:
             out.append(_one(f"{te}proj.basic_ops.1.bias", f"{attn}o_proj.bias", spec.hidden))
         out.append(_one(f"{te}mlp_norm.weight", f"{hf}post_attention_layernorm.weight", spec.hidden))
-        out.extend(_mlp_rules(spec, te, hf))
+        out.extend(_mlp_rules(spec, te, hf, dense))
     out.append(_one("steps.final_norm.weight", "model.norm.weight", spec.hidden))
     if not spec.tied:
         out.append(_one("steps.head.basic_ops.0.weight", "lm_head.weight", spec.vocab))
     return out
 
 
-def _mlp_rules(spec: HFSpec, te: str, hf: str) -> Iterator[Rule]:
-    ffn = spec.ffn
-    if spec.family.mlp == "dense":
+def _mlp_rules(spec: HFSpec, te: str, hf: str, dense: bool = False) -> Iterator[Rule]:
+    ffn = spec.dense_ffn if dense else spec.ffn
+    if spec.family.mlp == "dense" or dense:
         mlp = f"{hf}mlp."
         yield Rule(
             f"{te}fc1.basic_ops.0.weight",
@@ -97,6 +100,8 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str) -> Iterator[Rule]:
         f"{te}router.weight",
         ((Part(f"{hub}gate.weight", spec.experts),), (Part(f"{fused}gate.weight", spec.experts),)),
     )
+    if spec.family.mlp == "glm_moe":
+        yield _one(f"{te}router.expert_bias", f"{hub}gate.e_score_correction_bias", spec.experts)
     for e in range(spec.experts):
         expert = f"{hub}experts.{e}."
         yield Rule(
@@ -113,6 +118,18 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str) -> Iterator[Rule]:
                 (Part(f"{fused}experts.down_proj", spec.hidden, e),),
             ),
         )
+    if spec.family.mlp == "glm_moe":
+        shared = f"{hf}mlp.shared_experts."
+        yield Rule(
+            f"{te}shared_fc1.basic_ops.0.weight",
+            (
+                (
+                    Part(f"{shared}gate_proj.weight", spec.shared_ffn),
+                    Part(f"{shared}up_proj.weight", spec.shared_ffn),
+                ),
+            ),
+        )
+        yield _one(f"{te}shared_fc2.basic_ops.0.weight", f"{shared}down_proj.weight", spec.hidden)
     if spec.family.mlp == "shared_moe":
         shared = f"{hf}mlp.shared_expert."
         yield Rule(

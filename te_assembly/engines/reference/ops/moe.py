@@ -68,7 +68,8 @@ class TopKRouter(ReferenceOp):
         if (num_groups is None) != (group_topk is None):
             raise ValueError("TopKRouter takes num_groups and group_topk together (group-limited routing)")
         if num_groups is not None and group_topk is not None:
-            if num_experts % num_groups or not 0 < group_topk <= num_groups or top_k % group_topk:
+            uneven = top_k % group_topk and group_score_topk is None
+            if num_experts % num_groups or not 0 < group_topk <= num_groups or uneven:
                 raise ValueError(
                     f"TopKRouter group-limited routing needs num_experts a multiple of num_groups, "
                     f"0 < group_topk <= num_groups and top_k a multiple of group_topk; got num_experts="
