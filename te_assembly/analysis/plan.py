@@ -79,7 +79,8 @@ class PlannedStep:
         """Parameters this step owns: a tied weight is counted at the step it is tied to."""
         shapes = self.param_shapes
         tied = self.spec.tie_param if self.tie_weight is not None else None
-        return sum(math.prod(s) for name, s in shapes.items() if name != tied)
+        buffers = getattr(self.spec, "buffers", ())
+        return sum(math.prod(s) for name, s in shapes.items() if name != tied and name not in buffers)
 
     def evolve(self, **changes: Any) -> PlannedStep:
         """A copy with ``changes`` (what a later pass computed: fuser, widths). Cheaper than

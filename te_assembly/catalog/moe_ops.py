@@ -127,6 +127,7 @@ MOE_OPS: tuple[OpSpec, ...] = (
             "weight": (a["num_experts"], a["in_features"]),
             **({"expert_bias": (a["num_experts"],)} if a.get("enable_expert_bias") else {}),
         },
+        buffers=("expert_bias",),
         te_runs_on_cpu=True,
     ),
     OpSpec(

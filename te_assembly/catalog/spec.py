@@ -320,6 +320,9 @@ class OpSpec(_Arguments):
     """For TE fused ops (``Linear``): the basic ops and their args, as TE builds them."""
     param_shapes: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]] = lambda args: {}
     """Parameter names and shapes, exactly as TE's module names them."""
+    buffers: tuple[str, ...] = ()
+    """Names in ``param_shapes`` that are buffers (saved, loaded, never trained; not counted as
+    parameters): TopKRouter's ``expert_bias``."""
     te_runs_on_cpu: bool = False
     """TE's own kernel for this op runs without a GPU."""
     in_place_arg: bool = False

@@ -378,3 +378,47 @@ OLD_STYLE_FIELDS: dict[str, Any] = {
 """The generic ``PretrainedConfig`` fields older ``transformers`` (4.2x, ``to_dict`` rather than
 ``to_diff_dict``) wrote into every ``config.json``, and the two of a fine-tune's save
 (``_model_name_or_path``, ``unk_token_id``) that the issue found refused."""
+
+MTP_CONFIGS: dict[str, dict[str, Any]] = {
+    # zai-org/GLM-4.5-Air (written out here without network access, from the published file: compare
+    # with the Hub's copy when one is at hand). Its checkpoint carries one multi-token prediction layer.
+    "zai-org/GLM-4.5-Air": {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "pad_token_id": 151329,
+        "eos_token_id": [151329, 151336, 151338],
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "partial_rotary_factor": 0.5,
+        "initializer_range": 0.02,
+        "intermediate_size": 10944,
+        "max_position_embeddings": 131072,
+        "model_type": "glm4_moe",
+        "moe_intermediate_size": 1408,
+        "norm_topk_prob": True,
+        "num_attention_heads": 96,
+        "n_group": 1,
+        "topk_group": 1,
+        "n_routed_experts": 128,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 1.0,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 1,
+        "num_hidden_layers": 46,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.54.0",
+        "use_cache": True,
+        "use_qk_norm": False,
+        "vocab_size": 151552,
+    },
+}
+"""Published configs of checkpoints with multi-token prediction layers: refused by name, imported without
+those layers when ``import_hf.ignore_fields`` names ``num_nextn_predict_layers``."""

@@ -187,3 +187,29 @@ def test_rank_8_adapters_on_a_135m_model_are_a_fraction_of_its_training_memory(t
     text = console.export_text()
     assert f"{plan.num_trainable_params:,} of {plan.num_params:,}" in text
     assert f"({100 * share:.2f}%)" in text  # gradients + AdamW state: the same share
+
+
+def test_glm_4_5_air_as_published_is_refused_by_name_then_imports_without_its_mtp_layer(
+    tmp_path: Path,
+) -> None:
+    from tests.hf.hub_configs import MTP_CONFIGS
+
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    config = MTP_CONFIGS["zai-org/GLM-4.5-Air"]
+    folder = _written(tmp_path, config)
+    with pytest.raises(HFConfigError) as refused:
+        read_spec(folder)
+    assert [d.path for d in refused.value.diagnostics] == ["config.json:num_nextn_predict_layers"]
+    spec = read_spec(folder, ["num_nextn_predict_layers"])
+    assert (spec.rotary_dim, spec.first_dense, spec.dense_ffn, spec.shared_ffn) == (64, 1, 10944, 1408)
+    assert (spec.qkv_bias, spec.o_bias, spec.qk_norm, spec.dropped_layers) == (True, False, False, 1)
+    assert spec.router["num_groups"] == 1 and spec.router["scaling_factor"] == 1.0
+    with torch.device("meta"):
+        reference = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(folder)
+        )
+    analysis, _ = analysis_of(spec, "hub")
+    plan = analysis.checked_plan()
+    assert plan.num_params == sum(p.numel() for p in reference.parameters())
+    assert plan.num_params > 100e9  # GLM-4.5-Air: 106B parameters in all

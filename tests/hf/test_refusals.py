@@ -43,9 +43,9 @@ def _with_config(source: Path, tmp_path: Path, **changes: object) -> Path:
     [
         (
             "llama",
-            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
             "rope_parameters",
-            "yarn",
+            "dynamic",
         ),
         ("llama", {"hidden_act": "gelu"}, "hidden_act", "silu"),
         ("qwen2", {"use_sliding_window": True}, "use_sliding_window", "sliding"),
@@ -199,3 +199,35 @@ def test_what_the_family_cannot_say_is_named_not_dropped(tmp_path: Path) -> None
     with pytest.raises(UnexportableError) as info:
         to_hf(model, tmp_path / "out")
     assert info.value.step == "layers.0.qkv" and "bias=True" in str(info.value)
+
+
+def test_glm_multi_token_prediction_layers_are_refused_by_name_then_left_out_knowingly(
+    tmp_path: Path,
+) -> None:
+    """GLM-4.5's Hub checkpoints carry multi-token prediction layers after the decoder's
+    (``num_nextn_predict_layers``): refused by name, imported without them only when the user says so
+    (recorded as ignored), and never silently: their tensors are not read."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.hf.tiny import make
+
+    folder = make("glm4_moe", tmp_path / "glm")
+    config = json.loads((folder / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(folder / "model.safetensors"))
+    last = config["num_hidden_layers"] - 1
+    extra = {
+        k.replace(f"model.layers.{last}.", f"model.layers.{last + 1}."): v.clone()
+        for k, v in tensors.items()
+        if k.startswith(f"model.layers.{last}.")
+    }
+    save_file({**tensors, **extra}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(HFConfigError) as refused:
+        read_spec(folder)
+    (message,) = [d for d in refused.value.diagnostics if "num_nextn_predict_layers" in d.path]
+    assert "multi-token prediction" in message.message and "ignore_fields" in (message.hint or "")
+    out = import_hf(folder, tmp_path / "imported", ignore_fields=["num_nextn_predict_layers"])
+    assert "num_nextn_predict_layers" in (out / "config.yaml").read_text()
+    model = te_assembly.from_pretrained(out, "reference")
+    assert not any(f".{last + 1}." in k for k in model.state_dict())

@@ -62,6 +62,9 @@ class HFSpec:
     first_dense: int = 0
     """The first layers with a dense MLP of ``dense_ffn`` (GLM-4.5's ``first_k_dense_replace``)."""
     dense_ffn: int = 0
+    dropped_layers: int = 0
+    """Layers the checkpoint holds after ``layers`` that the import leaves out by request (GLM-4.5's
+    multi-token prediction layers, ``import_hf.ignore_fields=[num_nextn_predict_layers]``)."""
     router: dict[str, Any] = field(default_factory=dict)
     """The family's own TopKRouter arguments beyond experts and top_k (GLM-4.5's sigmoid scores, expert
     bias, groups and scaling), as the router step takes them."""
@@ -142,8 +145,11 @@ def shown(value: Any, width: int = 60) -> str:
 class _Reader:
     """Reads fields of one config, collecting every refusal."""
 
-    def __init__(self, data: Mapping[str, Any], path: Path, architecture: str) -> None:
+    def __init__(
+        self, data: Mapping[str, Any], path: Path, architecture: str, ignore: Sequence[str] = ()
+    ) -> None:
         self.data = data
+        self.ignore = set(ignore)
         self.path = path
         self.architecture = architecture
         self.problems: list[Diagnostic] = []
@@ -214,7 +220,7 @@ def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()
     """The ``HFSpec`` of a ``config.json``; ``HFConfigError`` lists every field it refuses. ``ignore``:
     fields te_assembly does not know that the user accepts knowingly (``import_hf.ignore_fields``)."""
     family = _family(data, path)
-    r = _Reader(data, path, family.architecture)
+    r = _Reader(data, path, family.architecture, ignore)
     _known_fields(r, data, family, ignore)
     hidden, heads, kv_heads, head_dim = _attention_shape(r, data)
     _supported_values(r)
@@ -271,6 +277,11 @@ def known_field(key: str, architecture: str) -> bool:
     return key in HONOURED[architecture] or key in CHECKED or is_metadata(key)
 
 
+DROPPABLE = ("num_nextn_predict_layers",)
+"""Honoured fields ``import_hf.ignore_fields`` may still name: what they describe is left out of the
+import on purpose (GLM-4.5's multi-token prediction layers), recorded as ignored."""
+
+
 def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family, ignore: Sequence[str]) -> None:
     """Every field is one the family honours, holds to a value, is metadata or is ignored by name;
     ``model_type`` is the family's."""
@@ -286,6 +297,8 @@ def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family, ignore: S
                 code="hf-unknown-field",
             )
     for key in ignore:
+        if key in DROPPABLE and key in HONOURED[family.architecture]:
+            continue  # what it describes is left out knowingly (``_glm``)
         if known_field(key, family.architecture):
             r.refuse(
                 key,
@@ -356,7 +369,7 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
     ``norm_topk_prob``, ``routed_scaling_factor``; ``n_shared_experts`` shared experts as one MLP of
     their summed width beside the routed ones, ungated; the first ``first_k_dense_replace`` layers dense;
     partial rotary."""
-    experts, top_k = int(moe["experts"]), int(moe["top_k"])
+    experts = int(moe["experts"])
     groups, kept = r.integer("n_group", 1), r.integer("topk_group", 1)
     if experts % groups:
         r.refuse("n_group", f"n_group {groups} does not divide the {experts} experts into equal groups")
@@ -372,15 +385,20 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
         r.refuse(
             "first_k_dense_replace", f"first_k_dense_replace {first_dense} leaves no MoE layer of {layers}"
         )
-    mtp = data.get("num_nextn_predict_layers", 0)
-    if mtp not in (0, None):
+    mtp = data.get("num_nextn_predict_layers", 0) or 0
+    if not isinstance(mtp, int) or isinstance(mtp, bool) or mtp < 0:
+        r.refuse("num_nextn_predict_layers", f"num_nextn_predict_layers = {shown(mtp)}", code="hf-bad-value")
+        mtp = 0
+    elif mtp and "num_nextn_predict_layers" not in r.ignore:
         r.refuse(
             "num_nextn_predict_layers",
-            f"num_nextn_predict_layers = {shown(mtp)}: the multi-token prediction layers are not imported "
-            "(te_assembly has no MTP head yet), and dropping them would change what the checkpoint is",
-            "a config with num_nextn_predict_layers 0 (the model without its MTP layers) imports",
+            f"num_nextn_predict_layers = {mtp}: the checkpoint carries {mtp} multi-token prediction "
+            f"layer(s) (model.layers.{layers}...), which te_assembly does not import (no MTP head yet)",
+            "import_hf.ignore_fields=[num_nextn_predict_layers] imports the model without them, knowingly "
+            "(their tensors are left out, as transformers leaves them; config.yaml records it)",
         )
-    rope = data.get("rope_parameters") if isinstance(data.get("rope_parameters"), Mapping) else {}
+    given = data.get("rope_parameters")
+    rope: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
     factor = data.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
     rotary_dim = None
     if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < 1:
@@ -401,6 +419,7 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
         "rotary_dim": rotary_dim,
         "first_dense": first_dense,
         "dense_ffn": r.integer("intermediate_size"),
+        "dropped_layers": mtp if "num_nextn_predict_layers" in r.ignore else 0,
         "router": {
             "score_function": "sigmoid",
             "enable_expert_bias": True,

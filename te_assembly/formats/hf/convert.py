@@ -129,8 +129,9 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tup
             if not ok:
                 problems.append(f"{part.name} has shape {tuple(shape)}, config.json says {expected_text}")
         chosen.append((rule, layout))
+    dropped = tuple(f"model.layers.{spec.layers + n}." for n in range(spec.dropped_layers))
     for name in sorted(set(checkpoint) - used):
-        if INERT_TENSORS.search(name) or (spec.tied and name == "lm_head.weight"):
+        if INERT_TENSORS.search(name) or (spec.tied and name == "lm_head.weight") or name.startswith(dropped):
             continue
         problems.append(f"{name} is not part of a {spec.architecture} of this config (it would be dropped)")
     if problems:
