@@ -83,8 +83,10 @@ def test_the_imported_yaml_validates_and_rebuilds_the_same_model(
     assert (pretrained / "hf_config.json").is_file()
 
 
-def test_state_dict_mapping_is_public_and_inverts(hf_dir: Callable[[str], Path]) -> None:
-    source = hf_dir("qwen2_moe")
+@pytest.mark.parametrize("variant", ["qwen2_moe", "glm4_moe"])
+def test_state_dict_mapping_is_public_and_inverts(variant: str, hf_dir: Callable[[str], Path]) -> None:
+    """Every tensor of the checkpoint (GLM-4.5's expert bias buffer included) comes back equal."""
+    source = hf_dir(variant)
     model = from_hf(source, Target.of("reference", dtype=torch.float64))
     hf_state = to_hf_state_dict(model)
     from safetensors import safe_open
@@ -101,6 +103,12 @@ def test_state_dict_mapping_is_public_and_inverts(hf_dir: Callable[[str], Path])
     # any dict keyed like the state dict maps the same way: gradients
     grads = {k: torch.full_like(v, i) for i, (k, v) in enumerate(mine.items())}
     mapped = to_hf_state_dict(model, grads)
+    if variant == "glm4_moe":
+        assert torch.equal(
+            mapped["model.layers.1.mlp.gate.e_score_correction_bias"],
+            grads["steps.layers.0.router.expert_bias"],
+        )
+        return
     assert torch.equal(
         mapped["model.layers.0.mlp.shared_expert_gate.weight"], grads["steps.layers.0.shared_gate.weight"]
     )
