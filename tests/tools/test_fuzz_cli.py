@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from te_assembly.cli.main import main as cli_main
 from tests.validation.test_invalid_corpus import BASE
 
+pytestmark = pytest.mark.tools  # their own tier (pyproject.toml), run by CI after the multi-process one
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 scalars = st.one_of(

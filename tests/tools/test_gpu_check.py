@@ -24,6 +24,8 @@ sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 from gpu_report import BENCH_GRID, VERIFY_GRID  # noqa: E402
 
+pytestmark = pytest.mark.tools  # their own tier (pyproject.toml), run by CI after the multi-process one
+
 FILES = (
     "te/transformer_engine-2.20.2-py3-none-any.whl",
     "te/transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
