@@ -66,14 +66,6 @@ class Attached:
     diagnostics: tuple[Diagnostic, ...] = ()
 
 
-def settings_of(raw: Any) -> LoraSettings | None:
-    """The ``lora:`` section when it asks for adapters and is valid, else None."""
-    if raw is None or section_diagnostics(LoraSettings, raw, SECTION):
-        return None
-    found = read_section(LoraSettings, raw, SECTION)
-    return found if found.rank is not None else None
-
-
 def attach(model: Mapping[str, Any] | None, expansion: Expansion | None, raw: Any) -> Attached:
     """``model`` (expanded) with the adapters ``raw`` (the ``lora:`` section) asks for; every problem
     with the section as diagnostics at its key paths."""
@@ -138,7 +130,7 @@ def _targets(
             i for i, name in enumerate(names) if isinstance(name, str) and fnmatch.fnmatchcase(name, glob)
         ]
         if not matched:
-            choices = sorted({_pattern_of(str(names[i])) for i in linear})
+            choices = sorted({pattern_of(str(names[i])) for i in linear})
             hint = did_you_mean(glob, choices) or (f"linear steps: {', '.join(choices)}" if choices else None)
             diags.append(error(path, "lora-target", f"target {target!r} matches no step of the model", hint))
             continue
@@ -162,13 +154,14 @@ def _targets(
     return chosen, diags
 
 
-def _pattern_of(name: str) -> str:
-    """A step name with its use index as ``*`` (``layers.3.qkv`` -> ``layers.*.qkv``)."""
+def pattern_of(name: str) -> str:
+    """A step name with its use index as ``*`` (``layers.3.qkv`` -> ``layers.*.qkv``): how a ``lora.targets``
+    entry names the step in every use."""
     return re.sub(r"\.\d+\.", ".*.", name)
 
 
 def _shown(names: Sequence[Any], indices: Sequence[int]) -> str:
-    shown = sorted({_pattern_of(str(names[i])) for i in indices})
+    shown = sorted({pattern_of(str(names[i])) for i in indices})
     return ", ".join(f"'{s}'" for s in shown[:4]) + (" ..." if len(shown) > 4 else "")
 
 
@@ -223,7 +216,7 @@ def _branch(
         unknown = sorted(wanted - set(part_names))
         if unknown:
             message = (
-                f"step {_pattern_of(name)!r} has no part {unknown[0]!r} (its parts: {', '.join(part_names)})"
+                f"step {pattern_of(name)!r} has no part {unknown[0]!r} (its parts: {', '.join(part_names)})"
             )
             diags.append(
                 error(f"{SECTION}.targets", "lora-target", message, did_you_mean(unknown[0], part_names))
@@ -235,7 +228,7 @@ def _branch(
     if rank > narrowest:
         out = "/".join(str(w) for _, w in parts) + (" (parts)" if len(parts) > 1 else "")
         message = (
-            f"rank={rank} is wider than step {_pattern_of(name)!r} ({width_in} in, {out} out): the update "
+            f"rank={rank} is wider than step {pattern_of(name)!r} ({width_in} in, {out} out): the update "
             "would not be low-rank"
         )
         diags.append(error(f"{SECTION}.rank", "lora-rank", message, f"use a rank of at most {narrowest}"))
@@ -292,4 +285,4 @@ def _moved(group: BlockGroup, spans: Sequence[tuple[int, int]]) -> BlockGroup:
     return dataclasses.replace(group, uses=tuple(uses))
 
 
-__all__ = ["ADAPTED", "ALL_LINEAR", "SECTION", "LoraSettings", "attach", "settings_of"]
+__all__ = ["ADAPTED", "ALL_LINEAR", "SECTION", "LoraSettings", "attach", "pattern_of"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from te_assembly.analysis.adapters import pattern_of
 from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import ADAPTER_TYPES
 from te_assembly.catalog.adapter_ops import adapted_parts, parts_of, scaling
@@ -249,7 +250,7 @@ def lora_section(config: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
             module = part.name.removesuffix(".weight").rsplit(".", 1)[-1]
             if module in wanted:
                 found.add(module)
-                chosen = targets.setdefault(_use_pattern(step), set())
+                chosen = targets.setdefault(pattern_of(step), set())
                 if len(rule.hub) > 1:
                     chosen.add(_PART_NAMES.get(module, module))
     missing = sorted(wanted - found)
@@ -288,12 +289,6 @@ def with_adapter(model: Any, directory: str | os.PathLike[str]) -> Any:
     adapters = {k: v.to(dtype) for k, v in from_peft_tensors(plan, tensors).items()}
     out.load_state_dict({**state, **adapters})
     return out.eval()
-
-
-def _use_pattern(step: str) -> str:
-    import re
-
-    return re.sub(r"\.\d+\.", ".*.", step)
 
 
 def from_peft_tensors(plan: Plan, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
