@@ -20,6 +20,10 @@ peft = pytest.importorskip("peft", reason="the PEFT comparison needs peft (the d
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
+TRAIN = ["-cd", "mine", "model=mine", "train.init_from=mine", "lora.rank=8", "data.path=text.txt"]
+TRAIN += ["train.seq_len=32", "train.batch_tokens=256", "train.out_dir=run"]
+"""The user's fine-tune: their import, rank-8 adapters, their text."""
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -28,15 +32,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (where / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 400)
     done = user_cli(where, "import-hf", "hf", "mine")
     assert done.returncode == 0, done.stderr
-    args = ["-cd", "mine", "model=mine", "train.init_from=mine", "lora.rank=8", "data.path=text.txt"]
-    args += [
-        "train.steps=30",
-        "train.seq_len=32",
-        "train.batch_tokens=256",
-        "train.out_dir=run",
-        "train.plot=false",
-    ]
-    done = user_cli(where, "train", *args)
+    done = user_cli(where, "train", *TRAIN, "train.steps=30", "train.plot=false")
     assert done.returncode == 0, done.stderr
     return where
 
@@ -100,14 +96,7 @@ def test_a_peft_adapter_imports_beside_its_base(trained: Path) -> None:
 
 
 def test_a_resume_on_another_base_is_refused(trained: Path, tmp_path: Path) -> None:
-    args = ["-cd", "mine", "model=mine", "train.init_from=mine", "lora.rank=8", "data.path=text.txt"]
-    args += [
-        "train.steps=40",
-        "train.seq_len=32",
-        "train.batch_tokens=256",
-        "train.out_dir=run",
-        "train.resume=true",
-    ]
+    args = [*TRAIN, "train.steps=40", "train.resume=true"]
     make("llama", tmp_path / "other", seed=9, changes={"vocab_size": 272})
     assert (
         user_cli(

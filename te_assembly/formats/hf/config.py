@@ -499,15 +499,7 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     if rope_type == "llama3":
         out["rope_low_freq_factor"] = _positive(r, key, params, "low_freq_factor", "rope_low_freq_factor")
         out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor", "rope_high_freq_factor")
-        original = params.get("original_max_position_embeddings")
-        if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
-            r.refuse(
-                key,
-                f"{key}.original_max_position_embeddings = {shown(original)}: expected a positive integer",
-                code="hf-bad-value",
-            )
-            original = 8192
-        out["rope_original_max_positions"] = original
+        out["rope_original_max_positions"] = _original_context(r, key, params)
         allowed |= {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
         if out["rope_low_freq_factor"] >= out["rope_high_freq_factor"]:
             r.refuse(key, f"{key}: llama3 needs low_freq_factor < high_freq_factor", code="hf-bad-value")
@@ -542,14 +534,7 @@ def _yarn(r: _Reader, key: str, params: Mapping[str, Any], data: Mapping[str, An
     """YaRN's settings: ``factor`` (or, as transformers reads a config without it, the ratio of
     ``max_position_embeddings`` to ``original_max_position_embeddings``), the original context, the ramp's
     betas, the attention factor's ``mscale``s or its value, ``truncate``."""
-    original = params.get("original_max_position_embeddings")
-    if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
-        r.refuse(
-            key,
-            f"{key}.original_max_position_embeddings = {shown(original)}: expected a positive integer",
-            code="hf-bad-value",
-        )
-        original = 8192
+    original = _original_context(r, key, params)
     out: dict[str, Any] = {"rope_original_max_positions": original}
     factor = params.get("factor")
     if factor is None and isinstance(data.get("max_position_embeddings"), int):
@@ -568,6 +553,19 @@ def _yarn(r: _Reader, key: str, params: Mapping[str, Any], data: Mapping[str, An
         truncate = True
     out["rope_truncate"] = truncate
     return out
+
+
+def _original_context(r: _Reader, key: str, params: Mapping[str, Any]) -> int:
+    """``original_max_position_embeddings`` of a scaled RoPE (llama3, yarn): a positive integer."""
+    original = params.get("original_max_position_embeddings")
+    if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
+        r.refuse(
+            key,
+            f"{key}.original_max_position_embeddings = {shown(original)}: expected a positive integer",
+            code="hf-bad-value",
+        )
+        return 8192
+    return original
 
 
 def _positive(r: _Reader, key: str, params: Mapping[str, Any], name: str, becomes: str) -> float:

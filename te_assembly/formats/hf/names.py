@@ -118,8 +118,9 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str, dense: bool = False) -> Iterator[
                 (Part(f"{fused}experts.down_proj", spec.hidden, e),),
             ),
         )
-    if spec.family.mlp == "glm_moe":
-        shared = f"{hf}mlp.shared_experts."
+    if spec.family.mlp in ("shared_moe", "glm_moe"):
+        # Qwen2-MoE's one gated shared_expert; GLM-4.5's shared_experts (their summed width), ungated
+        shared = f"{hf}mlp.shared_expert." if spec.family.mlp == "shared_moe" else f"{hf}mlp.shared_experts."
         yield Rule(
             f"{te}shared_fc1.basic_ops.0.weight",
             (
@@ -131,17 +132,6 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str, dense: bool = False) -> Iterator[
         )
         yield _one(f"{te}shared_fc2.basic_ops.0.weight", f"{shared}down_proj.weight", spec.hidden)
     if spec.family.mlp == "shared_moe":
-        shared = f"{hf}mlp.shared_expert."
-        yield Rule(
-            f"{te}shared_fc1.basic_ops.0.weight",
-            (
-                (
-                    Part(f"{shared}gate_proj.weight", spec.shared_ffn),
-                    Part(f"{shared}up_proj.weight", spec.shared_ffn),
-                ),
-            ),
-        )
-        yield _one(f"{te}shared_fc2.basic_ops.0.weight", f"{shared}down_proj.weight", spec.hidden)
         yield _one(f"{te}shared_gate.weight", f"{hf}mlp.shared_expert_gate.weight", 1)
 
 

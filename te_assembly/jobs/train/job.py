@@ -250,17 +250,15 @@ def base_record(
     """What a run with adapters records of its frozen base: where it came from (``train.init_from``, as
     an absolute path, or none: the seed's weights) and the SHA-256 of its global tensors, so adapters
     are never resumed, exported or loaded onto another base."""
-    from te_assembly.formats.pretrained import base_digest
+    from te_assembly.formats.pretrained import base_digest, expected_shapes
 
     plan: Plan = model.plan  # type: ignore[assignment]
     rename = par.local_to_global if par is not None else {}
-    frozen = {
-        rename.get(k, k): v
-        for k, v in model.state_dict().items()
-        if isinstance(v, torch.Tensor)
-        and rename.get(k, k) in _param_names(plan)
-        and rename.get(k, k) not in plan.adapter_params
-    }
+    base = (
+        set(expected_shapes(plan)) - plan.adapter_params
+    )  # the saved weights (tied ones once), not TE's extra state
+    named = {rename.get(k, k): v for k, v in model.state_dict().items()}
+    frozen = {k: v for k, v in named.items() if k in base and isinstance(v, torch.Tensor)}
     if par is not None and par.is_parallel:
         gathered = par.gather_global(frozen)
         digest = par.from_main(base_digest(gathered) if gathered is not None else None)
@@ -268,10 +266,6 @@ def base_record(
         digest = base_digest(frozen)
     origin = str(Path(settings.init_from).expanduser().resolve()) if settings.init_from is not None else None
     return {"init_from": origin, "sha256": digest}
-
-
-def _param_names(plan: Plan) -> set[str]:
-    return {f"steps.{s.name}.{n}" for s in plan.steps for n in s.param_shapes} - set(plan.tied_params)
 
 
 def _directory_now(
