@@ -1,6 +1,7 @@
 """LoRA under ``torchrun`` (gloo, CPU): FSDP2 and data-parallel runs with a frozen base equal the
 single-process run in float64 (losses and adapters), their checkpoints hold only the adapters (DCP pieces
-or one gathered file), and a sharded run resumes on one process exactly."""
+or one gathered file), a sharded run resumes on one process
+exactly, and a data-parallel run resumes on its own layout."""
 
 from __future__ import annotations
 
@@ -51,7 +52,15 @@ def test_fsdp2_with_adapters_equals_one_process_and_resumes_there(baseline: Path
     _same_weights(_adapters(tmp_path / "half", 6), _adapters(baseline, 6))
 
 
-def test_data_parallel_with_adapters_equals_one_process(baseline: Path, tmp_path: Path) -> None:
+def test_data_parallel_with_adapters_equals_one_process_and_resumes(
+    baseline: Path, tmp_path: Path
+) -> None:
     _ok(torchrun(_train("dp", "parallel.data=2"), tmp_path))
     torch.testing.assert_close(_losses(tmp_path / "dp"), _losses(baseline), **TOL)
     _same_weights(_adapters(tmp_path / "dp", 6), _adapters(baseline, 6))
+    # Stopped at step 3 and resumed by the same two ranks: each loads the adapters-only file over
+    # the base it built (the frozen weights are not in the checkpoint).
+    _ok(torchrun(_train("half", "parallel.data=2", "train.stop_after=3"), tmp_path))
+    _ok(torchrun(_train("half", "parallel.data=2", "train.resume=true"), tmp_path))
+    torch.testing.assert_close(_losses(tmp_path / "half"), _losses(baseline), **TOL)
+    _same_weights(_adapters(tmp_path / "half", 6), _adapters(baseline, 6))

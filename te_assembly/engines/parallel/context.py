@@ -202,12 +202,17 @@ class ParallelContext:
 
     # ------------------------------------------------------------------------------------------- state
 
-    def load_global(self, model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-        """Copy this rank's slices of a global state dict into ``model``'s parameters."""
+    def load_global(
+        self, model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, strict: bool = True
+    ) -> None:
+        """Copy this rank's slices of a global state dict into ``model``'s parameters (``strict``
+        False: only those the state holds, as an adapters-only checkpoint over a frozen base)."""
         mesh = self.mesh
         t, size, e = (mesh.tensor_rank, self.settings.tensor, mesh.expert_rank) if mesh else (0, 1, 0)
         mine = local_state(state, self._load_rules, t, size, e)
-        params = dict(model.named_parameters())
+        params = {
+            name: param for name, param in model.named_parameters() if strict or name in mine
+        }
         missing = sorted(set(params) - set(mine))
         if missing:
             raise TeAssemblyError(f"the global state has nothing for this rank's parameter(s) {missing}")

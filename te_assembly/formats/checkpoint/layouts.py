@@ -173,8 +173,8 @@ class _GlobalView:
         keep = adapter_names(self.model)
         return {k: v for k, v in shapes.items() if k in keep} if keep else shapes
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.par.load_global(self.model, state)
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        self.par.load_global(self.model, state, strict=strict)
         others = {k: v for k, v in state.items() if k not in self.par.global_rules}
         if others:
             self.model.load_state_dict(others, strict=False)
