@@ -52,9 +52,7 @@ def test_fsdp2_with_adapters_equals_one_process_and_resumes_there(baseline: Path
     _same_weights(_adapters(tmp_path / "half", 6), _adapters(baseline, 6))
 
 
-def test_data_parallel_with_adapters_equals_one_process_and_resumes(
-    baseline: Path, tmp_path: Path
-) -> None:
+def test_data_parallel_with_adapters_equals_one_process_and_resumes(baseline: Path, tmp_path: Path) -> None:
     _ok(torchrun(_train("dp", "parallel.data=2"), tmp_path))
     torch.testing.assert_close(_losses(tmp_path / "dp"), _losses(baseline), **TOL)
     _same_weights(_adapters(tmp_path / "dp", 6), _adapters(baseline, 6))

@@ -210,9 +210,7 @@ class ParallelContext:
         mesh = self.mesh
         t, size, e = (mesh.tensor_rank, self.settings.tensor, mesh.expert_rank) if mesh else (0, 1, 0)
         mine = local_state(state, self._load_rules, t, size, e)
-        params = {
-            name: param for name, param in model.named_parameters() if strict or name in mine
-        }
+        params = {name: param for name, param in model.named_parameters() if strict or name in mine}
         missing = sorted(set(params) - set(mine))
         if missing:
             raise TeAssemblyError(f"the global state has nothing for this rank's parameter(s) {missing}")
