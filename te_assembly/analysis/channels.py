@@ -321,7 +321,8 @@ def _shape_mismatch(
     # A main-shaped output is the tensor arriving at its producer (MakeExtraOutput passes it through).
     width, wanted = producer.in_width, consumer.in_width
     takes = f"the main path arrives at step {consumer.name!r} (model.ops[{consumer.index}]) with width"
-    if taken.width_arg is not None:  # the slot's width is an argument's (LoRA's x: in_features)
+    if taken.width_arg is not None and consumer.args.get(taken.width_arg) is not None:
+        # the slot's width is an argument's (LoRA's x: in_features)
         value = consumer.args.get(taken.width_arg)
         wanted = value if isinstance(value, int) and not isinstance(value, bool) else None
         takes = f"slot {taken.name!r} of step {consumer.name!r} takes {taken.width_arg}="

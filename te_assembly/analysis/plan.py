@@ -92,7 +92,7 @@ class PlannedStep:
     def slot_width(self, slot: Slot) -> int | None:
         """The feature width of a ``main``-shaped slot's tensor: the main path's arriving here, or the
         argument the slot names (LoRA's ``x``: ``in_features``)."""
-        if slot.width_arg is not None:
+        if slot.width_arg is not None and self.args.get(slot.width_arg) is not None:
             value = self.args.get(slot.width_arg)
             return value if isinstance(value, int) and not isinstance(value, bool) else None
         return self.in_width

@@ -7,6 +7,64 @@ from __future__ import annotations
 
 from te_assembly.catalog.spec import Formula, ModuleSpec, MultipleOf, Param, Width
 
+_ROPE: tuple[Param, ...] = (
+    Param(
+        "rotary_base",
+        float,
+        10000.0,
+        bounds=(1.0, 1e12),
+        doc="Base of the rotary frequencies (theta; models use 1e4 to 1e7).",
+    ),
+    Param(
+        "rope_type",
+        str,
+        "default",
+        choices=("default", "linear", "llama3", "yarn"),
+        doc="Frequency scaling, as Hugging Face's rope_scaling types: linear divides every "
+        "frequency by rope_factor; llama3 divides the low ones and blends the middle band; yarn "
+        "interpolates the low ones, keeps the high ones, ramps between, and scales cos and sin.",
+    ),
+    Param("rope_factor", float, 1.0, bounds=(1e-6, 1e6), doc="linear, llama3 and yarn: the factor."),
+    Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, 1e6), doc="llama3: low_freq_factor."),
+    Param("rope_high_freq_factor", float, 4.0, bounds=(1e-6, 1e6), doc="llama3: high_freq_factor."),
+    Param(
+        "rope_original_max_positions",
+        int,
+        8192,
+        doc="llama3 and yarn: original_max_position_embeddings (the context length it was trained at).",
+    ),
+    Param("rope_beta_fast", float, 32.0, bounds=(1e-6, 1e6), doc="yarn: beta_fast."),
+    Param("rope_beta_slow", float, 1.0, bounds=(1e-6, 1e6), doc="yarn: beta_slow."),
+    Param(
+        "rope_mscale",
+        (float, type(None)),
+        None,
+        bounds=(0.0, 1e3),
+        doc="yarn: mscale (with rope_mscale_all_dim: the attention factor's numerator).",
+    ),
+    Param(
+        "rope_mscale_all_dim",
+        (float, type(None)),
+        None,
+        bounds=(0.0, 1e3),
+        doc="yarn: mscale_all_dim (the attention factor's denominator).",
+    ),
+    Param(
+        "rope_attention_factor",
+        (float, type(None)),
+        None,
+        bounds=(0.0, 1e3),
+        doc="yarn: multiplies cos and sin; null: 0.1 ln(factor) + 1, or the mscale ratio.",
+    ),
+    Param(
+        "rope_truncate",
+        bool,
+        True,
+        doc="yarn: round the ramp's ends outwards to whole dimensions (Hugging Face's truncate).",
+    ),
+)
+"""How the rotary frequencies are made, as Attention and LatentAttention both take them."""
+
 MODULES: tuple[ModuleSpec, ...] = (
     ModuleSpec("Identity", "torch.nn.Identity: ends the fuser, changes nothing.", "torch.nn:Identity"),
     ModuleSpec(
@@ -81,61 +139,7 @@ MODULES: tuple[ModuleSpec, ...] = (
             Param("head_dim", int, doc="Features per head (q, k and v)."),
             Param("causal", bool, True, doc="Each position attends to itself and earlier positions only."),
             Param("rotary", bool, False, doc="Rotary position embeddings on q and k."),
-            Param(
-                "rotary_base",
-                float,
-                10000.0,
-                bounds=(1.0, 1e12),
-                doc="Base of the rotary frequencies (theta; models use 1e4 to 1e7).",
-            ),
-            Param(
-                "rope_type",
-                str,
-                "default",
-                choices=("default", "linear", "llama3", "yarn"),
-                doc="Frequency scaling, as Hugging Face's rope_scaling types: linear divides every "
-                "frequency by rope_factor; llama3 divides the low ones and blends the middle band; yarn "
-                "interpolates the low ones, keeps the high ones, ramps between, and scales cos and sin.",
-            ),
-            Param("rope_factor", float, 1.0, bounds=(1e-6, 1e6), doc="linear, llama3 and yarn: the factor."),
-            Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, 1e6), doc="llama3: low_freq_factor."),
-            Param("rope_high_freq_factor", float, 4.0, bounds=(1e-6, 1e6), doc="llama3: high_freq_factor."),
-            Param(
-                "rope_original_max_positions",
-                int,
-                8192,
-                doc="llama3 and yarn: original_max_position_embeddings (the context length it was trained "
-                "at).",
-            ),
-            Param("rope_beta_fast", float, 32.0, bounds=(1e-6, 1e6), doc="yarn: beta_fast."),
-            Param("rope_beta_slow", float, 1.0, bounds=(1e-6, 1e6), doc="yarn: beta_slow."),
-            Param(
-                "rope_mscale",
-                (float, type(None)),
-                None,
-                bounds=(0.0, 1e3),
-                doc="yarn: mscale (with rope_mscale_all_dim: the attention factor's numerator).",
-            ),
-            Param(
-                "rope_mscale_all_dim",
-                (float, type(None)),
-                None,
-                bounds=(0.0, 1e3),
-                doc="yarn: mscale_all_dim (the attention factor's denominator).",
-            ),
-            Param(
-                "rope_attention_factor",
-                (float, type(None)),
-                None,
-                bounds=(0.0, 1e3),
-                doc="yarn: multiplies cos and sin; null: 0.1 ln(factor) + 1, or the mscale ratio.",
-            ),
-            Param(
-                "rope_truncate",
-                bool,
-                True,
-                doc="yarn: round the ramp's ends outwards to whole dimensions (Hugging Face's truncate).",
-            ),
+            *_ROPE,
             Param(
                 "rotary_dim",
                 (int, type(None)),
@@ -158,10 +162,23 @@ MODULES: tuple[ModuleSpec, ...] = (
                 doc="Causal attention to the last sliding_window positions only (Mistral's window; TE's "
                 "window_size=(w - 1, 0)); null: every earlier position.",
             ),
+            Param(
+                "sinks",
+                bool,
+                False,
+                doc="A learned logit per query head (parameter sinks) that the softmax sees beside the "
+                "keys' and drops after, so a query may attend to almost nothing (GPT-OSS's attention "
+                "sinks; TE's softmax_type='learnable').",
+            ),
         ),
-        param_shapes=lambda a: (
-            {"q_norm_weight": (a["head_dim"],), "k_norm_weight": (a["head_dim"],)} if a.get("qk_norm") else {}
-        ),
+        param_shapes=lambda a: {
+            **(
+                {"q_norm_weight": (a["head_dim"],), "k_norm_weight": (a["head_dim"],)}
+                if a.get("qk_norm")
+                else {}
+            ),
+            **({"sinks": (a["num_heads"],)} if a.get("sinks") else {}),
+        },
         width=Width(
             in_formula=Formula("(num_heads + 2*num_kv_heads) * head_dim"),
             out_formula=Formula("num_heads * head_dim"),
@@ -179,6 +196,57 @@ MODULES: tuple[ModuleSpec, ...] = (
         ),
         arg_rules=(
             ("rotary_dim", "head_dim", "partial rotary turns some of a head's features, never more"),
+            (
+                "rope_low_freq_factor",
+                "rope_high_freq_factor",
+                "llama3 blends frequencies between the low and the high factor",
+            ),
+        ),
+        needs_layout="sequence",
+    ),
+    ModuleSpec(
+        "LatentAttention",
+        "Multi-head latent attention (DeepSeek-V2/V3's MLA), causal, on a packed input [batch, seq, "
+        "num_heads * (qk_nope_dim + qk_rope_dim) + kv_lora_rank + qk_rope_dim]: the queries (each head "
+        "qk_nope_dim features without position, then qk_rope_dim rotated), then the compressed key/value "
+        "latent (kv_lora_rank features, RMS-normalised with the learned kv_norm_weight, then expanded by "
+        "kv_b_weight to each head's qk_nope_dim key and v_head_dim value features) and one rotated key "
+        "of qk_rope_dim features shared by every head. Returns [batch, seq, num_heads * v_head_dim]. "
+        "The query and latent projections are the fusible ops before it (a ConcatExtraInput packs them); "
+        "the latent's norm and expansion are here because the key/value cache keeps the latent, "
+        "kv_lora_rank + qk_rope_dim numbers per position instead of every head's keys and values. "
+        "Softmax scale 1 / sqrt(qk_nope_dim + qk_rope_dim), times YaRN's mscale(factor, "
+        "rope_mscale_all_dim) squared when rope_type is yarn (DeepSeek-V3's formula). Rotary: as "
+        "Attention's rope_type, rotate-half on the qk_rope_dim features (rope_interleaved: pairs of "
+        "neighbours instead, DeepSeek's checkpoint layout). Both engines compute it in PyTorch (SDPA).",
+        "te_assembly.engines.reference.latent_attention:LatentAttention",
+        params=(
+            Param("num_heads", int, doc="Query heads (each with its own keys and values)."),
+            Param("qk_nope_dim", int, doc="Features of each query and key head without position."),
+            Param("qk_rope_dim", int, doc="Rotated features of each query head and of the shared key."),
+            Param("v_head_dim", int, doc="Features of each value head (and of each output head)."),
+            Param("kv_lora_rank", int, doc="Features of the compressed key/value latent."),
+            Param("kv_norm_eps", float, 1e-6, bounds=(0.0, 1.0), doc="The latent's RMSNorm epsilon."),
+            Param("causal", bool, True, doc="Each position attends to itself and earlier positions only."),
+            *_ROPE,
+            Param(
+                "rope_interleaved",
+                bool,
+                False,
+                doc="The rotated features come as neighbouring pairs (x0, x1), (x2, x3)... (DeepSeek-V3's "
+                "rope_interleave) rather than halves.",
+            ),
+        ),
+        param_shapes=lambda a: {
+            "kv_norm_weight": (a["kv_lora_rank"],),
+            "kv_b_weight": (a["num_heads"] * (a["qk_nope_dim"] + a["v_head_dim"]), a["kv_lora_rank"]),
+        },
+        width=Width(
+            in_formula=Formula("num_heads * (qk_nope_dim + qk_rope_dim) + kv_lora_rank + qk_rope_dim"),
+            out_formula=Formula("num_heads * v_head_dim"),
+        ),
+        multiples=(MultipleOf("qk_rope_dim", 2, "rotary embeddings rotate pairs of features"),),
+        arg_rules=(
             (
                 "rope_low_freq_factor",
                 "rope_high_freq_factor",

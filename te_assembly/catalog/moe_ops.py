@@ -85,6 +85,13 @@ MOE_OPS: tuple[OpSpec, ...] = (
                 "GLM-4.5 routers: 2.",
             ),
             Param(
+                "bias",
+                bool,
+                False,
+                doc="A learned bias on the logits (parameter bias), scoring and choosing alike (GPT-OSS's "
+                "router).",
+            ),
+            Param(
                 "sigmoid_renormalise",
                 bool,
                 True,
@@ -125,6 +132,7 @@ MOE_OPS: tuple[OpSpec, ...] = (
         reference=f"{_REF}:TopKRouter",
         param_shapes=lambda a: {
             "weight": (a["num_experts"], a["in_features"]),
+            **({"bias": (a["num_experts"],)} if a.get("bias") else {}),
             **({"expert_bias": (a["num_experts"],)} if a.get("enable_expert_bias") else {}),
         },
         buffers=("expert_bias",),

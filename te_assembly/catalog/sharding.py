@@ -76,6 +76,8 @@ SHARDING: dict[str, Sharding] = {
     "ReGLU": _GATED,
     "SReGLU": _GATED,
     "ScaledSwiGLU": _GATED,
+    "ClampedSwiGLU": _GATED,
+    "ScaledClampedQGeGLU": _GATED,
     "MakeExtraOutput": _ELEMENTWISE,
     "AddExtraInput": _ELEMENTWISE,
     "ConstantScale": _ELEMENTWISE,
@@ -95,6 +97,9 @@ SHARDING: dict[str, Sharding] = {
     "FlattenTokens": _ELEMENTWISE,
     "RestoreTokens": _ELEMENTWISE,
     "SwapExtraInput": _ELEMENTWISE,
+    "ConcatExtraInput": Sharding(
+        note="it packs whole vectors side by side: a slice of each would interleave them"
+    ),
     "SigmoidGate": Sharding(
         note="its gate is a dot product over all of gate_input's features: it runs on whole vectors"
     ),
@@ -130,6 +135,12 @@ MODULE_SHARDING: dict[str, Sharding] = {
         whole_sequences=True,
         note="te_assembly does not split attention by heads yet: keep its QKV and output Linears without "
         "tensor_parallel_mode (attention then runs whole on every tensor-parallel rank)",
+    ),
+    "LatentAttention": Sharding(
+        tensor="replicated",
+        whole_sequences=True,
+        note="latent attention expands one latent to every head: it runs whole on every tensor-parallel "
+        "rank (keep its projections without tensor_parallel_mode)",
     ),
 }
 

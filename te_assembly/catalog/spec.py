@@ -72,7 +72,8 @@ class Slot:
     """The slot exists only when all these bool arguments are true (TE sizes slots at init)."""
     width_arg: str | None = None
     """A ``main``-shaped slot whose width is this argument's, not the width of the main path arriving
-    at the op (LoRA's ``x``: the input of the projection it adapts, ``in_features`` wide)."""
+    at the op (LoRA's ``x``: the input of the projection it adapts, ``in_features`` wide); an optional
+    argument left null means the main path's (SwapExtraInput's ``value_features``)."""
     doc: str = ""
     shape: str = "main"
     """What the tensor looks like, so a channel can only join slots that agree:
@@ -212,8 +213,9 @@ class Width:
         return None
 
     def out_width(self, in_width: int, args: Mapping[str, Any]) -> int:
-        if self.out_arg is not None:
-            return int(args[self.out_arg])
+        declared = self.declared_out(args) if self.out_arg is not None else None
+        if declared is not None:  # an optional out_arg left null: the width follows the input
+            return declared
         if self.out_formula is not None:
             value = self.out_formula.value(args)
             if value is not None:

@@ -74,6 +74,12 @@ def _activation(name: str, doc: str, gated: bool) -> OpSpec:
     )
 
 
+_CLAMPED = (
+    Param("limit", float, 7.0, bounds=(0.0, 1e6), doc="Clamp limit (GPT-OSS's swiglu_limit)."),
+    Param("alpha", float, 1.702, bounds=(0.0, 1e6), doc="Sigmoid scale (GPT-OSS's swiglu_alpha)."),
+    Param("glu_linear_offset", float, 1.0, bounds=(-1e6, 1e6), doc="Added to b after clamping."),
+)
+
 TE_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="Linear",
@@ -178,6 +184,25 @@ TE_OPS: tuple[OpSpec, ...] = (
         width=Width(divisor=2),
         te_class=f"{_TE}:ScaledSwiGLU",
         reference=f"{_REF}.activations:ScaledSwiGLU",
+    ),
+    OpSpec(
+        name="ClampedSwiGLU",
+        doc="GPT-OSS's gated activation with x = [a, b] (halves): a clamped to at most limit, b to "
+        "[-limit, limit]; a * sigmoid(alpha * a) * (b + glu_linear_offset). Halves the width.",
+        params=_CLAMPED,
+        width=Width(divisor=2),
+        te_class=f"{_TE}:ClampedSwiGLU",
+        reference=f"{_REF}.activations:ClampedSwiGLU",
+    ),
+    OpSpec(
+        name="ScaledClampedQGeGLU",
+        doc="ClampedSwiGLU(x) * scales[..., None]: GPT-OSS's expert activation, post-scaled per row by "
+        "router probabilities (TE's name: the clamped quick-GELU GLU of cuDNN's grouped GEMM).",
+        params=_CLAMPED,
+        inputs=(Slot("scales", "float", shape="rows", doc="One scale per row."),),
+        width=Width(divisor=2),
+        te_class=f"{_TE}:ScaledClampedQGeGLU",
+        reference=f"{_REF}.activations:ScaledClampedQGeGLU",
     ),
     OpSpec(
         name="MakeExtraOutput",

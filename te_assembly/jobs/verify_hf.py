@@ -72,10 +72,15 @@ def load_transformers(hf_dir: str | Path, dtype: torch.dtype) -> Any:
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
+        config = transformers.AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+        model_class = transformers.AutoModelForCausalLM._model_mapping[type(config)]
+        # SDPA where the family has it; GPT-OSS's sinks need transformers' eager attention (which takes
+        # its softmax in the model's dtype there, so no float32 island comes with it)
+        attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(hf_dir),
             dtype=dtype,
-            attn_implementation="sdpa",
+            attn_implementation=attention,
             experts_implementation="eager",
             local_files_only=True,
             trust_remote_code=False,
@@ -150,6 +155,10 @@ def _grouped_router_forward(
     return logits, weights * self.routed_scaling_factor, indices
 
 
+GROUPED_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")
+"""transformers' routers whose formula ``_grouped_router_forward`` restates."""
+
+
 @contextmanager
 def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
     """Within: each RMSNorm and top-k router of ``model`` computes in its input's dtype (yields the
@@ -160,10 +169,15 @@ def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
         if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
             patched.append((module, module.forward))
             module.forward = types.MethodType(_rms_norm_forward, module)  # type: ignore[method-assign]
-        elif name.endswith("TopKRouter") and hasattr(module, "top_k") and hasattr(module, "hidden_dim"):
+        elif (
+            name.endswith("TopKRouter")
+            and hasattr(module, "top_k")
+            and hasattr(module, "hidden_dim")
+            and getattr(module, "bias", None) is None  # GPT-OSS's router (a bias) has no float32 island
+        ):
             patched.append((module, module.forward))
             module.forward = types.MethodType(_router_forward, module)  # type: ignore[method-assign]
-        elif name == "Glm4MoeTopkRouter" and hasattr(module, "e_score_correction_bias"):
+        elif name in GROUPED_ROUTERS and hasattr(module, "e_score_correction_bias"):
             patched.append((module, module.forward))
             module.forward = types.MethodType(_grouped_router_forward, module)  # type: ignore[method-assign]
     try:

@@ -71,12 +71,13 @@ def _full_logits(model: object, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("engine", ["reference", pytest.param("te", marks=pytest.mark.te)])
-@pytest.mark.parametrize("variant", ["mistral", "qwen3_moe", "llama-rope-llama3"])
+@pytest.mark.parametrize("variant", ["mistral", "qwen3_moe", "llama-rope-llama3", "deepseek_v3", "gpt_oss"])
 def test_cached_logits_equal_the_full_forward(
     engine: str, variant: str, hf_dir: Callable[[str], Path]
 ) -> None:
     """Every new position's logits through the cache equal a full forward over the whole sequence
-    (the window of Mistral shorter than the sequence, RoPE scaling, qk-norm and experts included)."""
+    (the window of Mistral shorter than the sequence, RoPE scaling, qk-norm and experts included; DeepSeek's
+    cached latent; GPT-OSS's sinks and alternating windows)."""
     if engine == "te":
         pytest.importorskip("transformer_engine.pytorch", reason="the TE engine needs transformer_engine")
     model = from_hf(

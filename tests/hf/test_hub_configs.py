@@ -213,3 +213,93 @@ def test_glm_4_5_air_as_published_is_refused_by_name_then_imports_without_its_mt
     plan = analysis.checked_plan()
     assert plan.num_params == sum(p.numel() for p in reference.parameters())
     assert plan.num_params > 100e9  # GLM-4.5-Air: 106B parameters in all
+
+
+def test_deepseek_v3_as_published_is_refused_by_name_and_its_bf16_copy_imports(tmp_path: Path) -> None:
+    """DeepSeek-V3's own config.json: its FP8 weights and its multi-token prediction layer are named.
+    Its bf16 copy (no quantization_config), with the MTP layer left out knowingly, is 671B parameters as
+    transformers counts them, with YaRN's factor 40 scaling the softmax by mscale squared."""
+    from tests.hf.hub_configs import MTP_CONFIGS
+
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    config = MTP_CONFIGS["deepseek-ai/DeepSeek-V3"]
+    with pytest.raises(HFConfigError) as refused:
+        read_spec(_written(tmp_path, config))
+    assert sorted(d.path for d in refused.value.diagnostics) == [
+        "config.json:num_nextn_predict_layers",
+        "config.json:quantization_config",
+    ]
+    bf16 = {k: v for k, v in config.items() if k != "quantization_config"}
+    (tmp_path / "bf16").mkdir()
+    folder = _written(tmp_path / "bf16", bf16)
+    spec = read_spec(folder, ["num_nextn_predict_layers"])
+    assert spec.mla == {
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_dim": 128,
+        "qk_rope_dim": 64,
+        "v_head_dim": 128,
+        "rope_interleaved": True,
+        "attention_bias": False,
+    }
+    assert (spec.first_dense, spec.dense_ffn, spec.shared_ffn, spec.dropped_layers) == (3, 18432, 2048, 1)
+    assert spec.router["num_groups"] == 8 and spec.router["group_topk"] == 4
+    assert spec.router["scaling_factor"] == 2.5
+    with torch.device("meta"):
+        hub = transformers.AutoConfig.for_model(
+            **{k: v for k, v in bf16.items() if k not in ("auto_map", "architectures")}
+        )
+        reference = transformers.AutoModelForCausalLM.from_config(hub)
+    analysis, _ = analysis_of(spec, "hub")
+    plan = analysis.checked_plan()
+    assert plan.num_params == sum(p.numel() for p in reference.parameters())
+    assert 670e9 < plan.num_params < 672e9
+    attention = next(s for s in plan.steps if s.type == "LatentAttention")
+    from te_assembly.engines.reference.latent_attention import LatentAttention
+
+    with torch.device("meta"):
+        core = LatentAttention(**attention.args)
+    assert core.softmax_scale == reference.model.layers[0].self_attn.scaling
+
+
+def test_gpt_oss_20b_as_published_is_refused_by_name_and_its_bf16_copy_imports(tmp_path: Path) -> None:
+    """gpt-oss-20b's own config.json: its MXFP4 experts are named, never misread. Its bf16 copy imports
+    as 21B parameters as transformers counts them, one use per layer with its window (sliding, full...),
+    sinks on every attention step."""
+    from tests.hf.hub_configs import QUANTIZED_CONFIGS
+
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    config = QUANTIZED_CONFIGS["openai/gpt-oss-20b"]
+    with pytest.raises(HFConfigError) as refused:
+        read_spec(_written(tmp_path, config))
+    assert [d.path for d in refused.value.diagnostics] == ["config.json:quantization_config"]
+    bf16 = {k: v for k, v in config.items() if k != "quantization_config"}
+    (tmp_path / "bf16").mkdir()
+    spec = read_spec(_written(tmp_path / "bf16", bf16))
+    assert spec.layer_windows == (128, None) * 12
+    assert spec.clamp == {"swiglu_limit": 7.0, "swiglu_alpha": 1.702}
+    assert (spec.experts, spec.top_k, spec.ffn) == (32, 4, 2880)
+    with torch.device("meta"):
+        hub = transformers.AutoConfig.for_model(**{k: v for k, v in bf16.items() if k != "architectures"})
+        reference = transformers.AutoModelForCausalLM.from_config(hub)
+    analysis, _ = analysis_of(spec, "hub")
+    plan = analysis.checked_plan()
+    assert plan.num_params == sum(p.numel() for p in reference.parameters())
+    assert 20e9 < plan.num_params < 22e9
+    windows = [s.args.get("sliding_window") for s in plan.steps if s.type == "Attention"]
+    assert windows == [128, None] * 12
+    assert all(s.args.get("sinks") for s in plan.steps if s.type == "Attention")
+
+
+def test_gpt_oss_twin_fields_that_disagree_are_named(tmp_path: Path) -> None:
+    from tests.hf.hub_configs import QUANTIZED_CONFIGS
+
+    config = {k: v for k, v in QUANTIZED_CONFIGS["openai/gpt-oss-20b"].items() if k != "quantization_config"}
+    config.update(experts_per_token=2, layer_types=["sliding_attention", "chunked_attention"] * 12)
+    with pytest.raises(HFConfigError) as refused:
+        read_spec(_written(tmp_path, config))
+    named = {d.path.removeprefix("config.json:"): d.message for d in refused.value.diagnostics}
+    assert set(named) == {"experts_per_token", "layer_types"}
+    assert "chunked_attention" in named["layer_types"]

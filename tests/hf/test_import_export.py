@@ -4,6 +4,7 @@ the public name table maps both ways; a model trained from an import round-trips
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,12 +67,17 @@ def test_import_then_export_loads_in_transformers_with_equal_logits(
     }
 
 
+@pytest.mark.parametrize(
+    ("variant", "blocks"),
+    [("qwen3_moe", ["q3_layer"]), ("glm4_moe", ["q3_dense_layer", "q3_layer"])],
+)
 def test_the_imported_yaml_validates_and_rebuilds_the_same_model(
-    hf_dir: Callable[[str], Path], tmp_path: Path
+    variant: str, blocks: list[str], hf_dir: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    pretrained = import_hf(hf_dir("qwen3_moe"), tmp_path / "q3")
+    """Every block the model uses goes with it (dense first layers under their own copy)."""
+    pretrained = import_hf(hf_dir(variant), tmp_path / "q3")
     files = sorted(p.relative_to(pretrained).as_posix() for p in pretrained.rglob("*.yaml"))
-    assert files == ["block/q3_layer.yaml", "config.yaml", "model/q3.yaml"]
+    assert files == [*(f"block/{b}.yaml" for b in blocks), "config.yaml", "model/q3.yaml"]
     analysis = te_assembly.load("q3", config_dirs=[pretrained])
     rebuilt = te_assembly.build(analysis, Target.of("reference", dtype=torch.float64))
     saved = te_assembly.from_pretrained(pretrained, Target.of("reference", dtype=torch.float64))
@@ -83,7 +89,7 @@ def test_the_imported_yaml_validates_and_rebuilds_the_same_model(
     assert (pretrained / "hf_config.json").is_file()
 
 
-@pytest.mark.parametrize("variant", ["qwen2_moe", "glm4_moe"])
+@pytest.mark.parametrize("variant", ["qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss"])
 def test_state_dict_mapping_is_public_and_inverts(variant: str, hf_dir: Callable[[str], Path]) -> None:
     """Every tensor of the checkpoint (GLM-4.5's expert bias buffer included) comes back equal."""
     source = hf_dir(variant)
@@ -103,11 +109,26 @@ def test_state_dict_mapping_is_public_and_inverts(variant: str, hf_dir: Callable
     # any dict keyed like the state dict maps the same way: gradients
     grads = {k: torch.full_like(v, i) for i, (k, v) in enumerate(mine.items())}
     mapped = to_hf_state_dict(model, grads)
-    if variant == "glm4_moe":
+    if variant in ("glm4_moe", "deepseek_v3"):
         assert torch.equal(
             mapped["model.layers.1.mlp.gate.e_score_correction_bias"],
             grads["steps.layers.0.router.expert_bias"],
         )
+    if variant == "deepseek_v3":  # the latent's norm and expansion, parameters of the attention step
+        assert torch.equal(
+            mapped["model.layers.1.self_attn.kv_b_proj.weight"], grads["steps.layers.0.attn.kv_b_weight"]
+        )
+        assert torch.equal(
+            mapped["model.layers.0.self_attn.kv_a_layernorm.weight"],
+            grads["steps.dense_layers.0.attn.kv_norm_weight"],
+        )
+    if variant == "gpt_oss":  # expert 1's fc1: the stored tensor's odd columns are its up rows
+        hub = mapped["model.layers.1.mlp.experts.gate_up_proj"]
+        fc1 = grads["steps.layers.1.fc1.weight1"]
+        ffn = fc1.shape[0] // 2
+        assert torch.equal(hub[1][:, 1::2], fc1[ffn:].T) and torch.equal(hub[1][:, 0::2], fc1[:ffn].T)
+        assert torch.equal(mapped["model.layers.0.self_attn.sinks"], grads["steps.layers.0.attn.sinks"])
+    if variant != "qwen2_moe":
         return
     assert torch.equal(
         mapped["model.layers.0.mlp.shared_expert_gate.weight"], grads["steps.layers.0.shared_gate.weight"]
@@ -142,13 +163,14 @@ def test_sharded_in_and_out(tmp_path: Path) -> None:
         torch.testing.assert_close(_hf_logits(out, ids), model(ids).y, rtol=0, atol=1e-10)
 
 
-def test_trained_import_round_trips(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["mixtral", "deepseek_v3", "gpt_oss"])
+def test_trained_import_round_trips(variant: str, tmp_path: Path) -> None:
     """import -> train a few steps from the imported weights (train.init_from) -> export -> transformers
     loads it and agrees with the trained model, whose weights moved away from the import's."""
     from te_assembly.jobs.train.settings import TrainSettings
 
     source = make(
-        "mixtral", tmp_path / "src", changes={"vocab_size": 272}
+        variant, tmp_path / "src", changes={"vocab_size": 272}
     )  # the byte-level tokenizer's 257 ids fit
     pretrained = import_hf(source, tmp_path / "mix")
     analysis = te_assembly.load("mix", config_dirs=[pretrained])
@@ -188,6 +210,8 @@ SHIPPED = {
     "qwen2_moe_tiny": "Qwen2MoeForCausalLM",
     "qwen3_moe_tiny": "Qwen3MoeForCausalLM",
     "glm4_moe_tiny": "Glm4MoeForCausalLM",
+    "deepseek_v3_tiny": "DeepseekV3ForCausalLM",
+    "gpt_oss_tiny": "GptOssForCausalLM",
 }
 
 
@@ -199,7 +223,7 @@ def test_each_shipped_family_model_exports_to_its_family(
     model = te_assembly.build(name, Target.of("reference", dtype=torch.float64))
     with torch.no_grad():  # norms and biases away from 1 and 0, so a dropped one would show
         for key, value in model.state_dict().items():
-            if key.endswith("norm.weight") or "norm_weight" in key or key.endswith("bias"):  # expert_bias too
+            if key.endswith(("norm.weight", "sinks")) or "norm_weight" in key or re.search(r"bias\d*$", key):
                 value.add_(torch.randn_like(value) * 0.2)
     out = to_hf(model, tmp_path / name)
     assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]

@@ -77,6 +77,9 @@ def _mine(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tenso
         ("mistral", ALL, False),
         ("qwen3", ["k_proj", "o_proj", "gate_proj", "down_proj"], False),
         ("qwen2_moe", ["v_proj", "gate_proj", "up_proj", "down_proj"], False),  # the shared expert's MLP
+        # DeepSeek's latent attention: its projections (kv_b_proj is inside the attention step)
+        ("deepseek_v3", ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"], False),
+        ("gpt_oss", ["q_proj", "k_proj", "v_proj", "o_proj"], True),  # biased projections, sinks
     ],
 )
 def test_peft_adapter_equals_peft(

@@ -201,17 +201,16 @@ def test_what_the_family_cannot_say_is_named_not_dropped(tmp_path: Path) -> None
     assert info.value.step == "layers.0.qkv" and "bias=True" in str(info.value)
 
 
-def test_glm_multi_token_prediction_layers_are_refused_by_name_then_left_out_knowingly(
-    tmp_path: Path,
+@pytest.mark.parametrize("variant", ["glm4_moe", "deepseek_v3"])
+def test_multi_token_prediction_layers_are_refused_by_name_then_left_out_knowingly(
+    variant: str, tmp_path: Path
 ) -> None:
-    """GLM-4.5's Hub checkpoints carry multi-token prediction layers after the decoder's
-    (``num_nextn_predict_layers``): refused by name, imported without them only when the user says so
-    (recorded as ignored), and never silently: their tensors are not read."""
+    """GLM-4.5's and DeepSeek-V3's Hub checkpoints carry multi-token prediction layers after the
+    decoder's (``num_nextn_predict_layers``): refused by name, imported without them only when the user
+    says so (recorded as ignored), and never silently: their tensors are not read."""
     from safetensors.torch import load_file, save_file
 
-    from tests.hf.tiny import make
-
-    folder = make("glm4_moe", tmp_path / "glm")
+    folder = make(variant, tmp_path / "glm")
     config = json.loads((folder / "config.json").read_text())
     config["num_nextn_predict_layers"] = 1
     (folder / "config.json").write_text(json.dumps(config))
@@ -231,3 +230,32 @@ def test_glm_multi_token_prediction_layers_are_refused_by_name_then_left_out_kno
     assert "num_nextn_predict_layers" in (out / "config.yaml").read_text()
     model = te_assembly.from_pretrained(out, "reference")
     assert not any(f".{last + 1}." in k for k in model.state_dict())
+
+
+def test_deepseek_fields_it_cannot_express_are_each_named(
+    hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A plain q_proj (q_lora_rank null), grouped key/value heads, the remote code's softmax scoring or
+    greedy choice, FP8-quantized weights and a qk_head_dim that disagrees: all named at once."""
+    folder = _with_config(
+        hf_dir("deepseek_v3"),
+        tmp_path,
+        q_lora_rank=None,
+        num_key_value_heads=2,
+        scoring_func="softmax",
+        topk_method="greedy",
+        qk_head_dim=16,
+        quantization_config={"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    )
+    with pytest.raises(HFConfigError) as refused:
+        read_spec(folder)
+    named = {d.path.removeprefix("config.json:"): d.message for d in refused.value.diagnostics}
+    assert set(named) == {
+        "q_lora_rank",
+        "num_key_value_heads",
+        "scoring_func",
+        "topk_method",
+        "qk_head_dim",
+        "quantization_config",
+    }
+    assert "q_a_proj" in named["q_lora_rank"] and "dequantize" in named["quantization_config"]

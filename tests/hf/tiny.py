@@ -135,8 +135,76 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "num_nextn_predict_layers": 0,
         },
     ),
+    # DeepSeek-V3: a dense first layer, latent attention (low-rank queries, a 16-wide latent, a shared
+    # 4-wide rotary key in DeepSeek's interleaved layout, YaRN with mscale_all_dim scaling the softmax),
+    # sigmoid routing over 2 of 4 groups, an expert bias, a scaling factor, one shared expert.
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 4,
+            "q_lora_rank": 24,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 6,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 12,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "num_nextn_predict_layers": 0,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.8,
+            },
+        },
+    ),
+    # GPT-OSS: alternating sliding (window 5, shorter than the test sequences) and full attention with
+    # sinks, q/k/v/o biases, a router with a bias, clamped-GLU experts with biases (a limit low enough to
+    # clamp), YaRN with truncate false (GPT-OSS's own setting).
+    "gpt_oss": (
+        "GptOssConfig",
+        {
+            "head_dim": 8,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 24,
+            "sliding_window": 5,
+            "swiglu_limit": 0.5,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
 }
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe")
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "glm4_moe",
+    "deepseek_v3",
+    "gpt_oss",
+)
 """One variant per family, the architectures of the issue."""
 
 
@@ -148,14 +216,20 @@ def config_of(variant: str, **changes: Any) -> Any:
 def make(
     variant: str, directory: Path, seed: int = 0, changes: dict[str, Any] | None = None, **save: Any
 ) -> Path:
-    """Save a random-weight ``transformers`` model of ``variant`` in ``directory``. Norm scales and
-    biases start away from their 1 and 0, so a mapping that dropped or swapped one would show."""
+    """Save a random-weight ``transformers`` model of ``variant`` in ``directory``. Norm scales,
+    biases and expert biases start away from their 1 and 0, so a mapping that dropped or swapped one
+    would show."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config_of(variant, **(changes or {})))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias") or "layernorm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
+            elif name.endswith(("_bias", "sinks")):  # GPT-OSS's expert biases and attention sinks
+                param.add_(torch.randn_like(param) * 0.2)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # GLM-4.5's and DeepSeek-V3's expert bias
+                buffer.add_(torch.randn_like(buffer) * 0.1)
     model.save_pretrained(directory, **save)
     return directory
 

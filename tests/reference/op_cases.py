@@ -187,6 +187,7 @@ CASES: list[OpCase] = [
             ("pre-softmax", {"pre_softmax": True}),
             ("scaled", {"scaling_factor": 2.5}),
             ("sigmoid-scaled", {"score_function": "sigmoid", "scaling_factor": 0.5}),
+            ("bias", {"bias": True}),
             (
                 "sigmoid-raw",
                 {"score_function": "sigmoid", "sigmoid_renormalise": False, "scaling_factor": 2.5},
@@ -202,6 +203,29 @@ CASES: list[OpCase] = [
         "SigmoidGate-3d", "SigmoidGate", {"in_features": 5}, (2, 3, 5), lambda g, x: [_like(g, x)], te=False
     ),
     OpCase("SwapExtraInput", "SwapExtraInput", {}, (4, 3), lambda g, x: [_like(g, x)]),
+    OpCase(
+        "SwapExtraInput-wider",
+        "SwapExtraInput",
+        {"value_features": 5},
+        (4, 3),
+        lambda g, x: [_width(g, x, 5)],
+    ),
+    OpCase(
+        "ConcatExtraInput",
+        "ConcatExtraInput",
+        {"in_features": 3, "tail_features": 2},
+        (4, 3),
+        lambda g, x: [_width(g, x, 2)],
+    ),
+    OpCase("ClampedSwiGLU", "ClampedSwiGLU", {"limit": 0.6, "alpha": 1.5}, (5, 6), x_scale=2.0),
+    OpCase(
+        "ScaledClampedQGeGLU",
+        "ScaledClampedQGeGLU",
+        {"limit": 0.8, "glu_linear_offset": 0.5},
+        (5, 6),
+        lambda g, x: [_scales(g, x)],
+        x_scale=2.0,
+    ),
     OpCase(
         "LoRA",
         "LoRA",

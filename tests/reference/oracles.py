@@ -149,6 +149,38 @@ def scaled_swiglu(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -
     return Result(glu * s, [], grad_x, [grad_s], {})
 
 
+def clamped_glu(scaled: bool, limit: float, alpha: float, offset: float) -> Oracle:
+    """GPT-OSS's GLU on halves [a, b]: a' = min(a, limit), b' = clamp(b, +-limit), y = (b' + offset) *
+    a' sigmoid(alpha a') (times s per row when scaled). dy/da = (b' + offset) (sig + alpha a' sig (1 -
+    sig)) where a < limit, else 0; dy/db = a' sig where |b| < limit, else 0; dy/ds = the unscaled y."""
+
+    def oracle(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
+        n = x.shape[-1] // 2
+        a, b = x[..., :n], x[..., n:]
+        a_c, b_c = torch.minimum(a, torch.full_like(a, limit)), b.clamp(-limit, limit)
+        sig = _sigmoid(alpha * a_c)
+        act = a_c * sig
+        glu = (b_c + offset) * act
+        s = extras[0].reshape(x.shape[:-1])[..., None] if scaled else torch.ones_like(glu[..., :1])
+        gy = _cot(gy, glu)
+        d_act = (sig + alpha * a_c * sig * (1 - sig)) * (a < limit)
+        grad_x = torch.cat([gy * s * (b_c + offset) * d_act, gy * s * act * (b.abs() < limit)], dim=-1)
+        if not scaled:
+            return Result(glu, [], grad_x, [], {})
+        grad_s = (gy * glu).sum(-1).reshape(extras[0].shape)
+        return Result(glu * s, [], grad_x, [grad_s], {})
+
+    return oracle
+
+
+def concat_extra_input(x: Tensor, extras: Extras, params: Params, gy: Cot, g: Cots) -> Result:
+    """y = [x | tail]: each takes its own columns of the gradient."""
+    (tail,) = extras
+    y = torch.cat((x, tail), dim=-1)
+    gy = _cot(gy, y)
+    return Result(y, [], gy[..., : x.shape[-1]], [gy[..., x.shape[-1] :]], {})
+
+
 # --- linear family ----------------------------------------------------------------------------------
 
 
@@ -340,12 +372,13 @@ def top_k_router(
     pre_softmax: bool = False,
     scaling_factor: float | None = None,
     sigmoid_renormalise: bool = True,
+    bias: bool = False,
 ) -> Oracle:
-    """Scores s = softmax(z) or sigmoid(z) of z = x W^T; each token keeps its top_k experts (highest
-    score first) and probs = c * their scores / D, with D their sum (softmax without pre_softmax;
-    sigmoid when top_k > 1) or 1, and c the scaling factor (1 when None); aux = coeff * E * sum_e f_e *
-    mean_t q_te with f_e = (slots routed to e) / (tokens * top_k) and q = s (softmax) or s / sum_e s
-    (sigmoid). Gradients by the chain rule through dprobs/ds and ds/dz, written out."""
+    """Scores s = softmax(z) or sigmoid(z) of z = x W^T (+ b with a bias); each token keeps its top_k
+    experts (highest score first) and probs = c * their scores / D, with D their sum (softmax without
+    pre_softmax; sigmoid when top_k > 1) or 1, and c the scaling factor (1 when None); aux = coeff * E *
+    sum_e f_e * mean_t q_te with f_e = (slots routed to e) / (tokens * top_k) and q = s (softmax) or
+    s / sum_e s (sigmoid). Gradients by the chain rule through dprobs/ds and ds/dz, written out."""
     renormalise = (score_function == "softmax" and not pre_softmax) or (
         score_function == "sigmoid" and top_k > 1 and sigmoid_renormalise
     )
@@ -355,7 +388,7 @@ def top_k_router(
         w = params["weight"]
         xs = x.reshape(-1, x.shape[-1])
         tokens = xs.shape[0]
-        z = xs @ w.T
+        z = xs @ w.T + (params["bias"] if bias else 0)
         if score_function == "softmax":
             e = torch.exp(z - z.max(-1, keepdim=True).values)
             s = e / e.sum(-1, keepdim=True)
@@ -405,7 +438,8 @@ def top_k_router(
                 else s * (1 - s) / s.sum(-1, keepdim=True) * centred
             )
         gx = _cot(gy, x) + (gz @ w).reshape(x.shape)  # x passes through, and feeds the logits
-        return Result(x, [probs, routing_map, aux], gx, [], {"weight": gz.T @ xs})
+        grads = {"weight": gz.T @ xs, **({"bias": gz.sum(0)} if bias else {})}
+        return Result(x, [probs, routing_map, aux], gx, [], grads)
 
     return oracle
 
@@ -466,9 +500,12 @@ def for_op(op: str, args: dict[str, Any]) -> Oracle:
         "MakeExtraOutput": make_extra_output,
         "SigmoidGate": sigmoid_gate,
         "SwapExtraInput": swap_extra_input,
+        "ConcatExtraInput": concat_extra_input,
     }
     if op in simple:
         return simple[op]
+    if op in ("ClampedSwiGLU", "ScaledClampedQGeGLU"):
+        return clamped_glu(op.startswith("Scaled"), args["limit"], args["alpha"], args["glu_linear_offset"])
     if op == "LayerNorm":
         return layer_norm(args["eps"], args["zero_centered_gamma"])
     if op == "RMSNorm":
@@ -488,6 +525,7 @@ def for_op(op: str, args: dict[str, Any]) -> Oracle:
             args.get("pre_softmax", False),
             args.get("scaling_factor"),
             args.get("sigmoid_renormalise", True),
+            args.get("bias", False),
         )
     if op == "Dispatch":
         return dispatch(args["num_experts"], args["top_k"])

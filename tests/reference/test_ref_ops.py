@@ -32,6 +32,7 @@ REQUIRED_ARGS: dict[str, dict[str, Any]] = {
     "Dispatch": {"num_experts": 5, "top_k": 2},
     "Combine": {"top_k": 2},
     "SigmoidGate": {"in_features": 4},
+    "ConcatExtraInput": {"in_features": 4, "tail_features": 2},
     "LoRA": {"in_features": 4, "out_features": 6, "rank": 2},
     "GroupedLoRA": {"num_groups": 3, "in_features": 4, "out_features": 6, "rank": 2},
 }
@@ -40,6 +41,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("GroupedLinear", {"bias": False}),
     ("GroupedLinear", {"scale_bias": True}),
     ("TopKRouter", {"enable_expert_bias": True}),
+    ("TopKRouter", {"bias": True}),
     ("LoRA", {"parts": [2, 4], "adapted": [False, True]}),
     ("GroupedLoRA", {"parts": [3, 3]}),
 ]

@@ -134,3 +134,33 @@ def test_te_attention_matches_the_reference_with_hugging_face_knobs(knobs: dict[
     with torch.no_grad():
         row = compare("y", "attention", mine(qkv), reference(qkv), TOLERANCES["tf32"])
     assert row.passed, (knobs, row.max_abs, row.max_rel)
+
+
+@pytest.mark.parametrize("window", [None, 32])
+def test_te_attention_with_sinks_matches_the_reference_module(window: int | None) -> None:
+    """GPT-OSS's attention sinks through TE's learnable softmax offset (``softmax_type='learnable'``),
+    the sink gradient included, against the reference module's written-out softmax."""
+    from te_assembly.engines.reference.attention import Attention
+    from te_assembly.engines.te.attention import TEAttention
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    mine = TEAttention(4, 64, 2, rotary=True, sliding_window=window, sinks=True, device=device, dtype=dtype)
+    reference = Attention(
+        4, 64, 2, rotary=True, sliding_window=window, sinks=True, device=device, dtype=dtype
+    )
+    generator = torch.Generator().manual_seed(0)
+    sinks = torch.randn(4, generator=generator).to(device=device, dtype=dtype)
+    qkv = torch.randn(2, 128, 8 * 64, generator=generator).to(device=device, dtype=dtype)
+    results = []
+    for module in (mine, reference):
+        with torch.no_grad():
+            module.sinks.copy_(sinks)
+        x = qkv.clone().requires_grad_(True)
+        y = module(x)
+        y.float().square().sum().backward()
+        results.append((y.detach(), x.grad, module.sinks.grad))
+    tolerance = TOLERANCES["bfloat16"]
+    names = ("y", "grad qkv", "grad sinks")
+    for name, got, want in zip(names, results[0], results[1], strict=True):
+        row = compare(name, "attention", got, want, tolerance)
+        assert row.passed, (name, row.max_abs, row.max_rel)

@@ -159,7 +159,7 @@ def test_command_help_lists_its_settings(command: str, rows: list[tuple[str, str
         assert re.search(
             rf"^\s*{re.escape(key)}\s+{re.escape(value)}\s+.*{re.escape(doc)}", done.stdout, re.M
         ), key
-    shipped = "model: channel_demo, dense_lm, dense_transformer, fanout_mlp, glm4_moe_tiny, llama_tiny"
+    shipped = "model: channel_demo, deepseek_v3_tiny, dense_lm, dense_transformer, fanout_mlp, glm4_moe_tiny"
     assert shipped in done.stdout
     assert "--multirun" in done.stdout
     if command not in ("train", "validate"):  # validate checks every section a command reads

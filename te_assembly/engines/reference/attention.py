@@ -42,6 +42,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.engines.reference.ops.base import compute_dtype
 from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
+from te_assembly.engines.reference.sinks import attend_with_sinks, causal_mask
 
 _TWICE = contextvars.ContextVar("te_assembly_twice_differentiable", default=False)
 
@@ -189,6 +190,7 @@ class Attention(torch.nn.Module):
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
         sliding_window: int | None = None,
+        sinks: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -238,6 +240,9 @@ class Attention(torch.nn.Module):
         if qk_norm:
             self.q_norm_weight = torch.nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
             self.k_norm_weight = torch.nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
+        self.has_sinks = sinks
+        if sinks:
+            self.sinks = torch.nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
 
     @property
     def in_features(self) -> int:
@@ -250,6 +255,7 @@ class Attention(torch.nn.Module):
             + (f", rope_type={self.rope.type}" if self.rotary and self.rope.type != "default" else "")
             + (", qk_norm=True" if self.qk_norm else "")
             + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
+            + (", sinks=True" if self.has_sinks else "")
         )
 
     def split_heads(
@@ -275,6 +281,11 @@ class Attention(torch.nn.Module):
         return q, k, v
 
     @property
+    def cached(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """What a key/value cache keeps per position: keys and values of every key/value head."""
+        return (self.num_kv_heads, self.head_dim), (self.num_kv_heads, self.head_dim)
+
+    @property
     def cache_layout(self) -> Attention:
         """The module whose shapes a ``KVCache`` keeps (``kv_cache.cache_layouts``): this one."""
         return self
@@ -294,11 +305,13 @@ class Attention(torch.nn.Module):
         # without a copy of the keys and values per query head)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = self.num_heads != self.num_kv_heads
+        if self.has_sinks:
+            mask = causal_mask(seq, self.sliding_window, q.device) if self.causal else None
+            out = attend_with_sinks(q, k, v, mask, self.sinks)
+            return out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim).to(out_dtype)
         with sdpa_kernel(SDPBackend.MATH) if _TWICE.get() else contextlib.nullcontext():
             if self.sliding_window is not None and self.sliding_window < seq:
-                positions = torch.arange(seq, device=q.device)
-                behind = positions[:, None] - positions[None, :]
-                mask = (behind >= 0) & (behind < self.sliding_window)
+                mask = causal_mask(seq, self.sliding_window, q.device)
                 out = torch.nn.functional.scaled_dot_product_attention(
                     q, k, v, attn_mask=mask, enable_gqa=gqa
                 )

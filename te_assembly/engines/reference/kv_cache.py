@@ -25,26 +25,28 @@ import torch
 from te_assembly.engines.memory import format_bytes
 from te_assembly.engines.reference.ops.base import compute_dtype
 from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
+from te_assembly.engines.reference.sinks import attend_with_sinks
 from te_assembly.errors import ArgumentError
 
 
 class Attention(Protocol):
     """What the cache reads of an attention step's reference module (``attention.Attention``, which
-    imports this module: the shapes, the rotary angles, the split of the packed input)."""
+    imports this module, or ``latent_attention.LatentAttention``): what it keeps, the rotary angles."""
 
     num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rotary_dim: int
     causal: bool
     sliding_window: int | None
+    has_sinks: bool
 
     @property
     def rope(self) -> Any: ...
 
-    def split_heads(
-        self, qkv: torch.Tensor, rotate: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    @property
+    def cached(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(heads, features) of the two tensors kept per position: keys and values (``Attention``), or
+        the compressed latent and the shared rotated key (``LatentAttention``)."""
+        ...
 
 
 def cache_layouts(model: torch.nn.Module) -> list[Attention]:
@@ -54,10 +56,11 @@ def cache_layouts(model: torch.nn.Module) -> list[Attention]:
 
 
 def cache_bytes(layouts: Sequence[Attention], batch: int, capacity: int, dtype: torch.dtype) -> int:
-    """What a cache of ``capacity`` positions for ``batch`` sequences holds: keys and values of every
-    attention step, ``[batch, kv_heads, capacity, head_dim]`` each, in the compute dtype."""
+    """What a cache of ``capacity`` positions for ``batch`` sequences holds: the two tensors of every
+    attention step, ``[batch, heads, capacity, features]`` each (``Attention.cached``), in the compute
+    dtype."""
     width = compute_dtype(dtype).itemsize
-    return sum(2 * batch * a.num_kv_heads * capacity * a.head_dim * width for a in layouts)
+    return sum(batch * heads * capacity * features * width for a in layouts for heads, features in a.cached)
 
 
 class KVCache:
@@ -89,10 +92,10 @@ class KVCache:
         self.padded = any(pads)
         self._store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for a in layouts:
-            shape = (batch, a.num_kv_heads, capacity, a.head_dim)
+            (heads_k, width_k), (heads_v, width_v) = a.cached
             self._store[id(a)] = (
-                torch.empty(shape, device=device, dtype=self.dtype),
-                torch.empty(shape, device=device, dtype=self.dtype),
+                torch.empty((batch, heads_k, capacity, width_k), device=device, dtype=self.dtype),
+                torch.empty((batch, heads_v, capacity, width_v), device=device, dtype=self.dtype),
             )
         self._angles: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -134,7 +137,8 @@ class KVCache:
     def append(
         self, layout: Attention, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``k`` and ``v`` ``[b, kv_heads, new, d]`` after the past; all keys and values so far."""
+        """Store ``k`` and ``v`` ``[b, heads, new, d]`` (``layout.cached``'s shapes) after the past; all
+        kept so far."""
         keys, values = self._store[id(layout)]
         end = self.length + k.shape[2]
         if end > self.capacity:
@@ -159,7 +163,7 @@ class KVCache:
         return (seen | (key == query)[None])[:, None]
 
 
-def attend(layout: Attention, qkv: torch.Tensor, cache: KVCache, rotary: bool) -> torch.Tensor:
+def attend(layout: Any, qkv: torch.Tensor, cache: KVCache, rotary: bool) -> torch.Tensor:
     """``layout``'s attention of the new positions in ``qkv`` over the cached past and themselves:
     what the full forward computes at those positions."""
     out_dtype = qkv.dtype
@@ -173,9 +177,12 @@ def attend(layout: Attention, qkv: torch.Tensor, cache: KVCache, rotary: bool) -
     # Query head i reads key/value head i // group (enable_gqa: the grouping of repeat_interleave,
     # without copying the cache for every group each token).
     gqa = layout.num_heads != layout.num_kv_heads
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=gqa
-    )
+    if layout.has_sinks:
+        out = attend_with_sinks(q.transpose(1, 2), keys, values, mask, layout.sinks)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=gqa
+        )
     return out.transpose(1, 2).reshape(batch, new, layout.num_heads * layout.head_dim).to(out_dtype)
 
 

@@ -77,6 +77,7 @@ class TEAttention(torch.nn.Module):
                 attn_mask_type="causal" if causal else "no_mask",
                 # TE's window counts the positions before the query: w - 1 of them, and none after.
                 window_size=None if layout.sliding_window is None else (layout.sliding_window - 1, 0),
+                softmax_type="learnable" if layout.has_sinks else "vanilla",
             )
         # A plain attribute, not a submodule (class docstring).
         self.__dict__["_te_attention"] = attention
@@ -145,6 +146,8 @@ class TEAttention(torch.nn.Module):
                 turned = self.layout.rotary_dim
                 q = torch.cat((q[..., :turned] * scale, q[..., turned:]), dim=-1)
                 k = torch.cat((k[..., :turned] * scale, k[..., turned:]), dim=-1)
+        if self.layout.has_sinks:  # TE's learnable softmax offset is this step's sinks parameter
+            self.te_attention._parameters["softmax_offset"] = self.layout.sinks
         out = self.te_attention(q.contiguous(), k.contiguous(), v.contiguous(), qkv_format="bshd")
         return out.reshape(batch, seq, self.layout.num_heads * self.layout.head_dim)
 

@@ -65,6 +65,15 @@ class HFSpec:
     dropped_layers: int = 0
     """Layers the checkpoint holds after ``layers`` that the import leaves out by request (GLM-4.5's
     multi-token prediction layers, ``import_hf.ignore_fields=[num_nextn_predict_layers]``)."""
+    mla: dict[str, Any] = field(default_factory=dict)
+    """DeepSeek-V3's latent attention (``LatentAttention``): ``q_lora_rank``, ``kv_lora_rank``,
+    ``qk_nope_dim``, ``qk_rope_dim``, ``v_head_dim``, ``rope_interleaved``, ``attention_bias``; empty for
+    the families with packed q | k | v heads."""
+    layer_windows: tuple[int | None, ...] = ()
+    """Each layer's sliding window when they differ (GPT-OSS's ``layer_types``); empty: every layer has
+    ``sliding_window``."""
+    clamp: dict[str, float] = field(default_factory=dict)
+    """GPT-OSS's experts: ``swiglu_limit`` and ``swiglu_alpha``."""
     router: dict[str, Any] = field(default_factory=dict)
     """The family's own TopKRouter arguments beyond experts and top_k (GLM-4.5's sigmoid scores, expert
     bias, groups and scaling), as the router step takes them."""
@@ -232,6 +241,10 @@ def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()
     moe, ffn_key = _experts(r, data, family)
     if family.mlp == "glm_moe":
         moe.update(_glm(r, data, moe, head_dim))
+    if family.attention == "mla":
+        moe["mla"] = _mla(r, data, heads, kv_heads)
+    if family.sliding == "layer_types":
+        moe.update(_gpt_oss(r, data))
     dtype = _dtype(r, data)
     spec = HFSpec(
         architecture=family.architecture,
@@ -370,7 +383,8 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
     their summed width beside the routed ones, ungated; the first ``first_k_dense_replace`` layers dense;
     partial rotary."""
     experts = int(moe["experts"])
-    groups, kept = r.integer("n_group", 1), r.integer("topk_group", 1)
+    default = dict(FAMILIES[r.architecture].moe_defaults)
+    groups, kept = r.integer("n_group", default["n_group"]), r.integer("topk_group", default["topk_group"])
     if experts % groups:
         r.refuse("n_group", f"n_group {groups} does not divide the {experts} experts into equal groups")
     if kept > groups:
@@ -380,7 +394,7 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
             "n_group", f"n_group {groups} leaves groups of one expert: a group is scored by its best two"
         )
     layers = r.integer("num_hidden_layers")
-    first_dense = r.integer("first_k_dense_replace", 1, minimum=0)
+    first_dense = r.integer("first_k_dense_replace", default["first_k_dense_replace"], minimum=0)
     if first_dense >= layers:
         r.refuse(
             "first_k_dense_replace", f"first_k_dense_replace {first_dense} leaves no MoE layer of {layers}"
@@ -409,9 +423,11 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
             )
     elif factor not in (1, 1.0):
         r.refuse("partial_rotary_factor", f"partial_rotary_factor = {shown(factor)}: expected 0 < f <= 1")
-    shared = r.integer("n_shared_experts", 1, minimum=0)
+    shared = r.integer("n_shared_experts", default["n_shared_experts"], minimum=0)
     renormalise = r.flag("norm_topk_prob", True)
-    scaling = r.number("routed_scaling_factor", 1.0, becomes=("TopKRouter", "scaling_factor"))
+    scaling = r.number(
+        "routed_scaling_factor", default["routed_scaling_factor"], becomes=("TopKRouter", "scaling_factor")
+    )
     return {
         "pre_softmax": False,
         "aux_loss_coeff": 0.0,
@@ -429,6 +445,96 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
             "scaling_factor": scaling,
             "sigmoid_renormalise": renormalise,
         },
+    }
+
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _gpt_oss(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
+    """GPT-OSS: each layer's window from ``layer_types`` (transformers' default: sliding, full,
+    sliding...), the experts' clamp (``swiglu_limit``, ``swiglu_alpha``)."""
+    layers = r.integer("num_hidden_layers")
+    window = data.get("sliding_window")
+    types = data.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
+        r.refuse(
+            "layer_types",
+            f"layer_types = {shown(types)}: expected {layers} entries, each one of {', '.join(LAYER_TYPES)}",
+            code="hf-bad-value",
+        )
+        types = ["full_attention"] * layers
+    if "sliding_attention" in types:
+        window = r.integer("sliding_window")
+    windows = tuple(window if t == "sliding_attention" else None for t in types)
+    # OpenAI's own names, kept in the Hub's config.json beside transformers' (the same numbers)
+    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    twins = (
+        ("experts_per_token", data.get("num_experts_per_tok"), "num_experts_per_tok"),
+        ("initial_context_length", rope.get("original_max_position_embeddings"), "YaRN's context"),
+    )
+    for key, twin, name in twins:
+        if key in data and data[key] != twin:
+            r.refuse(key, f"{key} = {shown(data[key])} disagrees with {name} ({shown(twin)})")
+    clamp = {
+        "swiglu_limit": r.number("swiglu_limit", 7.0, becomes=("ScaledClampedQGeGLU", "limit")),
+        "swiglu_alpha": r.number("swiglu_alpha", 1.702, becomes=("ScaledClampedQGeGLU", "alpha")),
+    }
+    return {"layer_windows": windows, "clamp": clamp, "pre_softmax": False}
+
+
+REMOTE_ROUTER = {
+    "scoring_func": (lambda v: v == "sigmoid", "sigmoid (transformers' DeepseekV3TopkRouter)"),
+    "topk_method": (
+        lambda v: v == "noaux_tc",
+        "noaux_tc (the expert bias chooses, groups by their best two)",
+    ),
+    "moe_layer_freq": (lambda v: type(v) is int and v == 1, "1 (every layer after the dense ones a MoE)"),
+    "ep_size": (lambda v: type(v) is int and v >= 1, "a positive integer (the remote code's layout)"),
+    "aux_loss_alpha": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+        "a number >= 0 (the remote code's training loss, which its noaux_tc gate never computes)",
+    ),
+    "seq_aux": (lambda v: isinstance(v, bool), "true or false (as aux_loss_alpha)"),
+}
+"""DeepSeek's own ``config.json`` fields (the Hub's copies, written for its remote code): held to what
+transformers' DeepseekV3 computes, or read as the layout and training-only settings they are."""
+
+
+def _mla(r: _Reader, data: Mapping[str, Any], heads: int, kv_heads: int) -> dict[str, Any]:
+    """DeepSeek-V3's multi-head latent attention: queries through ``q_a_proj`` -> norm -> ``q_b_proj``,
+    keys and values from a ``kv_lora_rank`` latent and one shared ``qk_rope_head_dim`` rotary key."""
+    for key, (allowed, supported) in REMOTE_ROUTER.items():
+        if key in data:
+            r.require(key, allowed, supported)
+    if data.get("q_lora_rank") is None:
+        r.refuse(
+            "q_lora_rank",
+            "q_lora_rank = null (a plain q_proj, Moonlight's layout): te_assembly's DeepSeek layer takes the "
+            "queries through q_a_proj -> q_a_layernorm -> q_b_proj only",
+        )
+    nope, rope = r.integer("qk_nope_head_dim"), r.integer("qk_rope_head_dim")
+    if rope % 2:
+        r.refuse("qk_rope_head_dim", f"qk_rope_head_dim {rope}: rotary embeddings turn pairs of features")
+    for key, expected in (("qk_head_dim", nope + rope), ("head_dim", rope)):
+        if data.get(key) is not None and data[key] != expected:
+            r.refuse(key, f"{key} = {shown(data[key])}: DeepSeek-V3 derives it as {expected}")
+    if kv_heads != heads:
+        r.refuse(
+            "num_key_value_heads",
+            f"num_key_value_heads {kv_heads} differs from num_attention_heads {heads}: latent attention "
+            "expands the latent to every head's own keys and values",
+        )
+    return {
+        "q_lora_rank": r.integer("q_lora_rank") if data.get("q_lora_rank") is not None else 1,
+        "kv_lora_rank": r.integer("kv_lora_rank"),
+        "qk_nope_dim": nope,
+        "qk_rope_dim": rope,
+        "v_head_dim": r.integer("v_head_dim"),
+        "rope_interleaved": r.flag("rope_interleave", True),
+        "attention_bias": r.flag("attention_bias", False),
     }
 
 
@@ -453,7 +559,10 @@ def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> tuple[dict[
     }
     if family.mlp == "shared_moe":
         moe["shared_ffn"] = r.integer("shared_expert_intermediate_size")
-    return moe, "intermediate_size" if family.model_type == "mixtral" else "moe_intermediate_size"
+    return moe, "intermediate_size" if family.model_type in (
+        "mixtral",
+        "gpt_oss",
+    ) else "moe_intermediate_size"
 
 
 def _dtype(r: _Reader, data: Mapping[str, Any]) -> str:

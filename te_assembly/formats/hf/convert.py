@@ -35,7 +35,7 @@ from te_assembly.formats.companions import (
     source_metadata,
 )
 from te_assembly.formats.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_config, read_config
-from te_assembly.formats.hf.layout import BLOCKS, model_config
+from te_assembly.formats.hf.layout import model_config
 from te_assembly.formats.hf.mapping import hf_config, mapping_of_plan
 from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, rules
 from te_assembly.formats.hf.shards import FLOAT_DTYPES, HFCheckpoint, write_shards
@@ -120,7 +120,7 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tup
                 problems.append(
                     f"{part.name} holds {checkpoint.dtype(part.name)} values, not floating-point weights"
                 )
-            shape, rows = checkpoint.shape(part.name), (part.rows, *rest)
+            shape, rows = checkpoint.shape(part.name), part.stored_shape(tuple(rest))
             if part.index is None:
                 ok, expected_text = tuple(shape) == rows, str(rows)
             else:  # one expert's slice of a stacked tensor
@@ -210,17 +210,23 @@ def import_hf(
     from te_assembly.config.locations import configs_dir
     from te_assembly.formats.model_record import model_record
 
-    # The block goes with the model under the model's own name: DEST is complete on its own, and an
+    # Each block goes with the model under the model's own name: DEST is complete on its own, and an
     # edit to it never shadows (or is shadowed by) the shipped block it started as.
-    shipped = BLOCKS[spec.family.mlp]
-    block = f"{model_id}_layer"
-    block_text = (configs_dir() / "block" / f"{shipped}.yaml").read_text(encoding="utf-8")
-    block_text = re.sub(rf"(?m)^name: {shipped}$", f"name: {block}", block_text)
-    model["ops"][1]["block"] = block
+    files: dict[str, str] = {}
+    for op in model["ops"]:
+        shipped = op.get("block")
+        if shipped is None:
+            continue
+        block = f"{model_id}_{op['name'].removesuffix('s')}"  # layers: <id>_layer; dense_layers too
+        block_text = (configs_dir() / "block" / f"{shipped}.yaml").read_text(encoding="utf-8")
+        block_text = re.sub(rf"(?m)^name: {shipped}$", f"name: {block}", block_text)
+        op["block"] = block
+        files[f"block/{block}.yaml"] = (
+            f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n{block_text}"
+        )
     files = {
         f"model/{model_id}.yaml": _model_yaml(model, folder),
-        f"block/{block}.yaml": f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n"
-        + block_text,
+        **files,
         **companions,
     }
     lora = None

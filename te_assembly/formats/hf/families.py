@@ -16,9 +16,9 @@ class Family:
     architecture: str
     model_type: str
     mlp: str
-    """``dense``, ``moe`` (routed experts), ``shared_moe`` (routed experts + a gated shared expert) or
+    """``dense``, ``moe`` (routed experts), ``shared_moe`` (routed experts + a gated shared expert),
     ``glm_moe`` (GLM-4.5: a sigmoid router with an expert bias and groups, shared experts without a gate,
-    the first layers dense)."""
+    the first layers dense) or ``gpt_oss`` (a router with a bias, experts with biases and a clamped GLU)."""
     qkv_bias: str = "none"
     """``none``, ``always`` (Qwen2, Qwen2-MoE), ``attention_bias`` (Llama's flag: q, k, v and o),
     ``attention_bias_qkv`` (GLM-4.5's: q, k and v only) or ``qkv_bias`` (a config field that may turn
@@ -29,13 +29,20 @@ class Family:
     """The field that turns the per-head q/k norms on (GLM-4.5's ``use_qk_norm``); None: ``qk_norm``."""
     sliding: str = "none"
     """``window``: ``sliding_window`` applies to every layer (Mistral, Mixtral); ``qwen``: only with
-    ``use_sliding_window`` on some layers (refused); ``none``."""
+    ``use_sliding_window`` on some layers (refused); ``layer_types``: on the layers ``layer_types`` marks
+    ``sliding_attention`` (GPT-OSS); ``none``."""
     experts_field: str = "num_experts"
     experts_aliases: tuple[str, ...] = ()
     """Other spellings of ``experts_field`` some ``transformers`` versions write (Qwen3-MoE:
     ``num_local_experts`` since transformers 5)."""
     norm_topk_field: str | None = "norm_topk_prob"
     """The field that says whether the kept probabilities are renormalised (None: always, Mixtral)."""
+    attention: str = "gqa"
+    """``gqa``: packed q | k | v heads (``Attention``); ``mla``: DeepSeek's multi-head latent attention
+    (``LatentAttention``, its queries through a low-rank path)."""
+    moe_defaults: tuple[tuple[str, Any], ...] = ()
+    """What transformers assumes for a missing router field (``glm_moe``: DeepSeek-V3 and GLM-4.5
+    differ)."""
 
 
 FAMILIES: dict[str, Family] = {
@@ -70,6 +77,37 @@ FAMILIES: dict[str, Family] = {
             qkv_bias="attention_bias_qkv",
             qk_norm_field="use_qk_norm",
             experts_field="n_routed_experts",
+            moe_defaults=(
+                ("n_group", 1),
+                ("topk_group", 1),
+                ("first_k_dense_replace", 1),
+                ("n_shared_experts", 1),
+                ("routed_scaling_factor", 1.0),
+            ),
+        ),
+        Family(
+            "DeepseekV3ForCausalLM",
+            "deepseek_v3",
+            "glm_moe",
+            experts_field="n_routed_experts",
+            attention="mla",
+            moe_defaults=(
+                ("n_group", 8),
+                ("topk_group", 4),
+                ("first_k_dense_replace", 3),
+                ("n_shared_experts", 1),
+                ("routed_scaling_factor", 2.5),
+            ),
+        ),
+        Family(
+            "GptOssForCausalLM",
+            "gpt_oss",
+            "gpt_oss",
+            qkv_bias="attention_bias",
+            sliding="layer_types",
+            experts_field="num_local_experts",
+            experts_aliases=("num_experts",),
+            norm_topk_field=None,
         ),
     )
 }
@@ -147,6 +185,44 @@ HONOURED: dict[str, tuple[str, ...]] = {
         "output_router_logits",
         "num_nextn_predict_layers",
     ),
+    "DeepseekV3ForCausalLM": (
+        *COMMON_FIELDS,
+        "attention_bias",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "qk_head_dim",
+        "v_head_dim",
+        "rope_interleave",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "n_group",
+        "topk_group",
+        "norm_topk_prob",
+        "routed_scaling_factor",
+        "output_router_logits",
+        "num_nextn_predict_layers",
+        *("scoring_func", "topk_method", "moe_layer_freq", "ep_size", "aux_loss_alpha", "seq_aux"),
+    ),
+    "GptOssForCausalLM": (
+        *COMMON_FIELDS,
+        "attention_bias",
+        "sliding_window",
+        "layer_types",
+        "num_local_experts",
+        "num_experts",
+        "num_experts_per_tok",
+        "router_aux_loss_coef",
+        "output_router_logits",
+        "swiglu_alpha",
+        "swiglu_limit",
+        "experts_per_token",
+        "initial_context_length",
+    ),
 }
 """The fields each family reads (each checked: a value it cannot express is refused)."""
 
@@ -172,6 +248,11 @@ CHECKED: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "add_cross_attention": (lambda v: v in (False, None), "false (a decoder without cross-attention)"),
     "pruned_heads": (lambda v: v in ({}, None), "{} (no pruned attention heads)"),
+    "quantization_config": (
+        lambda v: v in ({}, None),
+        "none (te_assembly reads float weights: dequantize the checkpoint first, e.g. DeepSeek's FP8 "
+        "blocks with its fp8_cast_bf16.py, or take a bf16 copy)",
+    ),
 }
 """Fields that would change the math, held to the one value te_assembly computes (any family may carry
 them: ``rope_interleaved`` and ``pretraining_tp`` appear in checkpoints of several families)."""

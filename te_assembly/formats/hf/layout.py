@@ -33,8 +33,17 @@ BLOCKS = {
     "moe": "hf_moe_layer",
     "shared_moe": "hf_shared_moe_layer",
     "glm_moe": "hf_glm_moe_layer",
+    "gpt_oss": "hf_gpt_oss_layer",
 }
-"""The shipped block each kind of MLP uses."""
+"""The shipped block each kind of MLP uses (with packed q | k | v attention)."""
+MLA_BLOCKS = {"dense": "hf_deepseek_dense_layer", "glm_moe": "hf_deepseek_layer"}
+"""The shipped blocks with DeepSeek's latent attention."""
+
+
+def block_of(spec: HFSpec, dense: bool = False) -> str:
+    """The shipped block of ``spec``'s layers (``dense``: its first, dense, layers)."""
+    kind = "dense" if dense else spec.family.mlp
+    return (MLA_BLOCKS if spec.family.attention == "mla" else BLOCKS)[kind]
 
 
 ATTENTION_DIMS = (
@@ -57,21 +66,34 @@ ATTENTION_DIMS = (
     "o_bias",
 )
 """The dims of a layer's attention (and norms): what dense first layers share with the MoE layers."""
+MLA_DIMS = (
+    "hidden",
+    "heads",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_dim",
+    "qk_rope_dim",
+    "v_head_dim",
+    "eps",
+    "attention_bias",
+    "rope_theta",
+    "rope_type",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_positions",
+    *YARN_DIMS,
+    "rope_interleaved",
+)
+"""The same for DeepSeek's latent attention (``hf_deepseek_layer``)."""
 
 
 def _mlp_kind(spec: HFSpec) -> str:
     return spec.family.mlp
 
 
-def layer_dims(spec: HFSpec) -> dict[str, Any]:
-    """The block's dims for ``spec`` (every one of them, so the model file shows them all)."""
-    dims: dict[str, Any] = {
-        "hidden": spec.hidden,
-        "heads": spec.heads,
-        "kv_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
-        "ffn": spec.ffn,
-        "eps": spec.eps,
+def _rope_dims(spec: HFSpec) -> dict[str, Any]:
+    return {
         "rope_theta": spec.rope["rope_theta"],
         "rope_type": spec.rope["rope_type"],
         "rope_factor": spec.rope.get("rope_factor", 1.0),
@@ -79,6 +101,30 @@ def layer_dims(spec: HFSpec) -> dict[str, Any]:
         "rope_high_freq_factor": spec.rope.get("rope_high_freq_factor", 4.0),
         "rope_original_max_positions": spec.rope.get("rope_original_max_positions", 8192),
         **{k: v for k, v in spec.rope.items() if k in YARN_DIMS},
+    }
+
+
+def _attention_dims(spec: HFSpec) -> dict[str, Any]:
+    if spec.family.attention == "mla":
+        mla = spec.mla
+        return {
+            "hidden": spec.hidden,
+            "heads": spec.heads,
+            **{
+                k: mla[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")
+            },
+            "eps": spec.eps,
+            "attention_bias": mla["attention_bias"],
+            **_rope_dims(spec),
+            "rope_interleaved": mla["rope_interleaved"],
+        }
+    dims: dict[str, Any] = {
+        "hidden": spec.hidden,
+        "heads": spec.heads,
+        "kv_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "eps": spec.eps,
+        **_rope_dims(spec),
         "sliding_window": spec.sliding_window,
         "qk_norm": spec.qk_norm,
         "qkv_bias": spec.qkv_bias,
@@ -86,6 +132,12 @@ def layer_dims(spec: HFSpec) -> dict[str, Any]:
     }
     if spec.rotary_dim is not None:
         dims["rotary_dim"] = spec.rotary_dim
+    return dims
+
+
+def layer_dims(spec: HFSpec) -> dict[str, Any]:
+    """The block's dims for ``spec`` (every one of them, so the model file shows them all)."""
+    dims = {**_attention_dims(spec), "ffn": spec.ffn}
     if _mlp_kind(spec) == "glm_moe":
         router = spec.router
         dims.update(
@@ -97,6 +149,15 @@ def layer_dims(spec: HFSpec) -> dict[str, Any]:
             group_score_topk=router["group_score_topk"],
             routed_scaling_factor=router["scaling_factor"],
             norm_topk_prob=router["sigmoid_renormalise"],
+        )
+    elif _mlp_kind(spec) == "gpt_oss":
+        dims.update(
+            sliding_window=next((w for w in spec.layer_windows if w is not None), None),
+            experts=spec.experts,
+            top_k=spec.top_k,
+            aux_loss_coeff=spec.aux_loss_coeff,
+            swiglu_limit=spec.clamp["swiglu_limit"],
+            swiglu_alpha=spec.clamp["swiglu_alpha"],
         )
     elif _mlp_kind(spec) == "dense":
         dims["mlp_bias"] = spec.mlp_bias
@@ -123,24 +184,26 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
         head["tie_weight"] = "embed"
     layer = layer_dims(spec)
     dims: dict[str, Any] = {"vocab": spec.vocab, "layers": spec.layers - spec.first_dense, **layer}
+    if len(set(spec.layer_windows)) > 1:
+        del dims["layers"]  # one use per layer, each with its window (``_layers_step``)
     dense: list[dict[str, Any]] = []
     if spec.first_dense:
         # The first layers are dense (GLM-4.5's first_k_dense_replace): their own block step, before the
         # MoE layers; the Hugging Face layer of layers.N is model.layers.{dense_layers + N}.
         dims = {"vocab": spec.vocab, "dense_layers": spec.first_dense, **dims, "dense_ffn": spec.dense_ffn}
-        shared = {key: f"${{model.dims.{key}}}" for key in layer if key in ATTENTION_DIMS}
+        attention = MLA_DIMS if spec.family.attention == "mla" else ATTENTION_DIMS
+        shared = {key: f"${{model.dims.{key}}}" for key in layer if key in attention}
         dense.append(
             {
                 "name": "dense_layers",
-                "block": BLOCKS["dense"],
+                "block": block_of(spec, dense=True),
                 "repeat": "${model.dims.dense_layers}",
                 "dims": {**shared, "ffn": "${model.dims.dense_ffn}", "mlp_bias": False},
             }
         )
     return {
         "name": name,
-        "description": description
-        or f"{spec.architecture} as te_assembly blocks ({BLOCKS[_mlp_kind(spec)]}).",
+        "description": description or f"{spec.architecture} as te_assembly blocks ({block_of(spec)}).",
         "in_features": "${model.dims.vocab}",
         "input_layout": "token_ids",
         "dims": dims,
@@ -155,12 +218,7 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
                 },
             },
             *dense,
-            {
-                "name": "layers",
-                "block": BLOCKS[_mlp_kind(spec)],
-                "repeat": "${model.dims.layers}",
-                "dims": {key: f"${{model.dims.{key}}}" for key in layer},
-            },
+            _layers_step(spec, layer),
             {
                 "name": "final_norm",
                 "op": "RMSNorm",
@@ -169,6 +227,21 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
             head,
         ],
     }
+
+
+def _layers_step(spec: HFSpec, layer: dict[str, Any]) -> dict[str, Any]:
+    """The model step of the (MoE or only) layers: ``repeat`` uses alike, or, when the layers' windows
+    differ (GPT-OSS's ``layer_types``), one use per layer with its own ``sliding_window``."""
+    step: dict[str, Any] = {"name": "layers", "block": block_of(spec)}
+    windows = spec.layer_windows
+    if len(set(windows)) < 2:
+        step["repeat"] = "${model.dims.layers}"
+        step["dims"] = {key: f"${{model.dims.{key}}}" for key in layer}
+        return step
+    step["dims"] = {key: f"${{model.dims.{key}}}" for key in layer if key != "sliding_window"}
+    window = "${model.dims.sliding_window}"
+    step["uses"] = [{"dims": {"sliding_window": window if w is not None else None}} for w in windows]
+    return step
 
 
 def _args(step: PlannedStep) -> dict[str, Any]:
@@ -187,7 +260,7 @@ def _effective(step: PlannedStep) -> dict[str, Any]:
     """The arguments that change what the step computes: an Attention's qk_norm_eps without qk_norm,
     or a RoPE knob its rope_type does not read, is left out."""
     args = _args(step)
-    if step.type != "Attention":
+    if step.type not in ("Attention", "LatentAttention"):
         return args
     unread = {"qk_norm_eps"} if not args.get("qk_norm") else set()
     used = _ROPE_KNOBS.get(str(args.get("rope_type")), ())
@@ -232,21 +305,26 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
     embed, layers, head = _layer_groups(plan)
     kinds = [_kind_of(group) for group in layers]
     kind = kinds[-1]
+    mla = any(s.type == "LatentAttention" for s in layers[-1])
+    attention_linears = 4 if mla else 2  # kv_a, q_a, q_b, proj | qkv, proj
     first_dense = 0
     while kind != "dense" and first_dense < len(kinds) and kinds[first_dense] == "dense":
-        first_dense += 1  # GLM-4.5's first_k_dense_replace
+        first_dense += 1  # GLM-4.5's and DeepSeek-V3's first_k_dense_replace
     dense_ffn = 0
     if first_dense:
         dense_linears = [s for s in layers[0] if s.type == "Linear"]
-        dense_ffn = _args(dense_linears[-1])["in_features"] if len(dense_linears) == 4 else 0
+        dense_ffn = (
+            _args(dense_linears[-1])["in_features"] if len(dense_linears) == attention_linears + 2 else 0
+        )
     by_type: dict[str, list[PlannedStep]] = {}
     for step in layers[first_dense]:
         by_type.setdefault(step.type, []).append(step)
     try:
-        attn = _args(by_type["Attention"][0])
+        attn = _args(by_type["LatentAttention" if mla else "Attention"][0])
         norm_args = _args(by_type["RMSNorm"][0])
-        qkv, proj = (_args(s) for s in by_type["Linear"][:2])
-        mlp_linears = by_type["Linear"][2:]
+        linears = [_args(s) for s in by_type["Linear"][:attention_linears]]
+        qkv, proj = linears[0], linears[-1]
+        mlp_linears = by_type["Linear"][attention_linears:]
         router = _args(by_type["TopKRouter"][0]) if kind != "dense" else {}
         if kind == "dense":
             fc1, fc2 = (_args(s) for s in mlp_linears[:2])
@@ -259,6 +337,10 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         raise UnexportableError(
             plan, layers[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
         ) from None
+    if mla:
+        return _mla_spec(
+            plan, embed, layers, head, attn, linears, norm_args, ffn, shared_ffn, router, metadata
+        )
     qk_norm = bool(attn["qk_norm"])
     qkv_bias, o_bias = bool(qkv["bias"]), bool(proj["bias"])
     architecture = _architecture(kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], metadata)
@@ -267,6 +349,16 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
     rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
     rope.update({knob: attn[knob] for knob in _ROPE_KNOBS.get(str(attn["rope_type"]), ())})
     embed_args = _args(embed)
+    gpt_oss: dict[str, Any] = {}
+    if kind == "gpt_oss":
+        act = next(_args(s) for s in layers[first_dense] if s.type == "ScaledClampedQGeGLU")
+        windows = tuple(
+            next(_args(s) for s in group if s.type == "Attention")["sliding_window"] for group in layers
+        )
+        gpt_oss = {
+            "layer_windows": windows,
+            "clamp": {"swiglu_limit": act["limit"], "swiglu_alpha": act["alpha"]},
+        }
     return HFSpec(
         architecture=architecture,
         vocab=embed_args["num_embeddings"],
@@ -279,7 +371,7 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         eps=float(norm_args["eps"]),
         tied=head.tie_weight is not None,
         rope=rope,
-        sliding_window=attn["sliding_window"],
+        sliding_window=None if kind == "gpt_oss" else attn["sliding_window"],
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
@@ -293,6 +385,62 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         first_dense=first_dense,
         dense_ffn=dense_ffn,
         router=router_knobs,
+        init_std=float(embed_args["init_std"]),
+        metadata=dict(metadata or {}),
+        **gpt_oss,
+    )
+
+
+def _mla_spec(
+    plan: Plan,
+    embed: PlannedStep,
+    layers: list[list[PlannedStep]],
+    head: PlannedStep,
+    attn: dict[str, Any],
+    linears: list[dict[str, Any]],
+    norm_args: dict[str, Any],
+    ffn: int,
+    shared_ffn: int,
+    router: dict[str, Any],
+    metadata: Mapping[str, Any] | None,
+) -> HFSpec:
+    """The DeepSeek-V3 spec of a plan of ``hf_deepseek_layer`` steps (its first layers maybe dense)."""
+    kinds = [_kind_of(group) for group in layers]
+    first_dense = next((i for i, k in enumerate(kinds) if k != "dense"), len(kinds))
+    dense_ffn = 0
+    if first_dense:
+        dense_ffn = _args([s for s in layers[0] if s.type == "Linear"][-1])["in_features"]
+    embed_args = _args(embed)
+    _, q_a, _, proj = linears  # kv_a, q_a, q_b, proj
+    rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
+    rope.update({knob: attn[knob] for knob in _ROPE_KNOBS.get(str(attn["rope_type"]), ())})
+    return HFSpec(
+        architecture="DeepseekV3ForCausalLM",
+        vocab=embed_args["num_embeddings"],
+        hidden=embed_args["embedding_dim"],
+        layers=len(layers),
+        heads=attn["num_heads"],
+        kv_heads=attn["num_heads"],
+        head_dim=attn["qk_rope_dim"],
+        ffn=ffn,
+        eps=float(norm_args["eps"]),
+        tied=head.tie_weight is not None,
+        rope=rope,
+        experts=router.get("num_experts", 0),
+        top_k=router.get("top_k", 0),
+        shared_ffn=shared_ffn,
+        first_dense=first_dense,
+        dense_ffn=dense_ffn,
+        mla={
+            "q_lora_rank": q_a["out_features"],
+            "kv_lora_rank": attn["kv_lora_rank"],
+            "qk_nope_dim": attn["qk_nope_dim"],
+            "qk_rope_dim": attn["qk_rope_dim"],
+            "v_head_dim": attn["v_head_dim"],
+            "rope_interleaved": bool(attn["rope_interleaved"]),
+            "attention_bias": bool(proj["bias"]),
+        },
+        router={k: router[k] for k in GLM_ROUTER if k in router},
         init_std=float(embed_args["init_std"]),
         metadata=dict(metadata or {}),
     )
@@ -315,9 +463,11 @@ def _kind_of(layer: list[PlannedStep]) -> str:
     types = {s.type for s in layer}
     if "SigmoidGate" in types:
         return "shared_moe"
+    if "ScaledClampedQGeGLU" in types:
+        return "gpt_oss"
     if "TopKRouter" in types:
         router = next(_args(s) for s in layer if s.type == "TopKRouter")
-        shared = sum(s.type == "Linear" for s in layer) > 2
+        shared = sum(s.type == "Linear" for s in layer) > (4 if "LatentAttention" in types else 2)
         return "glm_moe" if router["score_function"] == "sigmoid" and shared else "moe"
     return "dense"
 
@@ -335,6 +485,8 @@ def _architecture(
     candidates: list[str] = []
     if kind == "glm_moe":
         candidates = ["Glm4MoeForCausalLM"]
+    elif kind == "gpt_oss":
+        candidates = ["GptOssForCausalLM"]
     elif kind == "shared_moe":
         candidates = ["Qwen2MoeForCausalLM"]
     elif kind == "moe":

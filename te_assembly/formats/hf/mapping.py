@@ -53,34 +53,55 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
         out["sliding_window"] = spec.sliding_window
     if family.sliding == "qwen":
         out["use_sliding_window"] = False
+    if family.sliding == "layer_types":
+        windows = spec.layer_windows or (None,) * spec.layers
+        out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        out["sliding_window"] = next((w for w in windows if w is not None), None)
     if family.mlp != "dense":
         out[family.experts_field] = spec.experts
         out["num_experts_per_tok"] = spec.top_k
         out["router_aux_loss_coef"] = spec.aux_loss_coeff
         if family.norm_topk_field is not None:
             out[family.norm_topk_field] = not spec.pre_softmax
-        if family.model_type != "mixtral":
+        if family.model_type not in ("mixtral", "gpt_oss"):  # those two: intermediate_size
             out["moe_intermediate_size"] = spec.ffn
             out["decoder_sparse_step"] = 1
             out["mlp_only_layers"] = []
     if family.mlp == "shared_moe":
         out["shared_expert_intermediate_size"] = spec.shared_ffn
+    if family.mlp == "gpt_oss":
+        out.update(swiglu_limit=spec.clamp["swiglu_limit"], swiglu_alpha=spec.clamp["swiglu_alpha"])
     if family.mlp == "glm_moe":
         router = spec.router
         out.update(
             intermediate_size=spec.dense_ffn,
-            attention_bias=spec.qkv_bias,
-            use_qk_norm=spec.qk_norm,
-            partial_rotary_factor=(spec.rotary_dim or spec.head_dim) / spec.head_dim,
             n_shared_experts=spec.shared_ffn // spec.ffn,
             first_k_dense_replace=spec.first_dense,
             n_group=router["num_groups"],
             topk_group=router["group_topk"],
             norm_topk_prob=router["sigmoid_renormalise"],
             routed_scaling_factor=router["scaling_factor"],
+            num_nextn_predict_layers=0,  # what is written has no multi-token prediction layers
         )
         for key in ("router_aux_loss_coef", "decoder_sparse_step", "mlp_only_layers"):
             out.pop(key, None)
+    if family.attention == "mla":
+        mla = spec.mla
+        out.update(
+            attention_bias=mla["attention_bias"],
+            q_lora_rank=mla["q_lora_rank"],
+            kv_lora_rank=mla["kv_lora_rank"],
+            qk_nope_head_dim=mla["qk_nope_dim"],
+            qk_rope_head_dim=mla["qk_rope_dim"],
+            v_head_dim=mla["v_head_dim"],
+            rope_interleave=mla["rope_interleaved"],
+        )
+    elif family.mlp == "glm_moe":
+        out.update(
+            attention_bias=spec.qkv_bias,
+            use_qk_norm=spec.qk_norm,
+            partial_rotary_factor=(spec.rotary_dim or spec.head_dim) / spec.head_dim,
+        )
     return out
 
 
@@ -100,7 +121,8 @@ def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
         for name, dim in YARN_FIELDS.items():
             if rope.get(dim) is not None:
                 out[name] = rope[dim]
-        out["truncate"] = rope["rope_truncate"]
+        if not rope["rope_truncate"]:  # transformers' default is true: written only when it is not
+            out["truncate"] = False
     return out
 
 

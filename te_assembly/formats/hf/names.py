@@ -21,11 +21,27 @@ from te_assembly.formats.hf.config import HFSpec
 @dataclass(frozen=True)
 class Part:
     """``rows`` rows of a te_assembly tensor: Hugging Face tensor ``name``, or its ``index``-th slice
-    along dim 0 (one expert of a stacked tensor)."""
+    along dim 0 (one expert of a stacked tensor); ``transposed``: that tensor (or slice) holds them as
+    columns (GPT-OSS's experts, ``[hidden, 2 * ffn]``); ``stride``/``offset``: every ``stride``-th row
+    from ``offset`` (GPT-OSS's gate and up rows, interleaved)."""
 
     name: str
     rows: int
     index: int | None = None
+    transposed: bool = False
+    stride: int = 1
+    offset: int = 0
+
+    def stored_shape(self, rest: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of the tensor (or slice) the part is read from, given the te_assembly tensor's
+        trailing dims ``rest``."""
+        rows = (self.rows * self.stride, *rest)
+        return tuple(reversed(rows)) if self.transposed else rows
+
+    def take(self, stored: torch.Tensor) -> torch.Tensor:
+        """The part's rows of the tensor (or slice) it is read from."""
+        t = stored.T if self.transposed else stored
+        return t[self.offset :: self.stride] if self.stride > 1 else t
 
 
 @dataclass(frozen=True)
@@ -47,7 +63,6 @@ def _one(te: str, hf: str, rows: int) -> Rule:
 def rules(spec: HFSpec) -> list[Rule]:
     """Every tensor of the te_assembly model of ``spec`` (canonical step names, as ``layout.model_config``
     writes them), with where it lives in the checkpoint."""
-    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     out = [_one("steps.embed.weight", "model.embed_tokens.weight", spec.vocab)]
     for n in range(spec.layers):
         # GLM-4.5's first layers are dense: steps of dense_layers, the rest of layers counted after them
@@ -56,24 +71,55 @@ def rules(spec: HFSpec) -> list[Rule]:
         hf = f"model.layers.{n}."
         attn = f"{hf}self_attn."
         out.append(_one(f"{te}attn_norm.weight", f"{hf}input_layernorm.weight", spec.hidden))
-        # q_proj | k_proj | v_proj stacked by rows: the packed QKV Linear (and its bias, Qwen2's).
-        stacked = (("q_proj", q), ("k_proj", kv), ("v_proj", kv))
-        kinds = (("basic_ops.0", "weight"), *((("basic_ops.1", "bias"),) if spec.qkv_bias else ()))
-        for op, kind in kinds:
-            parts = tuple(Part(f"{attn}{proj}.{kind}", rows) for proj, rows in stacked)
-            out.append(Rule(f"{te}qkv.{op}.{kind}", (parts,)))
-        if spec.qk_norm:
-            out.append(_one(f"{te}attn.q_norm_weight", f"{attn}q_norm.weight", spec.head_dim))
-            out.append(_one(f"{te}attn.k_norm_weight", f"{attn}k_norm.weight", spec.head_dim))
-        out.append(_one(f"{te}proj.basic_ops.0.weight", f"{attn}o_proj.weight", spec.hidden))
-        if spec.o_bias:
-            out.append(_one(f"{te}proj.basic_ops.1.bias", f"{attn}o_proj.bias", spec.hidden))
+        if spec.family.attention == "mla":
+            out.extend(_mla_rules(spec, te, attn))
+        else:
+            out.extend(_gqa_rules(spec, te, attn))
         out.append(_one(f"{te}mlp_norm.weight", f"{hf}post_attention_layernorm.weight", spec.hidden))
         out.extend(_mlp_rules(spec, te, hf, dense))
     out.append(_one("steps.final_norm.weight", "model.norm.weight", spec.hidden))
     if not spec.tied:
         out.append(_one("steps.head.basic_ops.0.weight", "lm_head.weight", spec.vocab))
     return out
+
+
+def _gqa_rules(spec: HFSpec, te: str, attn: str) -> Iterator[Rule]:
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    # q_proj | k_proj | v_proj stacked by rows: the packed QKV Linear (and its bias, Qwen2's).
+    stacked = (("q_proj", q), ("k_proj", kv), ("v_proj", kv))
+    kinds = (("basic_ops.0", "weight"), *((("basic_ops.1", "bias"),) if spec.qkv_bias else ()))
+    for op, kind in kinds:
+        parts = tuple(Part(f"{attn}{proj}.{kind}", rows) for proj, rows in stacked)
+        yield Rule(f"{te}qkv.{op}.{kind}", (parts,))
+    if spec.qk_norm:
+        yield _one(f"{te}attn.q_norm_weight", f"{attn}q_norm.weight", spec.head_dim)
+        yield _one(f"{te}attn.k_norm_weight", f"{attn}k_norm.weight", spec.head_dim)
+    yield _one(f"{te}proj.basic_ops.0.weight", f"{attn}o_proj.weight", spec.hidden)
+    if spec.o_bias:
+        yield _one(f"{te}proj.basic_ops.1.bias", f"{attn}o_proj.bias", spec.hidden)
+    if spec.family.mlp == "gpt_oss":
+        yield _one(f"{te}attn.sinks", f"{attn}sinks", spec.heads)
+
+
+def _mla_rules(spec: HFSpec, te: str, attn: str) -> Iterator[Rule]:
+    """DeepSeek-V3's latent attention: each projection and norm its own step, the latent's norm and
+    expansion the attention step's parameters."""
+    mla, bias = spec.mla, spec.mla["attention_bias"]
+    q_rows = spec.heads * (mla["qk_nope_dim"] + mla["qk_rope_dim"])
+    projections = (
+        ("kv_a", "kv_a_proj_with_mqa", mla["kv_lora_rank"] + mla["qk_rope_dim"], bias),
+        ("q_a", "q_a_proj", mla["q_lora_rank"], bias),
+        ("q_b", "q_b_proj", q_rows, False),
+        ("proj", "o_proj", spec.hidden, bias),
+    )
+    for step, hf, rows, has_bias in projections:
+        yield _one(f"{te}{step}.basic_ops.0.weight", f"{attn}{hf}.weight", rows)
+        if has_bias:
+            yield _one(f"{te}{step}.basic_ops.1.bias", f"{attn}{hf}.bias", rows)
+    yield _one(f"{te}q_norm.weight", f"{attn}q_a_layernorm.weight", mla["q_lora_rank"])
+    yield _one(f"{te}attn.kv_norm_weight", f"{attn}kv_a_layernorm.weight", mla["kv_lora_rank"])
+    kv_rows = spec.heads * (mla["qk_nope_dim"] + mla["v_head_dim"])
+    yield _one(f"{te}attn.kv_b_weight", f"{attn}kv_b_proj.weight", kv_rows)
 
 
 def _mlp_rules(spec: HFSpec, te: str, hf: str, dense: bool = False) -> Iterator[Rule]:
@@ -91,6 +137,9 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str, dense: bool = False) -> Iterator[
                 ((Part(f"{mlp}gate_proj.bias", ffn), Part(f"{mlp}up_proj.bias", ffn)),),
             )
             yield _one(f"{te}fc2.basic_ops.1.bias", f"{mlp}down_proj.bias", spec.hidden)
+        return
+    if spec.family.mlp == "gpt_oss":
+        yield from _gpt_oss_experts(spec, te, f"{hf}mlp.")
         return
     mixtral = spec.architecture == "MixtralForCausalLM"
     hub = f"{hf}block_sparse_moe." if mixtral else f"{hf}mlp."
@@ -135,6 +184,26 @@ def _mlp_rules(spec: HFSpec, te: str, hf: str, dense: bool = False) -> Iterator[
         yield _one(f"{te}shared_gate.weight", f"{hf}mlp.shared_expert_gate.weight", 1)
 
 
+def _gpt_oss_experts(spec: HFSpec, te: str, mlp: str) -> Iterator[Rule]:
+    """GPT-OSS's router (with a bias) and experts, stored stacked and transposed (``gate_up_proj``
+    ``[experts, hidden, 2 * ffn]``, gate and up columns interleaved; ``down_proj`` ``[experts, ffn,
+    hidden]``): each expert's fc1 rows are [gate | up], as ScaledClampedQGeGLU reads them."""
+    yield _one(f"{te}router.weight", f"{mlp}router.weight", spec.experts)
+    yield _one(f"{te}router.bias", f"{mlp}router.bias", spec.experts)
+    ffn, experts = spec.ffn, f"{mlp}experts."
+    for e in range(spec.experts):
+        for kind, stored, transposed in (
+            ("weight", "gate_up_proj", True),
+            ("bias", "gate_up_proj_bias", False),
+        ):
+            halves = tuple(
+                Part(f"{experts}{stored}", ffn, e, transposed=transposed, stride=2, offset=o) for o in (0, 1)
+            )
+            yield Rule(f"{te}fc1.{kind}{e}", (halves,))
+        yield Rule(f"{te}fc2.weight{e}", ((Part(f"{experts}down_proj", spec.hidden, e, transposed=True),),))
+        yield Rule(f"{te}fc2.bias{e}", ((Part(f"{experts}down_proj_bias", spec.hidden, e),),))
+
+
 def renamed(rule_list: list[Rule], names: Mapping[str, str]) -> list[Rule]:
     """``rule_list`` with te_assembly step names translated (canonical step -> the model's own)."""
     out = []
@@ -160,15 +229,28 @@ def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> d
     Tensors no rule names are left out; a rule whose tensor is missing is skipped."""
     out: dict[str, torch.Tensor] = {}
     stacked: dict[str, dict[int, torch.Tensor]] = {}
+    interleaved: dict[tuple[str, int | None], dict[int, tuple[Part, torch.Tensor]]] = {}
     for rule in rule_list:
         if rule.te not in tensors:
             continue
         pieces = torch.split(tensors[rule.te], [p.rows for p in rule.hub], dim=0)
         for part, piece in zip(rule.hub, pieces, strict=True):
+            if part.stride > 1:
+                interleaved.setdefault((part.name, part.index), {})[part.offset] = (part, piece)
+                continue
+            stored = (piece.T if part.transposed else piece).contiguous()
             if part.index is None:
-                out[part.name] = piece.contiguous()
+                out[part.name] = stored
             else:
-                stacked.setdefault(part.name, {})[part.index] = piece
+                stacked.setdefault(part.name, {})[part.index] = stored
+    for (name, index), by_offset in interleaved.items():
+        parts = [by_offset[o] for o in sorted(by_offset)]
+        rows = torch.stack([piece for _, piece in parts], dim=1).flatten(0, 1)  # r0 o0, r0 o1, r1 o0...
+        stored = (rows.T if parts[0][0].transposed else rows).contiguous()
+        if index is None:
+            out[name] = stored
+        else:
+            stacked.setdefault(name, {})[index] = stored
     for name, by_index in stacked.items():
         out[name] = torch.stack([by_index[i] for i in sorted(by_index)])
     return out
@@ -176,8 +258,8 @@ def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> d
 
 def gather(layout: tuple[Part, ...], source: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The te_assembly tensor ``layout``'s parts make, each read from ``source`` (stacked by rows)."""
-    pieces = [source[p.name] if p.index is None else source[p.name][p.index] for p in layout]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
+    pieces = [p.take(source[p.name] if p.index is None else source[p.name][p.index]) for p in layout]
+    return pieces[0].contiguous() if len(pieces) == 1 else torch.cat(pieces, dim=0)
 
 
 def chosen_layout(rule: Rule, available: set[str] | Mapping[str, object]) -> tuple[Part, ...] | None:

@@ -106,3 +106,45 @@ class ScaledSwiGLU(ReferenceOp):
         dtype = compute_dtype(x.dtype)
         scales = extra_inputs[0].reshape(x.shape[:-1]).to(x.dtype).to(dtype)
         return (glu(F.silu, x.to(dtype)) * scales[..., None]).to(x.dtype), ()
+
+
+def clamped_glu(x: torch.Tensor, limit: float, alpha: float, offset: float) -> torch.Tensor:
+    """GPT-OSS's activation on halves [a, b]: a <= limit, |b| <= limit, (b + offset) * a * sigmoid(alpha a)
+    (transformers' order of operations)."""
+    a, b = x.chunk(2, dim=-1)
+    a = a.clamp(max=limit)
+    b = b.clamp(min=-limit, max=limit)
+    return (b + offset) * (a * torch.sigmoid(a * alpha))
+
+
+class ClampedSwiGLU(ReferenceOp):
+    """``clamped_glu`` of x, computed in at least float32 and rounded once."""
+
+    def __init__(
+        self,
+        limit: float = 7.0,
+        alpha: float = 1.702,
+        glu_linear_offset: float = 1.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.limit, self.alpha, self.glu_linear_offset = limit, alpha, glu_linear_offset
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        out = clamped_glu(x.to(compute_dtype(x.dtype)), self.limit, self.alpha, self.glu_linear_offset)
+        return out.to(x.dtype), ()
+
+
+class ScaledClampedQGeGLU(ClampedSwiGLU):
+    """``clamped_glu`` of x times ``scales[..., None]`` (the router probability of each row)."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        dtype = compute_dtype(x.dtype)
+        scales = extra_inputs[0].reshape(x.shape[:-1]).to(x.dtype).to(dtype)
+        out = clamped_glu(x.to(dtype), self.limit, self.alpha, self.glu_linear_offset)
+        return (out * scales[..., None]).to(x.dtype), ()

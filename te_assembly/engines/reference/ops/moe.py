@@ -38,7 +38,8 @@ class TopKRouter(ReferenceOp):
     - ``num_groups``/``group_topk``: the experts are cut into ``num_groups`` equal groups, each scored
       by the sum of its ``top_k // group_topk`` best scores, and only the ``group_topk`` best groups
       compete (group-limited routing);
-    - ``scaling_factor``: multiplies the kept probabilities (DeepSeek's ``routed_scaling_factor``).
+    - ``scaling_factor``: multiplies the kept probabilities (DeepSeek's ``routed_scaling_factor``);
+    - ``bias``: a learned bias on the logits (GPT-OSS), part of the scores.
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class TopKRouter(ReferenceOp):
         group_topk: int | None = None,
         group_score_topk: int | None = None,
         sigmoid_renormalise: bool = True,
+        bias: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -87,6 +89,8 @@ class TopKRouter(ReferenceOp):
         self.group_score_topk = group_score_topk
         self.sigmoid_renormalise = sigmoid_renormalise
         self.weight = init_weight(num_experts, in_features, device, dtype)
+        if bias:  # only then an attribute: ``bias`` the argument names the parameter's presence
+            self.bias = torch.nn.Parameter(torch.zeros(num_experts, device=device, dtype=dtype))
         self.enable_expert_bias = enable_expert_bias
         if enable_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(num_experts, device=device, dtype=dtype))
@@ -95,7 +99,9 @@ class TopKRouter(ReferenceOp):
 
     def _scores(self, tokens: torch.Tensor) -> torch.Tensor:
         dtype = _score_dtype(tokens.dtype)
-        logits = torch.nn.functional.linear(tokens.to(dtype), self.weight.to(dtype))
+        given = self._parameters.get("bias")
+        bias = None if given is None else given.to(dtype)
+        logits = torch.nn.functional.linear(tokens.to(dtype), self.weight.to(dtype), bias)
         if self.score_function == "softmax":
             return torch.softmax(logits, dim=-1)
         return torch.sigmoid(logits)
