@@ -71,7 +71,7 @@ FUSIONS: tuple[Fusion, ...] = (
         "joint",
         (
             Member(("GroupedLinear",)),
-            Member(("ScaledSwiGLU",), args=(("glu_interleave_size", 32),)),
+            Member(("ScaledSwiGLU", "ScaledClampedQGeGLU"), args=(("glu_interleave_size", 32),)),
             Member(("GroupedLinear",)),
         ),
         SOURCE + "grouped_mlp.py",

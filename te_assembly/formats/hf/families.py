@@ -141,6 +141,21 @@ QWEN_EXPERTS = (
     "output_router_logits",
 )
 
+GROUPED_MOE = (
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    "n_group",
+    "topk_group",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+    "output_router_logits",
+    "num_nextn_predict_layers",
+)
+"""GLM-4.5's and DeepSeek-V3's MoE fields (``glm_moe``)."""
+
 HONOURED: dict[str, tuple[str, ...]] = {
     "LlamaForCausalLM": (*COMMON_FIELDS, "attention_bias", "mlp_bias"),
     "MistralForCausalLM": (*COMMON_FIELDS, "sliding_window"),
@@ -173,17 +188,7 @@ HONOURED: dict[str, tuple[str, ...]] = {
         "attention_bias",
         "use_qk_norm",
         "partial_rotary_factor",
-        "n_routed_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-        "n_shared_experts",
-        "first_k_dense_replace",
-        "n_group",
-        "topk_group",
-        "norm_topk_prob",
-        "routed_scaling_factor",
-        "output_router_logits",
-        "num_nextn_predict_layers",
+        *GROUPED_MOE,
     ),
     "DeepseekV3ForCausalLM": (
         *COMMON_FIELDS,
@@ -195,17 +200,7 @@ HONOURED: dict[str, tuple[str, ...]] = {
         "qk_head_dim",
         "v_head_dim",
         "rope_interleave",
-        "n_routed_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-        "n_shared_experts",
-        "first_k_dense_replace",
-        "n_group",
-        "topk_group",
-        "norm_topk_prob",
-        "routed_scaling_factor",
-        "output_router_logits",
-        "num_nextn_predict_layers",
+        *GROUPED_MOE,
         *("scoring_func", "topk_method", "moe_layer_freq", "ep_size", "aux_loss_alpha", "seq_aux"),
     ),
     "GptOssForCausalLM": (

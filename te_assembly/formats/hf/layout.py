@@ -46,12 +46,7 @@ def block_of(spec: HFSpec, dense: bool = False) -> str:
     return (MLA_BLOCKS if spec.family.attention == "mla" else BLOCKS)[kind]
 
 
-ATTENTION_DIMS = (
-    "hidden",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "eps",
+ROPE_DIMS = (
     "rope_theta",
     "rope_type",
     "rope_factor",
@@ -59,6 +54,15 @@ ATTENTION_DIMS = (
     "rope_high_freq_factor",
     "rope_original_max_positions",
     *YARN_DIMS,
+)
+"""The rotary dims every hf_*_layer block takes."""
+ATTENTION_DIMS = (
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "eps",
+    *ROPE_DIMS,
     "sliding_window",
     "qk_norm",
     "rotary_dim",
@@ -76,13 +80,7 @@ MLA_DIMS = (
     "v_head_dim",
     "eps",
     "attention_bias",
-    "rope_theta",
-    "rope_type",
-    "rope_factor",
-    "rope_low_freq_factor",
-    "rope_high_freq_factor",
-    "rope_original_max_positions",
-    *YARN_DIMS,
+    *ROPE_DIMS,
     "rope_interleaved",
 )
 """The same for DeepSeek's latent attention (``hf_deepseek_layer``)."""
@@ -323,7 +321,6 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         attn = _args(by_type["LatentAttention" if mla else "Attention"][0])
         norm_args = _args(by_type["RMSNorm"][0])
         linears = [_args(s) for s in by_type["Linear"][:attention_linears]]
-        qkv, proj = linears[0], linears[-1]
         mlp_linears = by_type["Linear"][attention_linears:]
         router = _args(by_type["TopKRouter"][0]) if kind != "dense" else {}
         if kind == "dense":
@@ -337,113 +334,80 @@ def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpe
         raise UnexportableError(
             plan, layers[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
         ) from None
-    if mla:
-        return _mla_spec(
-            plan, embed, layers, head, attn, linears, norm_args, ffn, shared_ffn, router, metadata
-        )
-    qk_norm = bool(attn["qk_norm"])
-    qkv_bias, o_bias = bool(qkv["bias"]), bool(proj["bias"])
-    architecture = _architecture(kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], metadata)
     glm = kind == "glm_moe"
-    router_knobs = {k: router[k] for k in GLM_ROUTER if k in router} if glm else {}
-    rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
-    rope.update({knob: attn[knob] for knob in _ROPE_KNOBS.get(str(attn["rope_type"]), ())})
     embed_args = _args(embed)
-    gpt_oss: dict[str, Any] = {}
-    if kind == "gpt_oss":
-        act = next(_args(s) for s in layers[first_dense] if s.type == "ScaledClampedQGeGLU")
-        windows = tuple(
-            next(_args(s) for s in group if s.type == "Attention")["sliding_window"] for group in layers
-        )
-        gpt_oss = {
-            "layer_windows": windows,
-            "clamp": {"swiglu_limit": act["limit"], "swiglu_alpha": act["alpha"]},
-        }
     return HFSpec(
-        architecture=architecture,
+        **_attention_fields(kind, attn, linears, metadata),
         vocab=embed_args["num_embeddings"],
         hidden=embed_args["embedding_dim"],
         layers=len(layers),
-        heads=attn["num_heads"],
-        kv_heads=attn["num_kv_heads"],
-        head_dim=attn["head_dim"],
         ffn=ffn,
         eps=float(norm_args["eps"]),
         tied=head.tie_weight is not None,
-        rope=rope,
-        sliding_window=None if kind == "gpt_oss" else attn["sliding_window"],
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=qk_norm,
         experts=router.get("num_experts", 0),
         top_k=router.get("top_k", 0),
         pre_softmax=bool(router.get("pre_softmax", False)),
         aux_loss_coeff=float(router.get("aux_loss_coeff", 0.0)),
         shared_ffn=shared_ffn,
-        rotary_dim=attn.get("rotary_dim"),
         first_dense=first_dense,
         dense_ffn=dense_ffn,
-        router=router_knobs,
+        router={k: router[k] for k in GLM_ROUTER if k in router} if glm else {},
         init_std=float(embed_args["init_std"]),
         metadata=dict(metadata or {}),
-        **gpt_oss,
+        **(_gpt_oss_fields(layers[first_dense], layers) if kind == "gpt_oss" else {}),
     )
 
 
-def _mla_spec(
-    plan: Plan,
-    embed: PlannedStep,
-    layers: list[list[PlannedStep]],
-    head: PlannedStep,
-    attn: dict[str, Any],
-    linears: list[dict[str, Any]],
-    norm_args: dict[str, Any],
-    ffn: int,
-    shared_ffn: int,
-    router: dict[str, Any],
-    metadata: Mapping[str, Any] | None,
-) -> HFSpec:
-    """The DeepSeek-V3 spec of a plan of ``hf_deepseek_layer`` steps (its first layers maybe dense)."""
-    kinds = [_kind_of(group) for group in layers]
-    first_dense = next((i for i, k in enumerate(kinds) if k != "dense"), len(kinds))
-    dense_ffn = 0
-    if first_dense:
-        dense_ffn = _args([s for s in layers[0] if s.type == "Linear"][-1])["in_features"]
-    embed_args = _args(embed)
-    _, q_a, _, proj = linears  # kv_a, q_a, q_b, proj
+def _attention_fields(
+    kind: str, attn: dict[str, Any], linears: list[dict[str, Any]], metadata: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The spec's attention: the architecture it implies, heads, rotary, biases (and DeepSeek's latent
+    attention, whose ``linears`` are kv_a, q_a, q_b and proj; otherwise qkv and proj)."""
     rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
     rope.update({knob: attn[knob] for knob in _ROPE_KNOBS.get(str(attn["rope_type"]), ())})
-    return HFSpec(
-        architecture="DeepseekV3ForCausalLM",
-        vocab=embed_args["num_embeddings"],
-        hidden=embed_args["embedding_dim"],
-        layers=len(layers),
-        heads=attn["num_heads"],
-        kv_heads=attn["num_heads"],
-        head_dim=attn["qk_rope_dim"],
-        ffn=ffn,
-        eps=float(norm_args["eps"]),
-        tied=head.tie_weight is not None,
-        rope=rope,
-        experts=router.get("num_experts", 0),
-        top_k=router.get("top_k", 0),
-        shared_ffn=shared_ffn,
-        first_dense=first_dense,
-        dense_ffn=dense_ffn,
-        mla={
-            "q_lora_rank": q_a["out_features"],
-            "kv_lora_rank": attn["kv_lora_rank"],
-            "qk_nope_dim": attn["qk_nope_dim"],
-            "qk_rope_dim": attn["qk_rope_dim"],
-            "v_head_dim": attn["v_head_dim"],
-            "rope_interleaved": bool(attn["rope_interleaved"]),
-            "attention_bias": bool(proj["bias"]),
-        },
-        router={k: router[k] for k in GLM_ROUTER if k in router},
-        init_std=float(embed_args["init_std"]),
-        metadata=dict(metadata or {}),
+    if "kv_lora_rank" in attn:
+        q_a, proj = linears[1], linears[-1]
+        mla = {k: attn[k] for k in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")}
+        return {
+            "architecture": "DeepseekV3ForCausalLM",
+            "heads": attn["num_heads"],
+            "kv_heads": attn["num_heads"],
+            "head_dim": attn["qk_rope_dim"],
+            "rope": rope,
+            "mla": {
+                "q_lora_rank": q_a["out_features"],
+                **mla,
+                "rope_interleaved": bool(attn["rope_interleaved"]),
+                "attention_bias": bool(proj["bias"]),
+            },
+        }
+    qkv, proj = linears
+    qk_norm, qkv_bias, o_bias = bool(attn["qk_norm"]), bool(qkv["bias"]), bool(proj["bias"])
+    return {
+        "architecture": _architecture(kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], metadata),
+        "heads": attn["num_heads"],
+        "kv_heads": attn["num_kv_heads"],
+        "head_dim": attn["head_dim"],
+        "rope": rope,
+        "sliding_window": None if kind == "gpt_oss" else attn["sliding_window"],
+        "qkv_bias": qkv_bias,
+        "o_bias": o_bias,
+        "qk_norm": qk_norm,
+        "rotary_dim": attn.get("rotary_dim"),
+    }
+
+
+def _gpt_oss_fields(layer: list[PlannedStep], layers: list[list[PlannedStep]]) -> dict[str, Any]:
+    """GPT-OSS's spec fields: each layer's window, the experts' clamp."""
+    act = next(_args(s) for s in layer if s.type == "ScaledClampedQGeGLU")
+    windows = tuple(
+        next(_args(s) for s in group if s.type == "Attention")["sliding_window"] for group in layers
     )
+    return {
+        "layer_windows": windows,
+        "clamp": {"swiglu_limit": act["limit"], "swiglu_alpha": act["alpha"]},
+    }
 
 
 GLM_ROUTER = (
