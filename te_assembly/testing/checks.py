@@ -14,6 +14,7 @@ from typing import Any
 
 from te_assembly.analysis.analyze import COMMON, DEFAULT_SECTIONS, Analysis
 from te_assembly.analysis.pipeline import load, load_model_file
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS
 from te_assembly.catalog.devices import ACCELERATORS
 from te_assembly.config.source import read_file
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
@@ -24,6 +25,14 @@ Config = str | os.PathLike[str] | Mapping[str, Any]
 
 WIDTH_DIMS = ("hidden", "in_features", "width", "d_model")
 """A block's dims that give its input width, in the order tried, for the minimal model that uses it."""
+
+
+def _needs_sequence(step: Any) -> bool:
+    """Whether a block step needs ``[batch, seq, features]`` (attention), as the catalog says."""
+    if not isinstance(step, dict):
+        return False
+    spec = MODULE_ALLOWLIST.get(step.get("module", "")) or OPS.get(step.get("op", ""))
+    return spec is not None and spec.needs_layout == "sequence"
 
 
 def _describe(config: Config, overrides: Sequence[str]) -> str:
@@ -152,8 +161,7 @@ def block_model(name: str, block_file: Path, model: Mapping[str, Any] | None = N
         )
     raw_ops = data.get("ops")
     ops: list[Any] = raw_ops if isinstance(raw_ops, list) else []
-    attention = any(isinstance(s, dict) and s.get("module") == "Attention" for s in ops)
-    layout = given.get("input_layout", "sequence" if attention else "tokens")
+    layout = given.get("input_layout", "sequence" if any(map(_needs_sequence, ops)) else "tokens")
     step: dict[str, Any] = {"name": "use", "block": name}
     if given.get("dims"):
         step["dims"] = dict(given["dims"])
