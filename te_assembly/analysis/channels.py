@@ -319,12 +319,10 @@ def _shape_mismatch(
     if rows is not None or produced.shape != "main":
         return rows
     # A main-shaped output is the tensor arriving at its producer (MakeExtraOutput passes it through).
-    width, wanted = producer.in_width, consumer.in_width
-    takes = f"the main path arrives at step {consumer.name!r} (model.ops[{consumer.index}]) with width"
+    width, wanted = producer.in_width, consumer.slot_width(taken)
+    takes = f"the main path arrives at step {consumer.name!r} (model.ops[{consumer.index}]) with width "
     if taken.width_arg is not None and consumer.args.get(taken.width_arg) is not None:
         # the slot's width is an argument's (LoRA's x: in_features)
-        value = consumer.args.get(taken.width_arg)
-        wanted = value if isinstance(value, int) and not isinstance(value, bool) else None
         takes = f"slot {taken.name!r} of step {consumer.name!r} takes {taken.width_arg}="
     if width is None or wanted is None or width == wanted:
         return None
@@ -332,7 +330,7 @@ def _shape_mismatch(
         path,
         "channel-width",
         f"channel {name!r} has width {width} (the main path at step {producer.name!r}, "
-        f"model.ops[{producer.index}]) but {takes}{'' if taken.width_arg else ' '}{wanted}",
+        f"model.ops[{producer.index}]) but {takes}{wanted}",
         "tap the main path where its width matches, or project it back",
     )
 

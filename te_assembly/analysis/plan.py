@@ -92,10 +92,10 @@ class PlannedStep:
     def slot_width(self, slot: Slot) -> int | None:
         """The feature width of a ``main``-shaped slot's tensor: the main path's arriving here, or the
         argument the slot names (LoRA's ``x``: ``in_features``)."""
-        if slot.width_arg is not None and self.args.get(slot.width_arg) is not None:
-            value = self.args.get(slot.width_arg)
-            return value if isinstance(value, int) and not isinstance(value, bool) else None
-        return self.in_width
+        value = self.args.get(slot.width_arg) if slot.width_arg is not None else None
+        if value is None:  # no such argument, or an optional one left null: the main path's width
+            return self.in_width
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def public_input_name(self, slot: int) -> str:
         return f"{self.name}_{self.input_slots[slot].name}"

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from te_assembly.catalog.spec import Formula, ModuleSpec, MultipleOf, Param, Width
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+"""The frequency scalings ``rope_type`` takes (Hugging Face's ``rope_scaling.rope_type`` names)."""
+
 _ROPE: tuple[Param, ...] = (
     Param(
         "rotary_base",
@@ -19,7 +22,7 @@ _ROPE: tuple[Param, ...] = (
         "rope_type",
         str,
         "default",
-        choices=("default", "linear", "llama3", "yarn"),
+        choices=ROPE_TYPES,
         doc="Frequency scaling, as Hugging Face's rope_scaling types: linear divides every "
         "frequency by rope_factor; llama3 divides the low ones and blends the middle band; yarn "
         "interpolates the low ones, keeps the high ones, ramps between, and scales cos and sin.",

@@ -79,6 +79,7 @@ def load_transformers(hf_dir: str | Path, dtype: torch.dtype) -> Any:
         attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(hf_dir),
+            config=config,
             dtype=dtype,
             attn_implementation=attention,
             experts_implementation="eager",

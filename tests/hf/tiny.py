@@ -23,6 +23,14 @@ COMMON: dict[str, Any] = {
     "max_position_embeddings": 256,
 }
 
+QWEN3_MOE: dict[str, Any] = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24,
+    "head_dim": 8,
+    "norm_topk_prob": True,
+}
+
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "llama-tied-mqa": ("LlamaConfig", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
@@ -51,11 +59,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe-rope-yarn-mscale": (
         "Qwen3MoeConfig",
         {
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 24,
-            "head_dim": 8,
-            "norm_topk_prob": True,
+            **QWEN3_MOE,
             "rope_scaling": {
                 "rope_type": "yarn",
                 "factor": 8.0,
@@ -93,16 +97,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "norm_topk_prob": True,
         },
     ),
-    "qwen3_moe": (
-        "Qwen3MoeConfig",
-        {
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 24,
-            "head_dim": 8,
-            "norm_topk_prob": True,
-        },
-    ),
+    "qwen3_moe": ("Qwen3MoeConfig", QWEN3_MOE),
     "qwen3_moe-no-norm": (
         "Qwen3MoeConfig",
         {

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from te_assembly.catalog.modules import ROPE_TYPES
 from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.engines.reference.ops.base import compute_dtype
 from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
@@ -60,8 +61,10 @@ def twice_differentiable() -> Iterator[None]:
         _TWICE.reset(token)
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-"""The frequency scalings ``rope_type`` takes (Hugging Face's ``rope_scaling.rope_type`` names)."""
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context ``factor`` times the original: ``0.1 mscale ln(factor)
+    + 1`` (1 without scaling), as the YaRN paper and DeepSeek-V3 compute it."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,10 @@ class Rope:
     attention_factor: float | None = None
     truncate: bool = True
 
+    def __post_init__(self) -> None:
+        if self.type not in ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {self.type!r}")
+
     @property
     def scale(self) -> float:
         """What cos and sin are multiplied by: 1, or YaRN's attention factor (given, or from ``factor``,
@@ -89,13 +96,9 @@ class Rope:
             return 1.0
         if self.attention_factor is not None:
             return self.attention_factor
-
-        def get_mscale(scale: float, mscale: float = 1.0) -> float:
-            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
         if self.mscale and self.mscale_all_dim:
-            return float(get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim))
-        return get_mscale(self.factor)
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
 
     def inv_freq(self, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
         """``[head_dim / 2]`` float32 frequencies, each operation in the order the published formulas
@@ -217,8 +220,6 @@ class Attention(torch.nn.Module):
                 f"Attention sliding_window needs causal attention and a positive size, got {sliding_window}"
             )
         self.sliding_window = sliding_window
-        if rope_type not in ROPE_TYPES:
-            raise ValueError(f"Attention rope_type must be one of {', '.join(ROPE_TYPES)}, got {rope_type!r}")
         self.rotary = rotary
         self.rotary_base = rotary_base
         self.rope = Rope(
@@ -330,4 +331,5 @@ __all__ = [
     "rms_norm",
     "rotary_tables",
     "twice_differentiable",
+    "yarn_mscale",
 ]

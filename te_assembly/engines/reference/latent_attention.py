@@ -15,21 +15,16 @@ instead of 128 heads x 320), and expands the whole past again at each step, as `
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from te_assembly.engines.reference.attention import _TWICE, ROPE_TYPES, Rope, rms_norm, rotary_tables
+from te_assembly.engines.reference.attention import _TWICE, Rope, rms_norm, rotary_tables, yarn_mscale
 from te_assembly.engines.reference.kv_cache import KVCache
 from te_assembly.engines.reference.ops.base import compute_dtype
 from te_assembly.engines.reference.ops.linear import init_weight
 from te_assembly.engines.reference.rotary import apply_rotary
-
-
-def _mscale(factor: float, mscale: float) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 class LatentAttention(torch.nn.Module):
@@ -72,8 +67,6 @@ class LatentAttention(torch.nn.Module):
                 "LatentAttention needs positive sizes and an even qk_rope_dim, got num_heads, qk_nope_dim, "
                 f"qk_rope_dim, v_head_dim, kv_lora_rank = {sizes}"
             )
-        if rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {rope_type!r}")
         self.num_heads, self.qk_nope_dim, self.qk_rope_dim = num_heads, qk_nope_dim, qk_rope_dim
         self.v_head_dim, self.kv_lora_rank, self.kv_norm_eps = v_head_dim, kv_lora_rank, kv_norm_eps
         self.rotary_dim = qk_rope_dim
@@ -107,7 +100,7 @@ class LatentAttention(torch.nn.Module):
         scale = (self.qk_nope_dim + self.qk_rope_dim) ** -0.5
         rope = self.rope
         if rope.type == "yarn" and rope.mscale_all_dim:
-            m = _mscale(rope.factor, rope.mscale_all_dim)
+            m = yarn_mscale(rope.factor, rope.mscale_all_dim)
             scale = scale * m * m
         return scale
 

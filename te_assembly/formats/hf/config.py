@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.catalog import MODULE_ALLOWLIST, OPS
+from te_assembly.catalog.modules import ROPE_TYPES
 from te_assembly.diagnostics import Diagnostic, did_you_mean, error
 from te_assembly.errors import ConfigError
 from te_assembly.fields import check_value
@@ -23,9 +24,9 @@ from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
 from te_assembly.formats.hf.families import (
     CHECKED,
     FAMILIES,
+    FAMILY_CHECKED,
     HONOURED,
     KEPT_FIELDS,
-    ROPE_TYPES,
     Family,
     is_metadata,
 )
@@ -238,7 +239,7 @@ def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()
         sliding_window = r.integer("sliding_window")
     rope = _rope(r, data)
     qkv_bias, o_bias = _biases(r, family)
-    moe, ffn_key = _experts(r, data, family)
+    moe = _experts(r, data, family)
     if family.mlp == "glm_moe":
         moe.update(_glm(r, data, moe, head_dim))
     if family.attention == "mla":
@@ -254,7 +255,7 @@ def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        ffn=r.integer(ffn_key),
+        ffn=r.integer(family.ffn_field),
         eps=r.number("rms_norm_eps", 1e-6, becomes=("RMSNorm", "eps")),
         tied=r.flag("tie_word_embeddings", False),
         rope=rope,
@@ -356,10 +357,12 @@ def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int
 
 
 def _supported_values(r: _Reader) -> None:
-    """Fields that change the math, held to the values te_assembly expresses (``CHECKED``)."""
-    for key, (allowed, supported) in CHECKED.items():
-        if key not in HONOURED[r.architecture]:  # a family that reads the field takes its other values
-            r.require(key, allowed, supported)
+    """Fields that change the math, held to the values te_assembly expresses (``CHECKED``, and the
+    family's own ``FAMILY_CHECKED``)."""
+    held = {k: v for k, v in CHECKED.items() if k not in HONOURED[r.architecture]}  # read: other values
+    held.update(FAMILY_CHECKED.get(r.architecture, {}))
+    for key, (allowed, supported) in held.items():
+        r.require(key, allowed, supported)
 
 
 def _biases(r: _Reader, family: Family) -> tuple[bool, bool]:
@@ -485,30 +488,9 @@ def _gpt_oss(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     return {"layer_windows": windows, "clamp": clamp, "pre_softmax": False}
 
 
-REMOTE_ROUTER = {
-    "scoring_func": (lambda v: v == "sigmoid", "sigmoid (transformers' DeepseekV3TopkRouter)"),
-    "topk_method": (
-        lambda v: v == "noaux_tc",
-        "noaux_tc (the expert bias chooses, groups by their best two)",
-    ),
-    "moe_layer_freq": (lambda v: type(v) is int and v == 1, "1 (every layer after the dense ones a MoE)"),
-    "ep_size": (lambda v: type(v) is int and v >= 1, "a positive integer (the remote code's layout)"),
-    "aux_loss_alpha": (
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
-        "a number >= 0 (the remote code's training loss, which its noaux_tc gate never computes)",
-    ),
-    "seq_aux": (lambda v: isinstance(v, bool), "true or false (as aux_loss_alpha)"),
-}
-"""DeepSeek's own ``config.json`` fields (the Hub's copies, written for its remote code): held to what
-transformers' DeepseekV3 computes, or read as the layout and training-only settings they are."""
-
-
 def _mla(r: _Reader, data: Mapping[str, Any], heads: int, kv_heads: int) -> dict[str, Any]:
     """DeepSeek-V3's multi-head latent attention: queries through ``q_a_proj`` -> norm -> ``q_b_proj``,
     keys and values from a ``kv_lora_rank`` latent and one shared ``qk_rope_head_dim`` rotary key."""
-    for key, (allowed, supported) in REMOTE_ROUTER.items():
-        if key in data:
-            r.require(key, allowed, supported)
     if data.get("q_lora_rank") is None:
         r.refuse(
             "q_lora_rank",
@@ -538,10 +520,10 @@ def _mla(r: _Reader, data: Mapping[str, Any], heads: int, kv_heads: int) -> dict
     }
 
 
-def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> tuple[dict[str, Any], str]:
-    """A mixture of experts' settings (none for a dense family), and the field of the MLP's width."""
+def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """A mixture of experts' settings (none for a dense family)."""
     if family.mlp == "dense":
-        return {}, "intermediate_size"
+        return {}
     spelt = [k for k in (family.experts_field, *family.experts_aliases) if data.get(k) is not None]
     counts = [r.integer(k) for k in spelt] or [r.integer(family.experts_field)]
     if len(set(counts)) > 1:
@@ -559,10 +541,7 @@ def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> tuple[dict[
     }
     if family.mlp == "shared_moe":
         moe["shared_ffn"] = r.integer("shared_expert_intermediate_size")
-    return moe, "intermediate_size" if family.model_type in (
-        "mixtral",
-        "gpt_oss",
-    ) else "moe_intermediate_size"
+    return moe
 
 
 def _dtype(r: _Reader, data: Mapping[str, Any]) -> str:

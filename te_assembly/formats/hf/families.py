@@ -37,6 +37,9 @@ class Family:
     ``num_local_experts`` since transformers 5)."""
     norm_topk_field: str | None = "norm_topk_prob"
     """The field that says whether the kept probabilities are renormalised (None: always, Mixtral)."""
+    ffn_field: str = "moe_intermediate_size"
+    """The field of the (MoE) layers' MLP width: each expert's (``intermediate_size`` for a dense family,
+    Mixtral and GPT-OSS)."""
     attention: str = "gqa"
     """``gqa``: packed q | k | v heads (``Attention``); ``mla``: DeepSeek's multi-head latent attention
     (``LatentAttention``, its queries through a low-rank path)."""
@@ -45,13 +48,23 @@ class Family:
     differ)."""
 
 
+DENSE = "intermediate_size"
+
 FAMILIES: dict[str, Family] = {
     f.architecture: f
     for f in (
-        Family("LlamaForCausalLM", "llama", "dense", qkv_bias="attention_bias"),
-        Family("MistralForCausalLM", "mistral", "dense", sliding="window"),
-        Family("Qwen2ForCausalLM", "qwen2", "dense", qkv_bias="always", sliding="qwen"),
-        Family("Qwen3ForCausalLM", "qwen3", "dense", qkv_bias="attention_bias", qk_norm=True, sliding="qwen"),
+        Family("LlamaForCausalLM", "llama", "dense", qkv_bias="attention_bias", ffn_field=DENSE),
+        Family("MistralForCausalLM", "mistral", "dense", sliding="window", ffn_field=DENSE),
+        Family("Qwen2ForCausalLM", "qwen2", "dense", qkv_bias="always", sliding="qwen", ffn_field=DENSE),
+        Family(
+            "Qwen3ForCausalLM",
+            "qwen3",
+            "dense",
+            qkv_bias="attention_bias",
+            qk_norm=True,
+            sliding="qwen",
+            ffn_field=DENSE,
+        ),
         Family(
             "MixtralForCausalLM",
             "mixtral",
@@ -59,6 +72,7 @@ FAMILIES: dict[str, Family] = {
             sliding="window",
             experts_field="num_local_experts",
             norm_topk_field=None,
+            ffn_field=DENSE,
         ),
         Family("Qwen2MoeForCausalLM", "qwen2_moe", "shared_moe", qkv_bias="qkv_bias", sliding="qwen"),
         Family(
@@ -108,6 +122,7 @@ FAMILIES: dict[str, Family] = {
             experts_field="num_local_experts",
             experts_aliases=("num_experts",),
             norm_topk_field=None,
+            ffn_field=DENSE,
         ),
     )
 }
@@ -252,6 +267,27 @@ CHECKED: dict[str, tuple[Callable[[Any], bool], str]] = {
 """Fields that would change the math, held to the one value te_assembly computes (any family may carry
 them: ``rope_interleaved`` and ``pretraining_tp`` appear in checkpoints of several families)."""
 
+FAMILY_CHECKED: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "DeepseekV3ForCausalLM": {
+        "scoring_func": (lambda v: v == "sigmoid", "sigmoid (transformers' DeepseekV3TopkRouter)"),
+        "topk_method": (
+            lambda v: v == "noaux_tc",
+            "noaux_tc (the expert bias chooses, groups by their best two)",
+        ),
+        "moe_layer_freq": (lambda v: type(v) is int and v == 1, "1 (every layer after the dense ones a MoE)"),
+        "ep_size": (lambda v: type(v) is int and v >= 1, "a positive integer (the remote code's layout)"),
+        "aux_loss_alpha": (
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+            "a number >= 0 (the remote code's training loss, which its noaux_tc gate never computes)",
+        ),
+        "seq_aux": (lambda v: isinstance(v, bool), "true or false (as aux_loss_alpha)"),
+    },
+}
+"""Fields one family reads, held to what te_assembly computes for it (``CHECKED``'s per-family twin):
+DeepSeek's own ``config.json`` fields (the Hub's copies, written for its remote code), held to what
+transformers' DeepseekV3 computes, or read as the layout and training-only settings they are."""
+
+
 METADATA_FIELDS = (
     "architectures",
     "model_type",
@@ -349,6 +385,3 @@ def is_metadata(key: str) -> bool:
     return (
         key in METADATA_FIELDS or key in GENERATION_DEFAULTS or any(p.search(key) for p in METADATA_PATTERNS)
     )
-
-
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")

@@ -181,9 +181,10 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
     if spec.tied:
         head["tie_weight"] = "embed"
     layer = layer_dims(spec)
+    layers = _layers_step(spec, layer)
     dims: dict[str, Any] = {"vocab": spec.vocab, "layers": spec.layers - spec.first_dense, **layer}
-    if len(set(spec.layer_windows)) > 1:
-        del dims["layers"]  # one use per layer, each with its window (``_layers_step``)
+    if "uses" in layers:
+        del dims["layers"]  # one use per layer, each with its window
     dense: list[dict[str, Any]] = []
     if spec.first_dense:
         # The first layers are dense (GLM-4.5's first_k_dense_replace): their own block step, before the
@@ -216,7 +217,7 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
                 },
             },
             *dense,
-            _layers_step(spec, layer),
+            layers,
             {
                 "name": "final_norm",
                 "op": "RMSNorm",

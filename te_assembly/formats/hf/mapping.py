@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_assembly.formats.hf.config import KEPT_FIELDS, YARN_FIELDS, HFSpec, parse_config
+from te_assembly.formats.hf.families import HONOURED
 from te_assembly.formats.hf.layout import check_same_steps, model_config, spec_of_plan
 from te_assembly.formats.hf.names import Rule, renamed, rules
 
@@ -60,11 +61,12 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
     if family.mlp != "dense":
         out[family.experts_field] = spec.experts
         out["num_experts_per_tok"] = spec.top_k
-        out["router_aux_loss_coef"] = spec.aux_loss_coeff
+        if "router_aux_loss_coef" in HONOURED[family.architecture]:
+            out["router_aux_loss_coef"] = spec.aux_loss_coeff
         if family.norm_topk_field is not None:
             out[family.norm_topk_field] = not spec.pre_softmax
-        if family.model_type not in ("mixtral", "gpt_oss"):  # those two: intermediate_size
-            out["moe_intermediate_size"] = spec.ffn
+        out[family.ffn_field] = spec.ffn
+        if family.sliding == "qwen":  # Qwen2/3-MoE: every layer a mixture of experts, said explicitly
             out["decoder_sparse_step"] = 1
             out["mlp_only_layers"] = []
     if family.mlp == "shared_moe":
@@ -83,8 +85,6 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
             routed_scaling_factor=router["scaling_factor"],
             num_nextn_predict_layers=0,  # what is written has no multi-token prediction layers
         )
-        for key in ("router_aux_loss_coef", "decoder_sparse_step", "mlp_only_layers"):
-            out.pop(key, None)
     if family.attention == "mla":
         mla = spec.mla
         out.update(

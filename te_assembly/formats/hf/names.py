@@ -229,24 +229,18 @@ def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> d
     Tensors no rule names are left out; a rule whose tensor is missing is skipped."""
     out: dict[str, torch.Tensor] = {}
     stacked: dict[str, dict[int, torch.Tensor]] = {}
-    interleaved: dict[tuple[str, int | None], dict[int, tuple[Part, torch.Tensor]]] = {}
+    # The pieces of each stored tensor (or expert slice), by offset: one, or a part's interleaved rows
+    pieces_of: dict[tuple[str, int | None], dict[int, tuple[Part, torch.Tensor]]] = {}
     for rule in rule_list:
         if rule.te not in tensors:
             continue
         pieces = torch.split(tensors[rule.te], [p.rows for p in rule.hub], dim=0)
         for part, piece in zip(rule.hub, pieces, strict=True):
-            if part.stride > 1:
-                interleaved.setdefault((part.name, part.index), {})[part.offset] = (part, piece)
-                continue
-            stored = (piece.T if part.transposed else piece).contiguous()
-            if part.index is None:
-                out[part.name] = stored
-            else:
-                stacked.setdefault(part.name, {})[part.index] = stored
-    for (name, index), by_offset in interleaved.items():
+            pieces_of.setdefault((part.name, part.index), {})[part.offset] = (part, piece)
+    for (name, index), by_offset in pieces_of.items():
         parts = [by_offset[o] for o in sorted(by_offset)]
-        rows = torch.stack([piece for _, piece in parts], dim=1).flatten(0, 1)  # r0 o0, r0 o1, r1 o0...
-        stored = (rows.T if parts[0][0].transposed else rows).contiguous()
+        rows = parts[0][1] if len(parts) == 1 else torch.stack([p for _, p in parts], dim=1).flatten(0, 1)
+        stored = (rows.T if parts[0][0].transposed else rows).contiguous()  # r0 o0, r0 o1, r1 o0...
         if index is None:
             out[name] = stored
         else:
