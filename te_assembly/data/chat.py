@@ -42,8 +42,21 @@ class ChatTemplate:
 
     @property
     def marks_generation(self) -> bool:
-        """Whether the template marks the assistant's text with ``{% generation %}`` blocks."""
-        return re.search(r"\{%-?\s*generation\s*-?%\}", self.text) is not None
+        """Whether the template marks the assistant's text with ``{% generation %}`` blocks, in any
+        spelling Jinja accepts (``{%- generation +%}``...) and not inside a comment or a raw block: read
+        from Jinja's own tokens, as the template is parsed."""
+        from jinja2.exceptions import TemplateSyntaxError
+
+        try:
+            tokens = [
+                (kind, value) for _, kind, value in _environment().lex(self.text) if kind != "whitespace"
+            ]
+        except TemplateSyntaxError:
+            return False  # rendering names the syntax error
+        return any(
+            kind == "block_begin" and tokens[n + 1 : n + 2] == [("name", "generation")]
+            for n, (kind, _) in enumerate(tokens)
+        )
 
     def generation_spans(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
         """The conversation rendered (no generation prompt) and the ``[start, end)`` characters of each

@@ -91,3 +91,52 @@ def test_gradients_mapped_to_hugging_face_names(variant: str, hf_dir: Callable[[
     assert set(mapped) == set(hf_grads)
     for name, grad in hf_grads.items():
         torch.testing.assert_close(mapped[name], grad, rtol=0, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.25])
+def test_partial_rotary_read_inside_rope_parameters(
+    factor: float, hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """GLM-4.5's ``partial_rotary_factor`` where transformers 5 writes it (inside ``rope_parameters``,
+    none at the top level) sets how many features rotate, and the import equals transformers on it."""
+    import json
+    import shutil
+
+    folder = tmp_path / "glm"
+    shutil.copytree(hf_dir("glm4_moe"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("partial_rotary_factor", None)
+    config["rope_parameters"] = {**config["rope_parameters"], "partial_rotary_factor": factor}
+    (folder / "config.json").write_text(json.dumps(config))
+    mine = from_hf(folder, Target.of("reference", dtype=torch.float64)).train()
+    head_dim = config["head_dim"]
+    rotary = {s.args.get("rotary_dim") for s in mine.plan.steps if s.type == "Attention"}
+    assert rotary == {int(head_dim * factor)}
+    result = compare(mine, load_transformers(folder, torch.float64).train(), token_ids())
+    for name, diff in result.differences.items():
+        assert diff <= 1e-10, (factor, name, diff)
+
+
+def test_gpt_oss_without_layer_types_slides_where_transformers_does(tmp_path: Path) -> None:
+    """A GPT-OSS config.json with no ``layer_types`` (three layers, so the pattern shows): each layer's
+    window is the one transformers derives, and the import equals transformers with the window (5)
+    shorter than the sequence."""
+    import json
+
+    import transformers
+
+    from tests.hf.tiny import make
+
+    folder = make("gpt_oss", tmp_path / "gpt_oss", changes={"num_hidden_layers": 3})
+    config = json.loads((folder / "config.json").read_text())
+    del config["layer_types"]
+    (folder / "config.json").write_text(json.dumps(config))
+    derived = transformers.AutoConfig.from_pretrained(folder).layer_types
+    assert "sliding_attention" in derived and "full_attention" in derived
+    expected = [config["sliding_window"] if t == "sliding_attention" else None for t in derived]
+    mine = from_hf(folder, Target.of("reference", dtype=torch.float64)).train()
+    windows = [s.args.get("sliding_window") for s in mine.plan.steps if s.type == "Attention"]
+    assert windows == expected
+    result = compare(mine, load_transformers(folder, torch.float64).train(), token_ids())
+    for name, diff in result.differences.items():
+        assert diff <= 1e-10, (name, diff)

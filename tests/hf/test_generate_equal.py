@@ -131,3 +131,40 @@ def test_a_cache_that_cannot_fit_is_refused_before_allocating(
     settings = GenerateSettings(temperature=0, max_new_tokens=100)
     with pytest.raises(ResourceError, match=r"key/value cache of 1 x 107 positions.*Nothing was allocated"):
         decode(model, [_prompts(96)[0]], settings, torch.Generator(), next_token, frozenset())
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+@pytest.mark.parametrize("lengths", [(10,), (10, 3, 7), (13, 9)], ids=["one", "left-padded", "both-long"])
+def test_a_prompt_longer_than_the_context_keeps_its_end(
+    cached: bool, lengths: tuple[int, ...], hf_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each row's logits at every new token equal a forward over that row alone, of its last
+    ``context`` tokens (the most recent ones): in the first forward over the prompts, in the steps after
+    it, for a left-padded batch, with the key/value cache and without one (a model that cannot cache)."""
+    import te_assembly.jobs.generate.decode as decoding
+
+    if not cached:
+        monkeypatch.setattr(decoding, "cache_layouts", lambda model: [])
+    model = from_hf(hf_dir("llama"), Target.of("reference", dtype=F64))
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, model.plan.in_features, (n,), generator=generator).tolist() for n in lengths]
+    context = 6
+    settings = GenerateSettings(temperature=0, max_new_tokens=5, context=context)
+    seen: list[torch.Tensor] = []
+
+    def choose(logits: torch.Tensor, settings: GenerateSettings, generator: torch.Generator) -> int:
+        seen.append(logits.clone())
+        return int(logits.argmax())
+
+    out = decode(model, prompts, settings, torch.Generator(), choose, frozenset())
+    assert out.cached == cached
+    for row, prompt in enumerate(prompts):
+        history = list(prompt)
+        assert len(out.ids[row]) == settings.max_new_tokens
+        for step, token in enumerate(out.ids[row]):
+            expected = _full_logits(model, history[-context:])
+            torch.testing.assert_close(seen[step * len(prompts) + row], expected, rtol=1e-12, atol=1e-12)
+            history.append(token)
+    assert not torch.allclose(
+        _full_logits(model, prompts[0][:context]), _full_logits(model, prompts[0][-context:])
+    )

@@ -129,3 +129,47 @@ def test_exported_adapter_loads_in_peft_with_the_same_logits(
     merged = merged_model(mine)
     assert not merged.plan.adapter_params
     assert (merged(ids).y - my_logits).abs().max() <= 1e-10
+
+
+def test_a_peft_adapter_survives_import_export_and_reimport(
+    hf_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Every adapter_config.json field te_assembly reads is written back by the export (none left to
+    PEFT's defaults: alpha 12 and rank 4 with rsLoRA scale by 6, not 2 or 3), and the re-imported adapter
+    gives the same logits as the first import and as PEFT."""
+    import json
+
+    folder = hf_dir("llama")
+    modules = ["q_proj", "v_proj", "down_proj"]
+    base = load_transformers(folder, torch.float64)
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=12,
+        lora_dropout=0.1,
+        target_modules=modules,
+        init_lora_weights=False,
+        use_rslora=True,
+    )
+    torch.manual_seed(11)
+    theirs = peft.get_peft_model(base, config)
+    theirs.save_pretrained(tmp_path / "adapter")
+    original = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    target = Target.of("reference", dtype=torch.float64)
+    first = with_adapter(from_hf(folder, target), tmp_path / "adapter")
+    write_peft(first.plan, first.state_dict(), tmp_path / "exported")
+    written = json.loads((tmp_path / "exported" / "adapter_config.json").read_text())
+    for field in ("r", "lora_alpha", "lora_dropout", "use_rslora", "peft_type", "bias", "fan_in_fan_out"):
+        assert written[field] == original[field], (field, written[field], original[field])
+    assert sorted(written["target_modules"]) == sorted(original["target_modules"]) == sorted(modules)
+    again = with_adapter(from_hf(folder, target), tmp_path / "exported")
+    assert again.plan.step("layers.0.qkv_lora").args == first.plan.step("layers.0.qkv_lora").args
+    ids = token_ids()
+    with torch.no_grad():
+        reimported, imported = again(ids).y, first(ids).y
+        theirs.eval()
+        with float64_islands_removed(theirs):
+            peft_logits = theirs(input_ids=ids).logits
+    assert torch.equal(reimported, imported)
+    assert (imported - peft_logits).abs().max() <= 1e-10
+    reloaded = peft.PeftModel.from_pretrained(load_transformers(folder, torch.float64), tmp_path / "exported")
+    assert reloaded.peft_config["default"].use_rslora and reloaded.peft_config["default"].lora_alpha == 12

@@ -50,6 +50,23 @@ def _with_config(source: Path, tmp_path: Path, **changes: object) -> Path:
         ("llama", {"hidden_act": "gelu"}, "hidden_act", "silu"),
         ("qwen2", {"use_sliding_window": True}, "use_sliding_window", "sliding"),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor", "1.0"),
+        # as transformers 5 writes it: inside rope_parameters, never ignored there either
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+            "rope_parameters",
+            "partial_rotary_factor = 0.5: supported: 1.0",
+        ),
+        # GLM-4.5 reads it in either place; two that disagree are refused, not one picked
+        (
+            "glm4_moe",
+            {
+                "partial_rotary_factor": 0.5,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25},
+            },
+            "partial_rotary_factor",
+            "disagree",
+        ),
         ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise", "jitter"),
         ("qwen3_moe", {"mlp_only_layers": [1]}, "mlp_only_layers", "every layer"),
         ("llama", {"attention_dropout": 0.1}, "attention_dropout", "dropout"),

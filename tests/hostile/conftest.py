@@ -69,6 +69,15 @@ def symlink_out(path: Path) -> None:
     path.symlink_to(outside)
 
 
+def symlink_sibling(path: Path) -> None:
+    """A symlink into a sibling folder whose name starts with the folder's own (``given`` and
+    ``given_evil/``): outside by path components, inside by a string prefix."""
+    sibling = path.parent.parent / f"{path.parent.name}_evil"
+    sibling.mkdir(exist_ok=True)
+    (sibling / path.name).write_text('{"secret": "from elsewhere"}\n')
+    path.symlink_to(sibling / path.name)
+
+
 def huge(path: Path) -> None:
     """A sparse file larger than any limit (takes no disk)."""
     with open(path, "wb") as f:
@@ -94,6 +103,7 @@ TYPE_ATTACKS: dict[str, Attack] = {
 READ_ATTACKS: dict[str, Attack] = {
     **TYPE_ATTACKS,
     "symlink-out": symlink_out,
+    "symlink-sibling": symlink_sibling,
     "too-large": huge,
 }
 """Every attack on the bounded reader that does not depend on the file's format."""

@@ -249,3 +249,49 @@ def test_the_next_command_puts_an_interrupted_overwrite_back_and_says_so(
     )
     assert "back in place" in done.stderr, done.stderr
     assert (dest / "model.safetensors").is_file()
+
+
+ADDED_BY_THE_USER = {
+    "a file beside the weights": lambda d: (d / "notes.txt").write_text("mine"),
+    "a file in a folder of its own": lambda d: (
+        (d / "mine").mkdir() or (d / "mine" / "eval.json").write_text("{}")
+    ),
+    "a hidden file": lambda d: (d / ".env").write_text("KEY=1"),
+    "a symlink": lambda d: (d / "data").symlink_to(d.parent),
+    "a file in a folder te_assembly wrote": lambda d: (
+        next(p for p in d.iterdir() if p.is_dir()).joinpath("extra.yaml").write_text("mine: 1\n")
+    ),
+}
+
+
+WRITING = [w for w in WRITERS if w != "export format=hf (a run)"]  # the run's model has no HF equivalent
+WITH_FOLDERS = ("import-hf",)  # it writes model/ and block/ beside the weights
+ADDITIONS = [
+    pytest.param(writer, added, id=f"{added}-{writer}")
+    for writer in WRITING
+    for added in ADDED_BY_THE_USER
+    if added != "a file in a folder te_assembly wrote" or writer in WITH_FOLDERS
+]
+
+
+@pytest.mark.parametrize(("writer", "added"), ADDITIONS)
+def test_overwrite_refuses_over_files_added_to_a_directory_te_assembly_wrote(
+    writer: str, added: str, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """The manifest lists what te_assembly wrote; anything added afterwards is the user's: an overwrite
+    refuses, naming it, and changes nothing; once it is gone the same overwrite goes through."""
+    target = tmp_path / "dest"
+    WRITERS[writer].write(sources, target)
+    ADDED_BY_THE_USER[added](target)
+    user_files = set(tree(target)) - set(json.loads((target / MANIFEST).read_text())["files"]) - {MANIFEST}
+    assert user_files, "the attack added nothing the manifest does not list"
+    before = tree(tmp_path)
+    with pytest.raises(OutputPathError, match="did not write") as caught:
+        WRITERS[writer].write(sources, target)
+    assert tree(tmp_path) == before
+    assert any(Path(f).name in str(caught.value) for f in user_files)
+    for name in user_files:
+        path = target / name
+        path.unlink()
+    WRITERS[writer].write(sources, target)
+    assert not set(tree(target)) & user_files

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 import te_assembly
+from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.memory import estimate
 from te_assembly.formats.checkpoint import list_checkpoints, model_state, read_meta
 from te_assembly.jobs.train.settings import TrainSettings
@@ -59,3 +60,39 @@ def test_the_memory_estimate_counts_only_the_adapters_state() -> None:
     assert adapters.optimizer == lora.num_trainable_params * 4 * 2  # AdamW's two moments, adapters only
     assert adapters.gradients == lora.num_trainable_params * 4
     assert adapters.optimizer < 0.1 * whole.optimizer
+
+
+def _with_trained_adapters(dropout: float) -> AssembledModel:
+    """llama_tiny with rank-4 adapters on every projection (B away from zero, as after training)."""
+    plan = te_assembly.load(MODEL, ["lora.rank=4", f"lora.dropout={dropout}"]).checked_plan()
+    model = _target().build(plan, seed=3)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in plan.adapter_params:
+                param.copy_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * 0.3)
+    return model
+
+
+def test_lora_dropout_is_off_in_eval_mode_and_in_generation() -> None:
+    from te_assembly.jobs.generate.decode import decode
+    from te_assembly.jobs.generate.job import next_token
+    from te_assembly.jobs.generate.settings import GenerateSettings
+
+    dropped, plain = _with_trained_adapters(0.5), _with_trained_adapters(0.0)
+    ids = torch.randint(0, 272, (2, 12), generator=torch.Generator().manual_seed(0))
+    dropped.train()
+    torch.manual_seed(0)
+    assert not torch.equal(dropped(ids).y, plain.eval()(ids).y)  # dropout does act in training
+    dropped.eval()
+    first, second = dropped(ids).y, dropped(ids).y
+    assert torch.equal(first, second)
+    assert torch.equal(first, plain(ids).y)
+    assert (first - _target().build(dropped.plan, seed=3).eval()(ids).y).abs().max() > 1e-3  # adapters act
+
+    settings = GenerateSettings(max_new_tokens=8, temperature=0.0, context=64)
+    prompts = [ids[0].tolist(), ids[1, :5].tolist()]
+    dropped.train()  # generation itself puts the model in eval mode
+    with_dropout = decode(dropped, prompts, settings, torch.Generator(), next_token, frozenset())
+    without = decode(plain, prompts, settings, torch.Generator(), next_token, frozenset())
+    assert with_dropout.ids == without.ids and all(len(row) == 8 for row in with_dropout.ids)

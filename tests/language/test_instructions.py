@@ -245,3 +245,109 @@ def test_lora_adapters_learn_the_answers_on_a_frozen_import(tmp_path: Path) -> N
 
     saved = model_state(list_checkpoints(tmp_path / "lora")[-1][1])[1]
     assert set(saved) == set(plan.adapter_params)
+
+
+def _one_conversation(tmp_path: Path, template: str) -> tuple[DataSettings, object]:
+    """A tokenizer folder with ``template`` and a JSON Lines file holding ``CONVERSATION``."""
+    tokenizer = _bpe()
+    (tmp_path / "tok").mkdir()
+    tokenizer.save(tmp_path / "tok" / "tokenizer.json")  # type: ignore[attr-defined]
+    config = {"chat_template": template, "eos_token": "<|im_end|>"}
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    data = DataSettings(
+        path=str(tmp_path / "chat.jsonl"),
+        format="chat",
+        val_fraction=0.0,
+        cache_dir=str(tmp_path / "cache"),
+        tokenizer=TokenizerSettings(path=str(tmp_path / "tok" / "tokenizer.json")),
+    )
+    return data, tokenizer
+
+
+def _labels_expected(ids: list[int], answer: list[bool]) -> list[int]:
+    """Position t is trained on token t+1 exactly when token t+1 is the assistant's."""
+    return [ids[t + 1] if answer[t + 1] else IGNORE for t in range(len(ids) - 1)]
+
+
+def test_the_rows_train_each_answer_from_its_first_token_to_its_end_of_turn(tmp_path: Path) -> None:
+    """The labels the loss reads, against the character offsets of each assistant message in the text
+    rendered by hand (no code under test builds the expectation): each answer's first token is a label,
+    and the first token after its turn (the next ``<|im_start|>``) is not."""
+    from tokenizers import Tokenizer
+
+    data, tokenizer = _one_conversation(tmp_path, UNTAGGED)
+    corpus = ChatCorpus.prepare(data, 256)
+    x, labels = corpus.rows(corpus.train)
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in CONVERSATION)
+    spans, at = [], 0
+    for message in CONVERSATION:
+        at = text.index(f"<|im_start|>{message['role']}\n{message['content']}", at)
+        start = at + len(f"<|im_start|>{message['role']}\n")
+        at = text.index("<|im_start|>", start) if "<|im_start|>" in text[start:] else len(text)
+        if message["role"] == "assistant":
+            spans.append((start, at))  # its content, <|im_end|> and the newline the template ends it with
+    encoding = Tokenizer.from_str(tokenizer._json).encode(text)  # type: ignore[attr-defined]
+    ids, offsets = encoding.ids, encoding.offsets
+    answer = [any(a <= s < b for a, b in spans) for s, _ in offsets]
+    n = len(ids) - 1
+    assert n < 256 and x[0, :n].tolist() == ids[:-1]
+    assert labels[0, :n].tolist() == _labels_expected(ids, answer)
+    assert (labels[0, n:] == IGNORE).all()
+    for start, end in spans:
+        first = next(t for t, (s, _) in enumerate(offsets) if s == start)
+        assert labels[0, first - 1] == ids[first]  # the answer's first token is trained
+        after = next(t for t, (s, _) in enumerate(offsets) if s >= end) if end < len(text) else None
+        if after is not None:
+            assert labels[0, after - 1] == IGNORE  # the token after the turn is not
+
+
+GENERATION_SPELLINGS = [
+    ("{% generation %}", "{% endgeneration %}"),
+    ("{%- generation %}", "{% endgeneration -%}"),
+    ("{% generation -%}", "{%- endgeneration %}"),
+    ("{%- generation -%}", "{%- endgeneration -%}"),
+    ("{%generation%}", "{%endgeneration%}"),
+    ("{%+ generation +%}", "{%+ endgeneration +%}"),
+    ("{%-generation-%}", "{%+endgeneration%}"),
+]
+
+
+@pytest.mark.parametrize(("opening", "closing"), GENERATION_SPELLINGS)
+def test_every_spelling_of_the_generation_tag_gives_transformers_mask(
+    opening: str, closing: str, tmp_path: Path
+) -> None:
+    """The tags with white space and dashes around them (which change the rendered text), and the labels
+    the loss reads equal transformers' ``assistant_masks`` shifted by one."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    template = (
+        "{% for message in messages %}\n  {{ '<|im_start|>' + message['role'] + '\n' }}\n"
+        "  {% if message['role'] == 'assistant' %}\n    " + opening + "\n    "
+        "{{ message['content'] + '<|im_end|>' }}\n    " + closing + "\n  {% else %}\n"
+        "    {{ message['content'] + '<|im_end|>' }}\n  {% endif %}\n  {{ '\n' }}\n{% endfor %}"
+    )
+    data, tokenizer = _one_conversation(tmp_path, template)
+    theirs = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(tokenizer._json)  # type: ignore[attr-defined]
+    )
+    theirs.chat_template = template
+    out = theirs.apply_chat_template(
+        CONVERSATION, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    ids, mask = list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+    assert any(mask) and not all(mask)
+    corpus = ChatCorpus.prepare(data, 256)
+    x, labels = corpus.rows(corpus.train)
+    n = len(ids) - 1
+    assert x[0, :n].tolist() == ids[:-1]
+    assert labels[0, :n].tolist() == _labels_expected(ids, mask)
+
+
+def test_a_generation_tag_in_a_comment_or_raw_block_marks_nothing() -> None:
+    commented = UNTAGGED.replace("{% endfor %}", "{# {% generation %} #}{% endfor %}")
+    raw = UNTAGGED + "{% raw %}{% generation %}{% endraw %}"
+    assert not ChatTemplate(commented, "test").marks_generation
+    assert not ChatTemplate(raw, "test").marks_generation
+    assert ChatTemplate(CHATML, "test").marks_generation

@@ -76,3 +76,20 @@ def test_no_rank_no_adapters_and_the_catalog_checks_a_hand_written_lora() -> Non
     assert found == {"bad-args"}
     model["ops"][2]["args"] = {"in_features": 6, "out_features": 6, "rank": 2}
     assert "channel-width" in {d.code for d in ta.validate_model(model) if d.is_error}
+
+
+def test_parts_named_in_several_targets_are_all_adapted() -> None:
+    """Two entries naming parts of one step adapt the union of those parts, whatever their order, and
+    an entry naming the whole step wins over one naming a part."""
+    expected = {"q": [True, False, False], "v": [False, False, True]}
+    for targets in ("[layers.*.qkv:q, layers.*.qkv:v]", "[layers.*.qkv:v, 'layers[*].qkv:q']"):
+        plan = ta.load("llama_tiny", ["lora.rank=4", f"lora.targets={targets}"]).checked_plan()
+        for layer in (0, 1):
+            args = plan.step(f"layers.{layer}.qkv_lora").args
+            assert args["adapted"] == [a or b for a, b in zip(*expected.values(), strict=True)]
+        # A for q and v, B [64, 4] for q and [32, 4] for v, in each of the two layers
+        assert plan.num_trainable_params == 2 * (2 * 4 * 64 + 4 * (64 + 32))
+    for targets in ("[layers.*.qkv:k, layers.*.qkv]", "[layers.*.qkv, layers.*.qkv:k]"):
+        plan = ta.load("llama_tiny", ["lora.rank=4", f"lora.targets={targets}"]).checked_plan()
+        assert plan.step("layers.0.qkv_lora").args.get("adapted") in (None, [True, True, True])
+        assert plan.num_trainable_params == 2 * (3 * 4 * 64 + 4 * (64 + 32 + 32))

@@ -417,6 +417,15 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
     given = data.get("rope_parameters")
     rope: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
     factor = data.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    inner = rope.get("partial_rotary_factor", factor)
+    if inner != factor:  # transformers 5 reads the one inside rope_parameters, older releases the other
+        r.refuse(
+            "partial_rotary_factor",
+            f"partial_rotary_factor = {shown(factor)} and rope_parameters.partial_rotary_factor = "
+            f"{shown(inner)} disagree",
+            "keep one of them (transformers 5 writes it inside rope_parameters)",
+            code="hf-bad-value",
+        )
     rotary_dim = None
     if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < 1:
         rotary_dim = int(head_dim * factor)

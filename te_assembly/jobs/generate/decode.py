@@ -1,8 +1,9 @@
 """Token by token with a key/value cache: one forward over the prompts (left-padded to one length), then
 one position per new token, each attention step attending to its cached past
 (``engines/reference/kv_cache.py``). A model whose attention cannot be cached (no causal attention
-step) recomputes its window each token, as does every model once a sequence outgrows
-``generate.context`` (the window slides: positions restart at its first token)."""
+step) recomputes its window each token (each row alone when the rows are padded: nothing would mask
+the padding), as does every model once a sequence outgrows ``generate.context`` (the window slides:
+positions restart at its first token; a longer prompt keeps its last ``context`` tokens)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,8 @@ def _forward(
     positions to go on with (the prefill), or without one, a cache for this forward alone where
     padding must be masked (None when nothing is cached)."""
     ids, pads = _padded(history, context, device)
+    if not layouts and any(pads):  # nothing masks the padding: each row alone, as it is
+        return torch.cat([model(ids[row : row + 1, pad:]).y[:, -1] for row, pad in enumerate(pads)]), None
     if not layouts or (capacity is None and not any(pads)):
         return model(ids).y[:, -1], None
     cache = KVCache(layouts, len(history), capacity or ids.shape[1], device, dtype, pads=pads)
