@@ -203,7 +203,8 @@ class GroupConfigLoader(ConfigLoaderImpl):
             raise ConfigError([*others, *refusal.diagnostics]) from None
         # Without a primary config (--hydra-help) no command runs: Hydra's default output_subdir stands.
         container = OmegaConf.to_container(cfg, resolve=False)
-        refused = code_in_config(container, jobs=config_name is not None)  # type: ignore[arg-type]
+        resolved = resolved_where_possible(cfg.hydra) if "hydra" in cfg else None
+        refused = code_in_config(container, jobs=config_name is not None, resolved_hydra=resolved)  # type: ignore[arg-type]
         if refused:  # before Hydra builds a callback, a logging handler or a launcher from it
             raise ConfigError(refused)
         if not self.writes_files:
@@ -222,6 +223,27 @@ class GroupConfigLoader(ConfigLoaderImpl):
                     exclude_keys=job.config.override_dirname.exclude_keys,
                 )
         return cfg
+
+
+def resolved_where_possible(node: Any) -> Any:
+    """``node`` as plain data, every interpolation that can be resolved now resolved and every other one
+    kept as its text (``hydra.runtime.*`` is filled in when the job starts). Resolving builds config
+    nodes only: nothing is instantiated."""
+    raw: Any = OmegaConf.to_container(node, resolve=False)
+    keys: Any = raw.keys() if isinstance(raw, dict) else range(len(raw)) if isinstance(raw, list) else ()
+    out: Any = {} if isinstance(raw, dict) else [] if isinstance(raw, list) else raw
+    for key in keys:
+        try:
+            value = node[key]
+        except Exception:  # an interpolation that cannot be resolved yet, a missing value (???)
+            value = raw[key]
+        if OmegaConf.is_config(value):
+            value = resolved_where_possible(value)
+        if isinstance(out, dict):
+            out[key] = value
+        else:
+            out.append(value)
+    return out
 
 
 def _env_copy_refusal(exc: KeyError) -> Exception:

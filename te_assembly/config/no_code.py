@@ -7,6 +7,11 @@ package it names. te_assembly needs none of that, so a composed config (or an ov
 any of it is refused, with the key path, before Hydra acts on it (``composition.GroupConfigLoader``; the
 search path before Hydra reads it).
 
+The checks read ``hydra.*`` twice: as written, and with every interpolation that can be resolved at
+composition resolved (``hydra: {callbacks: ${evil}}`` is a callback once resolved). An interpolation that
+builds a config node from text (``oc.create``, ``oc.decode``) is refused anywhere under ``hydra.``: what it
+builds is what Hydra instantiates or acts on, out of reach of any reading of the text.
+
 Allowed: Hydra's own launcher and sweeper (its defaults), logging to the terminal (``StreamHandler`` on
 stdout/stderr, ``NullHandler``) as the shipped ``hydra/job_logging`` and ``hydra/hydra_logging`` do, and
 Hydra's default log file (``hydra/job_logging=default``: a ``FileHandler`` appending to
@@ -15,6 +20,7 @@ Hydra's default log file (``hydra/job_logging=default``: a ``FileHandler`` appen
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -49,13 +55,66 @@ RUN_DIR_LOG = "${hydra.runtime.output_dir}/"
 """Where Hydra's default ``job_logging`` writes its log file, the one place a ``FileHandler`` may."""
 
 
+JOB_NAME_LOG = "${hydra.job.name}.log"
+"""The name Hydra's default ``job_logging`` gives its log file; the job's name is checked apart
+(``_job_name``), as it may come from the config."""
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_BUILDER = re.compile(r"\$\{\s*(oc\.create|oc\.decode)\s*:")
+
+
 def _in_run_dir(handler: Mapping[str, Any]) -> bool:
-    """A ``FileHandler`` appending to a file in the run directory, as Hydra's default logging does."""
+    """A ``FileHandler`` appending to a file in the run directory, as Hydra's default logging does: its
+    name is a plain one, or the job's name (no interpolation of the config's choosing in it)."""
     name = handler.get("filename")
-    if not isinstance(name, str) or not name.startswith(RUN_DIR_LOG) or ".." in name:
+    if not isinstance(name, str) or not name.startswith(RUN_DIR_LOG):
         return False
     rest = name.removeprefix(RUN_DIR_LOG)
-    return "/" not in rest and set(handler) <= {"class", "formatter", "filename", "level"}
+    plain = rest == JOB_NAME_LOG or (_PLAIN_NAME.fullmatch(rest) is not None and ".." not in rest)
+    return plain and set(handler) <= {"class", "formatter", "filename", "level"}
+
+
+def _job_name(hydra: Mapping[str, Any], resolved: bool) -> list[Diagnostic]:
+    """``hydra.job.name`` names the default log file (``${hydra.job.name}.log`` in the run directory):
+    a path there would put it anywhere. An interpolation is judged by its value (``resolved``)."""
+    job = hydra.get("job")
+    name = job.get("name") if isinstance(job, Mapping) else None
+    if name is None or (isinstance(name, str) and _PLAIN_NAME.fullmatch(name) and ".." not in name):
+        return []
+    if not resolved and isinstance(name, str) and "${" in name:
+        return []
+    return [
+        error(
+            "hydra.job.name",
+            "code-in-config",
+            f"hydra.job.name={name!r} is not a plain name: it names Hydra's log file, which would be written "
+            "outside the run directory",
+            "use letters, digits, '_', '-' and '.'",
+        )
+    ]
+
+
+def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
+    """(path, text) of every string below ``node``, in mappings and lists."""
+    if isinstance(node, str):
+        yield path, node
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _strings(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _strings(value, f"{path}[{index}]")
+
+
+def _builders(hydra: Mapping[str, Any]) -> list[Diagnostic]:
+    """Every interpolation under ``hydra.`` that builds a config node from text (module docstring)."""
+    out = []
+    for path, text in _strings(hydra, "hydra"):
+        found = _BUILDER.search(text)
+        if found:
+            message = f"the interpolation ${{{found.group(1)}:...}} builds a config node from text: {_WHY}"
+            out.append(error(path, "code-in-config", message, "write the values out as YAML"))
+    return out
 
 
 def _logging(section: str, config: Any) -> list[Diagnostic]:
@@ -123,12 +182,19 @@ def refused_searchpath(entries: Any, where: str = "hydra.searchpath") -> list[Di
     for index, entry in enumerate(
         entries if isinstance(entries, Sequence) and not isinstance(entries, str) else []
     ):
-        if isinstance(entry, str) and "://" in entry and not entry.startswith("file://"):
+        # An interpolation could become pkg://... by the time Hydra reads it: only inside file://.
+        if isinstance(entry, str) and ("://" in entry or "${" in entry) and not entry.startswith("file://"):
             out.append(
                 error(
                     f"{where}[{index}]",
                     "code-in-config",
-                    f"search path {entry!r} imports the Python package it names: {_WHY}",
+                    f"search path {entry!r} "
+                    + (
+                        "imports the Python package it names"
+                        if "://" in entry
+                        else "is an interpolation, which could name a Python package for Hydra to import"
+                    )
+                    + f": {_WHY}",
                     "name a folder (file://path, or --config-dir path)",
                 )
             )
@@ -175,26 +241,24 @@ def refused_env_copy(names: Sequence[str], listed: Any = None) -> list[Diagnosti
     ]
 
 
-def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic]:
+def code_in_config(
+    cfg: Mapping[str, Any], jobs: bool = True, resolved_hydra: Mapping[str, Any] | None = None
+) -> list[Diagnostic]:
     """Every place the composed config (as plain data, unresolved) asks Hydra to build an object, and
-    (``jobs``: a command will run) to write its own copies of the config."""
-    out = []
-    for path, key, value in _walk(cfg, ""):
-        if key != "_target_":
-            continue
-        if ALLOWED_TARGETS.get(path) == value:
-            continue
-        out.append(error(path, "code-in-config", f"_target_ {value!r} would build a Python object: {_WHY}"))
+    (``jobs``: a command will run) to write its own copies of the config; ``resolved_hydra``: its
+    ``hydra`` node with what can be resolved resolved, checked again (a finding at a path already found
+    is not repeated)."""
+    out = _targets(cfg, "")
     raw = cfg.get("hydra")
     hydra: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    callbacks = hydra.get("callbacks")
-    if isinstance(callbacks, Mapping):
-        for name in callbacks:
-            path = f"hydra.callbacks.{name}"
-            if not any(d.path.startswith(path) for d in out):
-                out.append(error(path, "code-in-config", f"Hydra callbacks run Python code: {_WHY}"))
-    out.extend(_environment(hydra))
-    out.extend(refused_searchpath(hydra.get("searchpath")))
+    out.extend(_builders(hydra))
+    out.extend(d for d in _interpolated_sections(hydra) if d.path not in {b.path for b in out})
+    out.extend(_hydra_checks(hydra, out, resolved=False))
+    if resolved_hydra is not None:
+        found = {d.path for d in out}
+        again = _targets(resolved_hydra, "hydra")
+        again.extend(_hydra_checks(resolved_hydra, again, resolved=True))
+        out.extend(d for d in again if not any(d.path.startswith(p) for p in found))
     if jobs and hydra.get("output_subdir") is not None:
         out.append(
             error(
@@ -206,12 +270,69 @@ def code_in_config(cfg: Mapping[str, Any], jobs: bool = True) -> list[Diagnostic
                 "leave it null: train, bench, graph and verify write the resolved config.yaml themselves",
             )
         )
-    for section in LOGGING:
-        out.extend(
-            _logging(
-                section, hydra.get(section.removeprefix("hydra.")) if isinstance(hydra, Mapping) else None
+    return out
+
+
+def _targets(node: Any, path: str) -> list[Diagnostic]:
+    out = []
+    for child, key, value in _walk(node, path):
+        if key == "_target_" and ALLOWED_TARGETS.get(child) != value:
+            out.append(
+                error(child, "code-in-config", f"_target_ {value!r} would build a Python object: {_WHY}")
             )
-        )
+    return out
+
+
+STRUCTURAL = (
+    "callbacks",
+    "job.env_set",
+    "job.env_copy",
+    "job_logging",
+    "hydra_logging",
+    "searchpath",
+    "launcher",
+    "sweeper",
+)
+"""The parts of ``hydra`` Hydra builds objects from or acts on: written out as YAML, never one
+interpolation (whose value the checks of the text would not see)."""
+
+
+def _interpolated_sections(hydra: Mapping[str, Any]) -> list[Diagnostic]:
+    out = []
+    for dotted in STRUCTURAL:
+        node: Any = hydra
+        for key in dotted.split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if isinstance(node, str) and "${" in node:
+            out.append(
+                error(
+                    f"hydra.{dotted}",
+                    "code-in-config",
+                    f"hydra.{dotted} is one interpolation ({node[:60]!r}): what Hydra acts on must be "
+                    f"written out, where it can be checked: {_WHY}",
+                    "write the section out as YAML",
+                )
+            )
+    return out
+
+
+def _hydra_checks(
+    hydra: Mapping[str, Any], prior: Sequence[Diagnostic] = (), resolved: bool = True
+) -> list[Diagnostic]:
+    """Callbacks, the environment, the search path, logging and the job's name, in ``hydra``
+    (``prior``: findings already made, so a callback whose ``_target_`` is refused is not found twice)."""
+    out: list[Diagnostic] = []
+    callbacks = hydra.get("callbacks")
+    if isinstance(callbacks, Mapping):
+        for name in callbacks:
+            path = f"hydra.callbacks.{name}"
+            if not any(d.path.startswith(path) for d in prior):
+                out.append(error(path, "code-in-config", f"Hydra callbacks run Python code: {_WHY}"))
+    out.extend(_environment(hydra))
+    out.extend(refused_searchpath(hydra.get("searchpath")))
+    out.extend(_job_name(hydra, resolved))
+    for section in LOGGING:
+        out.extend(_logging(section, hydra.get(section.removeprefix("hydra."))))
     return out
 
 

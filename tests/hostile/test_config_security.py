@@ -118,3 +118,89 @@ def test_remote_code_is_never_carried_into_what_te_assembly_writes(hf_llama: Pat
         text = (folder / name).read_text()
         assert "auto_map" not in text and "evil" not in text, (folder, name)
     assert json.loads((exported / "tokenizer_config.json").read_text())["model_max_length"] == 64
+
+
+HIDDEN_IN_INTERPOLATIONS = {
+    # what Hydra would build or act on, written as one interpolation that builds the node from text
+    "callbacks built by oc.create": (
+        "hydra:\n  callbacks: "
+        "'${oc.create:{w: {_target_: pathlib.Path.write_text, self: VICTIM, data: x}}}'\n",
+        "hydra.callbacks",
+    ),
+    "callbacks interpolated from the config": (
+        "evil: {w: {_target_: builtins.print}}\nhydra:\n  callbacks: ${evil}\n",
+        "hydra.callbacks",
+    ),
+    "env_set built by oc.create": (
+        "hydra:\n  job:\n    env_set: '${oc.create:{PATH: BIN}}'\n",
+        "hydra.job.env_set",
+    ),
+    "env_set decoded from text": (
+        "hydra:\n  job:\n    env_set: \"${oc.decode:'{PATH: BIN}'}\"\n",
+        "hydra.job.env_set",
+    ),
+    "a file handler built by oc.create": (
+        "hydra:\n  job_logging: '${oc.create:{version: 1, handlers: {f: {class: logging.FileHandler, "
+        "filename: VICTIM, mode: w}}, root: {handlers: [f]}}}'\n",
+        "hydra.job_logging",
+    ),
+    "the run directory's log file named out of it": (
+        "name: ../../victim\nhydra:\n  job_logging:\n    version: 1\n    handlers:\n"
+        "      f: {class: logging.FileHandler, filename: '${hydra.runtime.output_dir}/${name}.log'}\n"
+        "    root: {handlers: [f]}\n",
+        "hydra.job_logging.handlers.f.class",
+    ),
+    "the job's name as a path": ("hydra:\n  job:\n    name: ../../victim\n", "hydra.job.name"),
+    "a search path interpolated to pkg://": (
+        "where: pkg://betrays\nhydra:\n  searchpath: ['${where}']\n",
+        "hydra.searchpath[0]",
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", HIDDEN_IN_INTERPOLATIONS, ids=list(HIDDEN_IN_INTERPOLATIONS))
+def test_what_hydra_acts_on_is_checked_after_interpolation_too(attack: str, tmp_path: Path) -> None:
+    """Each attack of a primary config on a command that writes files (so Hydra's logging is live):
+    refused with its key path, and nothing was run, written or emptied."""
+    marker = tmp_path / "ran"
+    bin_dir = _fake_dot(tmp_path, marker)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file")
+    text, path = HIDDEN_IN_INTERPOLATIONS[attack]
+    text = text.replace("VICTIM", str(victim)).replace("BIN", str(bin_dir))
+    (tmp_path / "evil.yaml").write_text("defaults: [config, _self_]\n" + text)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    done = _cli(tmp_path, "graph", "model=residual_mlp", "-cd", str(tmp_path), "-cn", "evil")
+    clean_failure(done, 2, f"error: {path}")
+    assert victim.read_text() == "the user's file"
+    assert not marker.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no log, no run directory, no file
+
+
+def test_a_search_path_override_that_interpolates_is_refused_before_any_import(
+    betraying_package: tuple[Path, Path], tmp_path: Path
+) -> None:
+    site, marker = betraying_package
+    done = user_cli(
+        tmp_path,
+        "validate",
+        "hydra.searchpath=[${oc.env:WHERE}]",
+        "model=evil",
+        pythonpath=str(site),
+        env={"WHERE": "pkg://betrays"},
+    )
+    clean_failure(done, 2, "hydra.searchpath[0]", "interpolation")
+    assert not marker.exists()
+
+
+def test_hydra_s_own_log_file_and_a_plain_job_name_still_work(tmp_path: Path) -> None:
+    done = _cli(
+        tmp_path,
+        "train",
+        "model=residual_mlp",
+        "train.steps=1",
+        "hydra/job_logging=default",
+        "hydra.job.name=mine",
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.glob("outputs/residual_mlp/*/mine.log"))
