@@ -11,6 +11,7 @@ reads has its PEFT names without a table of its own.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from te_assembly.files.directory import PEFT, check_destination, write_directory
 from te_assembly.files.read import LIMITS, InputFileError, read_json
 from te_assembly.formats.checkpoint import CheckpointError
 from te_assembly.formats.model_record import model_record
+from te_assembly.formats.tensor_file import float_tensors, open_safetensors
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -198,34 +200,129 @@ def write_peft(
     return write_directory(dest, PEFT, fill, overwrite=overwrite, sources=sources)
 
 
-def read_peft(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A PEFT adapter directory's config and tensors (PEFT's names), every limit of the bounded reader
-    kept; ``CheckpointError`` for anything but a LoRA adapter te_assembly can place."""
-    from safetensors.torch import load_file
+PEFT_REFUSED = {
+    "use_dora": "DoRA (a magnitude vector per module) is not supported yet",
+    "layers_to_transform": "it adapts some layers only",
+    "layers_pattern": "it adapts some layers only",
+    "layer_replication": "it repeats layers of the base",
+    "alora_invocation_tokens": "activated LoRA applies the adapters only after its invocation tokens",
+    "rank_pattern": "it gives some modules another rank",
+    "alpha_pattern": "it gives some modules another alpha",
+    "modules_to_save": "whole modules are trained and saved beside the adapters",
+    "exclude_modules": "it leaves some of the targeted modules out",
+    "target_parameters": "it adapts parameters, not modules",
+    "trainable_token_indices": "it trains some embedding rows",
+    "lora_bias": "it adds a bias to each B",
+    "use_qalora": "QALoRA pools the input by groups",
+    "fan_in_fan_out": "its weights are stored transposed (Conv1D bases)",
+}
+"""PEFT's fields that change what the adapters compute in ways te_assembly does not: refused by name
+whenever set (not null, false or empty)."""
 
+PEFT_METADATA = frozenset(
+    {
+        "peft_type",
+        "task_type",
+        "base_model_name_or_path",
+        "revision",
+        "inference_mode",
+        "init_lora_weights",
+        "auto_mapping",
+        "peft_version",
+        "loftq_config",
+        "eva_config",
+        "corda_config",
+        "runtime_config",
+        "megatron_config",
+        "megatron_core",
+        "qalora_group_size",
+        "ensure_weight_tying",
+    }
+)
+"""PEFT's fields that say where an adapter came from or how it was initialised: nothing te_assembly
+computes depends on them."""
+
+PEFT_READ = ("r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "bias")
+
+
+def _is_set(value: Any) -> bool:
+    return not (value is None or value is False or value == {} or value == [] or value == "")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def checked_peft_config(config: Any, path: Path) -> dict[str, Any]:
+    """``adapter_config.json`` checked field by field: what te_assembly reads, with its types and ranges
+    (PEFT's defaults where a field is absent), every other field metadata or refused by name; one
+    ``CheckpointError`` naming every problem."""
+    if not isinstance(config, Mapping):
+        raise CheckpointError(f"{path}: not a JSON object")
+    problems = []
+    if config.get("peft_type") != "LORA":
+        problems.append(
+            f"peft_type = {config.get('peft_type')!r}: te_assembly reads LoRA adapters (LORA) only"
+        )
+    out = {
+        "r": config.get("r", 8),
+        "lora_alpha": config.get("lora_alpha", 8),
+        "bias": config.get("bias", "none"),
+    }
+    out.update(lora_dropout=config.get("lora_dropout", 0.0), use_rslora=config.get("use_rslora", False))
+    out["target_modules"] = config.get("target_modules")
+    if not isinstance(out["r"], int) or isinstance(out["r"], bool) or out["r"] < 1:
+        problems.append(f"r = {out['r']!r}: expected a positive integer")
+    if not _number(out["lora_alpha"]) or out["lora_alpha"] <= 0:
+        problems.append(f"lora_alpha = {out['lora_alpha']!r}: expected a positive number")
+    if not _number(out["lora_dropout"]) or not 0 <= out["lora_dropout"] < 1:
+        problems.append(f"lora_dropout = {out['lora_dropout']!r}: expected a number from 0 to below 1")
+    if not isinstance(out["use_rslora"], bool):
+        problems.append(f"use_rslora = {out['use_rslora']!r}: expected true or false")
+    if out["bias"] != "none":
+        problems.append(f"bias = {out['bias']!r}: te_assembly's adapters train no bias (none only)")
+    modules = out["target_modules"]
+    if isinstance(modules, str):
+        problems.append(
+            f"target_modules = {modules!r}: a pattern; te_assembly reads a list of module names (PEFT writes "
+            "one once the adapter is made)"
+        )
+    elif not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
+        problems.append(f"target_modules = {modules!r}: expected a non-empty list of module names")
+    for key, value in config.items():
+        if key in PEFT_REFUSED and _is_set(value):
+            problems.append(f"{key} = {_shown(value)} is not supported: {PEFT_REFUSED[key]}")
+        elif key not in PEFT_REFUSED and key not in PEFT_METADATA and key not in PEFT_READ and _is_set(value):
+            problems.append(f"{key} = {_shown(value)}: a field te_assembly does not know, so cannot honour")
+    if problems:
+        raise CheckpointError(f"{path}: " + "; ".join(problems))
+    return {**config, **out}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_peft(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A PEFT adapter directory's config (``checked_peft_config``) and tensors (PEFT's names, every one a
+    float), both read through the bounded reader inside the folder (a symlink out of it is refused);
+    ``CheckpointError`` for anything but a LoRA adapter te_assembly can place."""
     folder = Path(directory).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a PEFT adapter directory (no such directory)")
     try:
-        config = read_json(folder / PEFT_CONFIG, limit=LIMITS["metadata"])
+        raw = read_json(folder / PEFT_CONFIG, limit=LIMITS["metadata"], within=folder)
     except InputFileError as exc:
         raise CheckpointError(f"{folder} is not a PEFT adapter directory: {exc}") from None
-    if not isinstance(config, Mapping) or config.get("peft_type") != "LORA":
-        raise CheckpointError(
-            f"{folder / PEFT_CONFIG}: te_assembly reads LoRA adapters (peft_type LORA) only"
-        )
-    unsupported = {
-        key: config.get(key)
-        for key in ("use_dora", "fan_in_fan_out", "modules_to_save", "rank_pattern", "alpha_pattern")
-        if config.get(key)
-    }
-    if config.get("bias", "none") != "none":
-        unsupported["bias"] = config.get("bias")
-    if unsupported:
-        shown = ", ".join(f"{k}={v!r}" for k, v in unsupported.items())
-        raise CheckpointError(f"{folder / PEFT_CONFIG}: {shown} is not supported (plain LoRA adapters only)")
+    config = checked_peft_config(raw, folder / PEFT_CONFIG)
     weights = folder / PEFT_WEIGHTS
-    if not weights.is_file():
+    if not (weights.exists() or weights.is_symlink()):
         raise CheckpointError(f"{folder} has no {PEFT_WEIGHTS} (an adapter saved with safe_serialization)")
-    return dict(config), load_file(str(weights))
+    with open_safetensors(weights, within=folder) as handle:
+        float_tensors(weights, handle)
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    return config, tensors
 
 
 def lora_section(config: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
@@ -233,12 +330,8 @@ def lora_section(config: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     alpha, dropout, scaling rule and targets, each PEFT module as a step and part."""
     from te_assembly.formats.hf.mapping import rules_of_plan
 
-    modules = config.get("target_modules")
-    if isinstance(modules, str) or not isinstance(modules, list) or not modules:
-        raise CheckpointError(f"{PEFT_CONFIG}: target_modules must be a list of module names")
-    rank = config.get("r")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise CheckpointError(f"{PEFT_CONFIG}: r must be a positive integer, got {rank!r}")
+    config = checked_peft_config(config, Path(PEFT_CONFIG))
+    modules, rank = config["target_modules"], config["r"]
     wanted = {str(m) for m in modules}
     targets: dict[str, set[str]] = {}
     found = set()
@@ -258,9 +351,9 @@ def lora_section(config: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         raise CheckpointError(f"{PEFT_CONFIG}: target_modules {missing} name no projection of {plan.name}")
     return {
         "rank": rank,
-        "alpha": float(config.get("lora_alpha", 8)),
-        "dropout": float(config.get("lora_dropout", 0.0)),
-        "rslora": bool(config.get("use_rslora")),
+        "alpha": float(config["lora_alpha"]),
+        "dropout": float(config["lora_dropout"]),
+        "rslora": config["use_rslora"],
         "targets": [f"{p}:{'+'.join(sorted(parts))}" if parts else p for p, parts in sorted(targets.items())],
     }
 
@@ -293,15 +386,28 @@ def with_adapter(model: Any, directory: str | os.PathLike[str]) -> Any:
 
 def from_peft_tensors(plan: Plan, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """PEFT-named ``tensors`` under the names of ``plan``'s adapters (a plan whose adapters the adapter's
-    config built); ``CheckpointError`` naming what is missing or left over."""
+    config built), each a float of the shape its adapter needs; ``CheckpointError`` naming what is
+    missing, left over or of another rank or base."""
     out: dict[str, torch.Tensor] = {}
+    steps = {s.name: s for s in adapter_steps(plan)}
     used = set()
     for (step, i), module in _modules(plan).items():
         for kind in ("A", "B"):
             key = f"{PEFT_PREFIX}{module}.lora_{kind}.weight"
             if key not in tensors:
                 raise CheckpointError(f"{PEFT_WEIGHTS} has no {key}")
-            out[f"steps.{step}.lora_{kind}{i}"] = tensors[key]
+            tensor, needed = tensors[key], tuple(steps[step].param_shapes[f"lora_{kind}{i}"])
+            if not tensor.is_floating_point():
+                raise CheckpointError(
+                    f"{PEFT_WEIGHTS}: {key} is {tensor.dtype}, not a float: it is no weight"
+                )
+            if tuple(tensor.shape) != needed:
+                raise CheckpointError(
+                    f"{PEFT_WEIGHTS}: {key} has shape {tuple(tensor.shape)}; the base and "
+                    f"adapter_config.json (r = {steps[step].args['rank']}) need {needed}: the adapter was "
+                    "made with another rank or for another base"
+                )
+            out[f"steps.{step}.lora_{kind}{i}"] = tensor
             used.add(key)
     extra = sorted(set(tensors) - used)
     if extra:

@@ -266,7 +266,7 @@ def _verified_weights(folder: Path, plan: Plan) -> dict[str, torch.Tensor]:
     checksum, nothing is NaN or inf."""
     if not (folder / WEIGHTS_FILE).exists():
         raise CheckpointError(f"{folder} is not a pretrained model directory: no {WEIGHTS_FILE}")
-    header, weights = read_verified(folder / WEIGHTS_FILE, FORMAT)
+    header, weights = read_verified(folder / WEIGHTS_FILE, FORMAT, within=folder)
     _check_fits(plan, weights, str(folder / WEIGHTS_FILE))  # weights of another model: name them first
     recorded = header.meta.get("config_sha256")
     if recorded is not None and recorded != _sha256((folder / CONFIG_FILE).read_bytes()):

@@ -163,6 +163,43 @@ def _pretrained_config(path: Path, folder: Path) -> object:
     return te_assembly.from_pretrained(folder, "reference")
 
 
+def _adapter_folder(name: str) -> Callable[[Path], Path]:
+    """A PEFT adapter folder (its adapter_config.json valid) whose ``name`` is the attack."""
+
+    def prepare(tmp: Path) -> Path:
+        folder = tmp / "given"
+        folder.mkdir()
+        if name != "adapter_config.json":
+            config = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}
+            (folder / "adapter_config.json").write_text(json.dumps(config))
+        return folder / name
+
+    return prepare
+
+
+def _peft_adapter(path: Path, folder: Path) -> object:
+    from te_assembly.formats.adapters import read_peft
+
+    return read_peft(folder)
+
+
+def _pretrained_weights(tmp: Path) -> Path:
+    """A pretrained directory te_assembly wrote, its weights file the attack."""
+    import te_assembly
+    from tests.engines._helpers import build_yaml
+
+    model = "name: tiny\nin_features: 8\nops:\n  - {name: fc, op: Linear, args: {in_features: 8, out_features: 8}}\n"
+    folder = te_assembly.save_pretrained(build_yaml(model), tmp / "given")
+    (folder / "model.safetensors").unlink()
+    return folder / "model.safetensors"
+
+
+def _pretrained(path: Path, folder: Path) -> object:
+    import te_assembly
+
+    return te_assembly.from_pretrained(folder, "reference")
+
+
 SURFACES = {
     "model file (model=PATH)": Surface("m.yaml", _folder("m.yaml"), _analyze, False),
     "model file found by name (-cd)": Surface("mine.yaml", _prepare_found_model, _found_model, True),
@@ -193,6 +230,19 @@ SURFACES = {
     "a text file in data.path": Surface("b.txt", _folder("b.txt"), _data_folder, True, folders_allowed=True),
     "data.path=FILE": Surface("c.txt", _folder("c.txt"), _data_file, False, folders_allowed=True),
     "data.tokenizer.path": Surface("tok.json", _folder("tok.json"), _tokenizer_setting, False),
+    "adapter_config.json (import_hf.adapter, with_adapter)": Surface(
+        "adapter_config.json", _adapter_folder("adapter_config.json"), _peft_adapter, True
+    ),
+    "adapter_model.safetensors (import_hf.adapter, with_adapter)": Surface(
+        "adapter_model.safetensors",
+        _adapter_folder("adapter_model.safetensors"),
+        _peft_adapter,
+        True,
+        limited=False,
+    ),
+    "a pretrained directory's model.safetensors": Surface(
+        "model.safetensors", _pretrained_weights, _pretrained, True, limited=False
+    ),
     "a pretrained directory's config.yaml": Surface(
         "config.yaml", _folder("config.yaml"), _pretrained_config, True
     ),

@@ -25,20 +25,20 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from te_assembly.errors import CheckpointError, NonFiniteError
 from te_assembly.files import write as files_write
-from te_assembly.files.read import open_regular
 from te_assembly.formats.checkpoint import sharded
 from te_assembly.formats.checkpoint.state import adapter_names, checkpoint_state
+from te_assembly.formats.tensor_file import open_safetensors
 
 FORMAT = "te_assembly.train/2"
 SUFFIX = ".safetensors"
@@ -101,12 +101,6 @@ def _not_a_checkpoint(path: str, problem: str, code: str, line: int | None) -> C
     return CheckpointError(f"cannot open {path}: {problem}")
 
 
-def _open_regular(path: Path) -> contextlib.AbstractContextManager[int]:
-    """An fd of ``path`` if it is a regular file (the shared reader's checks: a FIFO, or a file swapped
-    for one, is refused instead of blocking the open or the read forever)."""
-    return open_regular(path, limit=None, make_error=_not_a_checkpoint)
-
-
 @dataclass(frozen=True)
 class Header:
     """A checkpoint's header as safetensors reads it, checked against what was recorded at save time
@@ -123,40 +117,11 @@ def _corrupt(path: Path, what: str) -> CheckpointError:
     return CheckpointError(f"{path} is corrupt: {what}")
 
 
-_SAFETENSORS_PROBLEMS = {
-    "header too large": "the header claims more bytes than the file holds (truncated?)",
-    "incomplete metadata": "its tensors do not cover the file's data exactly (truncated?)",
-    "invalid shape, data type, or offset": "a tensor's shape, dtype or data offsets are inconsistent",
-    "invalid json in header": "the header is not a JSON object safetensors can read",
-}
-
-
-def _unreadable(path: Path, exc: SafetensorError, size: int) -> CheckpointError:
-    """safetensors' reason a file is not a safetensors file, in words (the file's size where it helps)."""
-    text = str(exc).splitlines()[0] if str(exc) else "unreadable"
-    if "header too small" in text:
-        return _corrupt(path, f"{size} bytes, too short for a safetensors header (truncated?)")
-    for key, words in _SAFETENSORS_PROBLEMS.items():
-        if key in text.lower():
-            return _corrupt(path, f"{words} ({text})")
-    return _corrupt(path, f"safetensors cannot read it ({text})")
-
-
-@contextlib.contextmanager
-def _safe_open(path: Path) -> Iterator[Any]:
-    """safetensors' ``safe_open`` of ``path`` if it is a regular file: the file is opened first (``_open_
-    regular``: never blocking on a FIFO) and safetensors reads that same open file (``/proc/self/fd``
-    where there is one), so a file swapped after the check is not the one read. Whatever safetensors
-    cannot parse is a ``CheckpointError`` saying why."""
-    with _open_regular(path) as fd:
-        size = os.fstat(fd).st_size
-        same_file = f"/proc/self/fd/{fd}"
-        source = same_file if os.path.exists(same_file) else str(path)
-        try:
-            with safe_open(source, framework="pt", device="cpu") as handle:
-                yield handle
-        except SafetensorError as exc:
-            raise _unreadable(path, exc, size) from None
+def _safe_open(path: Path, within: Path | None = None) -> contextlib.AbstractContextManager[Any]:
+    """safetensors' handle on ``path`` through the one opener (``formats/tensor_file.py``): a FIFO, or a
+    file swapped for one, is refused instead of blocking; whatever safetensors cannot parse is a
+    ``CheckpointError`` saying why."""
+    return open_safetensors(path, within=within, make_error=_not_a_checkpoint)
 
 
 def _header(path: Path, handle: Any, fmt: str = FORMAT) -> Header:
@@ -230,10 +195,12 @@ def read_meta(path: Path) -> dict[str, Any]:
     return read_header(path).meta
 
 
-def read_verified(path: Path, fmt: str = FORMAT) -> tuple[Header, dict[str, torch.Tensor]]:
+def read_verified(
+    path: Path, fmt: str = FORMAT, within: Path | None = None
+) -> tuple[Header, dict[str, torch.Tensor]]:
     """Every tensor of ``path`` (CPU), each checked against the SHA-256 recorded at save time before
-    any is returned (``CheckpointError`` first)."""
-    with _safe_open(path) as handle:
+    any is returned (``CheckpointError`` first); ``within``: the folder it was found in."""
+    with _safe_open(path, within) as handle:
         header = _header(path, handle, fmt)
         tensors = {}
         for name in header.tensors:

@@ -38,7 +38,7 @@ from te_assembly.formats.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_c
 from te_assembly.formats.hf.layout import model_config
 from te_assembly.formats.hf.mapping import hf_config, mapping_of_plan
 from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, rules
-from te_assembly.formats.hf.shards import FLOAT_DTYPES, HFCheckpoint, write_shards
+from te_assembly.formats.hf.shards import HFCheckpoint, write_shards
 from te_assembly.formats.pretrained import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -48,6 +48,7 @@ from te_assembly.formats.pretrained import (
     weights_dtype,
     write_pretrained,
 )
+from te_assembly.formats.tensor_file import FLOAT_DTYPES
 
 if TYPE_CHECKING:
     from te_assembly.analysis.analyze import Analysis

@@ -5,7 +5,6 @@ checkpoint is never loaded whole); written shard by shard past a size."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -14,11 +13,9 @@ from typing import Any
 import torch
 
 from te_assembly.errors import CheckpointError
-from te_assembly.files.read import LIMITS, open_regular, read_json
+from te_assembly.files.read import LIMITS, read_json
+from te_assembly.formats.tensor_file import open_safetensors
 
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-"""safetensors dtypes a weight may be stored in: an integer or bool tensor where a weight belongs would
-be converted to floats of its integer values (``I32`` ids as weights of about 1e9), so it is refused."""
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
@@ -37,28 +34,16 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
         self._stack = ExitStack()
         self._handles: dict[Path, Any] = {}
         self._where: dict[str, Path] = {}
-        from safetensors import safe_open
-
         for file in sorted(set(self.files.values()) if self.files else []):
             if not file.exists() and not file.is_symlink():
                 raise CheckpointError(f"{file} is missing: {INDEX} names it as a shard")
             try:
-                fd = self._stack.enter_context(
-                    open_regular(file, limit=None, within=directory, make_error=_refused)
-                )
-                # safetensors reads the file just checked (``/proc/self/fd``), not one swapped in since.
-                same = f"/proc/self/fd/{fd}"
                 handle = self._stack.enter_context(
-                    safe_open(same if os.path.exists(same) else str(file), framework="pt")
+                    open_safetensors(file, within=directory, make_error=_refused)
                 )
             except CheckpointError:
                 self._stack.close()
                 raise
-            except Exception as exc:  # safetensors' own error types vary by version
-                self._stack.close()
-                raise CheckpointError(
-                    f"{file} is not a readable safetensors file (corrupt or truncated): {exc}"
-                ) from None
             self._handles[file] = handle
             for name in handle.keys():
                 self._where[name] = file
