@@ -147,6 +147,11 @@ class Terminated(KeyboardInterrupt):
     reported with exit code 143 (128 + SIGTERM), as the shell reports a process SIGTERM ended."""
 
 
+class TemplateError(TeAssemblyError):
+    """A Jinja template (a checkpoint's chat template) that cannot be rendered: its own error, a bound
+    of the renderer (time, size, numbers, recursion) or the sandbox's refusal (``files/template.py``)."""
+
+
 class DataError(TeAssemblyError):
     """A language model's data cannot be read or does not fit the model: a missing or empty source, a
     binary or non-UTF-8 file, a token id beyond the vocabulary, a corpus shorter than one sequence."""

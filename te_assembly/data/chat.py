@@ -1,17 +1,14 @@
 """A tokenizer's chat template: the Jinja text a Hugging Face checkpoint ships (``chat_template.jinja``, or
 ``tokenizer_config.json``'s ``chat_template``) that turns a conversation into the model's prompt.
 
-Rendered as ``transformers`` renders it (``trim_blocks``, ``lstrip_blocks``, the ``loopcontrols``
-extension, ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII text, the special
-tokens of ``tokenizer_config.json`` as variables, ``{% generation %}`` blocks kept as text), in Jinja's
-immutable sandbox: a template is code-like text from a download, so it may read the values it is given
-but not reach Python attributes behind them (``__class__``...) or change them.
+Rendered by the one template renderer (``files/template.py``: as ``transformers`` renders it, in Jinja's
+immutable sandbox, within bounds of time, size and recursion), with the special tokens of
+``tokenizer_config.json`` as variables; every failure is a ``ChatTemplateError`` naming the template's
+file.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from te_assembly.data.tokenizer import HFTokenizer, load_tokenizer_file
-from te_assembly.errors import DataError
+from te_assembly.errors import DataError, TemplateError
 from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
+from te_assembly.files.template import MARKS, render_template, template_tokens
 
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
@@ -28,7 +26,7 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class ChatTemplateError(DataError):
+class ChatTemplateError(DataError, TemplateError):
     """A template that cannot be read or rendered, or that raised (``raise_exception``) on a conversation."""
 
 
@@ -45,13 +43,9 @@ class ChatTemplate:
         """Whether the template marks the assistant's text with ``{% generation %}`` blocks, in any
         spelling Jinja accepts (``{%- generation +%}``...) and not inside a comment or a raw block: read
         from Jinja's own tokens, as the template is parsed."""
-        from jinja2.exceptions import TemplateSyntaxError
-
         try:
-            tokens = [
-                (kind, value) for _, kind, value in _environment().lex(self.text) if kind != "whitespace"
-            ]
-        except TemplateSyntaxError:
+            tokens = template_tokens(self.text)
+        except TemplateError:
             return False  # rendering names the syntax error
         return any(
             kind == "block_begin" and tokens[n + 1 : n + 2] == [("name", "generation")]
@@ -86,22 +80,12 @@ class ChatTemplate:
         """The prompt for ``messages`` (``[{"role": ..., "content": ...}]``), with the opening of the
         assistant's turn when ``add_generation_prompt``."""
         check_messages(messages, self.source)
-        from jinja2.exceptions import SecurityError, TemplateError
-
+        variables = {"tools": None, "documents": None, **self.tokens, **extra}
+        variables.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
         try:
-            compiled = _environment(_mark).from_string(self.text)
-            variables = {"tools": None, "documents": None, **self.tokens, **extra}
-            return compiled.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt, **variables
-            )
-        except ChatTemplateError:
-            raise
-        except SecurityError as exc:
-            raise ChatTemplateError(
-                f"{self.source}: the chat template tried something unsafe: {exc}"
-            ) from None
+            return render_template(self.text, self.source, variables, mark=_mark)
         except TemplateError as exc:
-            raise ChatTemplateError(f"{self.source}: the chat template failed: {exc}") from None
+            raise ChatTemplateError(str(exc)) from None
 
 
 def check_messages(messages: Sequence[Mapping[str, Any]], source: str) -> None:
@@ -116,90 +100,6 @@ def check_messages(messages: Sequence[Mapping[str, Any]], source: str) -> None:
             raise ChatTemplateError(f"message {number}: role {role!r} is not one of {', '.join(ROLES)}")
         if not isinstance(content, str):
             raise ChatTemplateError(f"message {number}: content is not text")
-
-
-def _raise(message: str) -> None:
-    raise ChatTemplateError(f"the chat template refused the conversation: {message}")
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.datetime.now().strftime(fmt)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: Any = None,
-    sort_keys: bool = False,
-) -> str:
-    # Jinja's own tojson escapes HTML characters, which a prompt must keep as they are.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-class _Dict:
-    """``dict(...)`` for templates, without handing them the type itself."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-        return dict(*args, **kwargs)
-
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-        return dict.fromkeys(*args, **kwargs)
-
-
-MARKS = ("\ue000", "\ue001")
-"""Private-use characters around each ``{% generation %}`` block while its spans are found."""
-
-
-def _environment(mark: bool = False) -> Any:
-    from jinja2 import nodes, utils
-    from jinja2.exceptions import SecurityError
-    from jinja2.ext import Extension
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(Extension):  # type: ignore[misc]
-        """``{% generation %}...{% endgeneration %}``: transformers marks the assistant's tokens with it;
-        for a prompt its body is plain output."""
-
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            if mark:
-                body = [
-                    nodes.Output([nodes.TemplateData(MARKS[0])]),
-                    *body,
-                    nodes.Output([nodes.TemplateData(MARKS[1])]),
-                ]
-            return nodes.Scope(body, lineno=lineno)
-
-    class Namespace(utils.Namespace):  # type: ignore[misc]
-        """Jinja's ``namespace`` refusing ``_`` names, which lead towards Python's internals."""
-
-        def __init__(*args: Any, **kwargs: Any) -> None:
-            self, values = args[0], dict(*args[1:], **kwargs)
-            for name in values:
-                Namespace.check(name)
-            utils.Namespace.__init__(self, values)
-
-        def __setitem__(self, name: str, value: Any) -> None:
-            Namespace.check(name)
-            utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def check(name: object) -> None:
-            if isinstance(name, str) and name.startswith("_"):
-                raise SecurityError(f"a chat template may not store {name!r} on a namespace")
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, "jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals.update(raise_exception=_raise, strftime_now=_strftime_now, dict=_Dict(), namespace=Namespace)
-    return env
 
 
 def _token_text(value: Any) -> str | None:

@@ -1,8 +1,9 @@
 """Instruction data: JSON Lines of conversations (``{"messages": [{"role": ..., "content": ...}, ...]}``),
 rendered with the model's chat template, with the loss on the assistant's tokens only.
 
-Each conversation is one example, alone in its row: rendered whole, tokenized, cut to ``seq_len + 1``
-tokens and padded after its end (padding is never a label and, attention being causal, never seen by a
+Each conversation is one example, alone in its row: rendered, its first ``seq_len + 1`` tokens taken
+(only as much of the text is tokenized, and only the turns in that window are found, as they need),
+padded after its end (padding is never a label and, attention being causal, never seen by a
 real token), so attention stays within the example. A token is the assistant's when the characters it
 starts at lie in an assistant turn: the text each assistant message adds to the rendered conversation
 (``render(messages[:i+1])`` minus ``render(messages[:i], add_generation_prompt=True)``: its content and
@@ -51,10 +52,12 @@ class Example:
 
 
 def assistant_spans(
-    template: ChatTemplate, messages: Sequence[dict[str, Any]], where: str
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], where: str, within: int | None = None
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the ``[start, end)`` characters of each assistant turn in it: the
-    template's own ``{% generation %}`` blocks where it has them, else what each assistant message adds."""
+    template's own ``{% generation %}`` blocks where it has them, else what each assistant message adds.
+    ``within``: only turns that start before this character are wanted (the rest lie past the window),
+    so a conversation of thousands of turns is not rendered turn by turn to its end."""
     check_messages(messages, where)
     if template.marks_generation:
         return template.generation_spans(messages)
@@ -64,6 +67,8 @@ def assistant_spans(
         if message["role"] != "assistant":
             continue
         before = template.render(messages[:index], add_generation_prompt=True) if index else ""
+        if within is not None and len(before) >= within:
+            break
         through = template.render(messages[: index + 1], add_generation_prompt=False)
         if not through.startswith(before) or not full.startswith(through):
             raise DataError(
@@ -74,15 +79,32 @@ def assistant_spans(
     return full, spans
 
 
+MARGIN = 64
+"""Tokens past the ones kept that a prefix of the text must give before it is trusted: only tokens near
+its cut can differ from those of the whole text."""
+
+
+def first_tokens(tokenizer: Tokenizer, text: str, limit: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The first ``limit`` tokens of ``text`` and their character offsets, tokenizing only as much of it
+    as they need (a prefix, doubled until it gives ``MARGIN`` tokens more): a conversation far longer
+    than the window costs what the window costs."""
+    size = max(4096, 16 * (limit + MARGIN))
+    while True:
+        ids, offsets = tokenizer.encode_offsets(text[:size])
+        if size >= len(text) or len(ids) >= limit + MARGIN:
+            return ids[:limit], offsets[:limit]
+        size *= 2
+
+
 def tokenized(
     tokenizer: Tokenizer, text: str, spans: Sequence[tuple[int, int]], limit: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``text`` (at most ``limit``) and whether each starts inside one of ``spans``."""
-    ids, offsets = tokenizer.encode_offsets(text)
+    ids, offsets = first_tokens(tokenizer, text, limit)
     inside = np.zeros(len(ids), dtype=bool)
     for number, (start, _) in enumerate(offsets):
         inside[number] = any(a <= start < b for a, b in spans)
-    return np.asarray(ids[:limit], dtype=np.int64), inside[:limit]
+    return np.asarray(ids, dtype=np.int64), inside
 
 
 def conversations(settings: DataSettings) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -129,7 +151,10 @@ class ChatCorpus:
         unlabelled = 0
         for where, messages in conversations(settings):
             try:
-                text, spans = assistant_spans(template, messages, where)
+                text = template.render(messages, add_generation_prompt=False)
+                _, offsets = first_tokens(tokenizer, text, seq_len + 1)
+                window = offsets[-1][1] if len(offsets) == seq_len + 1 else len(text)
+                text, spans = assistant_spans(template, messages, where, within=window)
             except ChatTemplateError as exc:
                 raise DataError(f"{where}: {exc}") from None
             ids, assistant = tokenized(tokenizer, text, spans, seq_len + 1)

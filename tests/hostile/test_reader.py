@@ -188,7 +188,10 @@ def _pretrained_weights(tmp: Path) -> Path:
     import te_assembly
     from tests.engines._helpers import build_yaml
 
-    model = "name: tiny\nin_features: 8\nops:\n  - {name: fc, op: Linear, args: {in_features: 8, out_features: 8}}\n"
+    model = (
+        "name: tiny\nin_features: 8\nops:\n"
+        "  - {name: fc, op: Linear, args: {in_features: 8, out_features: 8}}\n"
+    )
     folder = te_assembly.save_pretrained(build_yaml(model), tmp / "given")
     (folder / "model.safetensors").unlink()
     return folder / "model.safetensors"
