@@ -161,3 +161,89 @@ def test_a_vanishing_temperature_samples_the_most_likely_token(temperature: floa
     logits = torch.tensor([0.5, 3.0, -2.0, 2.9])
     chosen = next_token(logits, GenerateSettings(temperature=temperature), torch.Generator().manual_seed(0))
     assert chosen == 1
+
+
+WRONG = ["x", [1], {"a": 1}, None, -1, True, 0, 3, 1e300, 1e-300]
+"""Values of every JSON type, and numbers that are odd, zero, negative, huge or tiny."""
+
+
+def _families() -> list[str]:
+    from tests.hf.tiny import FAMILIES
+
+    return list(FAMILIES)
+
+
+@pytest.mark.parametrize("family", _families())
+def test_every_field_at_every_depth_is_refused_at_config_json_or_read(
+    family: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each field of a real checkpoint's config.json, and each field of its mappings (rope_parameters),
+    set to each of ``WRONG`` in turn: the import either reads it or refuses it with diagnostics at
+    config.json (never a block file the import copied, never an unexpected error)."""
+    from te_assembly.errors import ConfigError, TeAssemblyError
+    from te_assembly.formats.hf.convert import analysis_of, read_spec
+    from tests.hf.tiny import make
+
+    folder = make(family, tmp_path_factory.mktemp(family) / "hf")
+    base = json.loads((folder / "config.json").read_text())
+    paths = [(k,) for k in base] + [(k, j) for k, v in base.items() if isinstance(v, dict) for j in v]
+    misplaced = []
+    for path in paths:
+        for value in WRONG:
+            config = json.loads(json.dumps(base))
+            node = config
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+            (folder / "config.json").write_text(json.dumps(config))
+            try:
+                analysis_of(read_spec(folder), "fuzzed")
+            except ConfigError as exc:  # HFConfigError is one
+                if {d.file for d in exc.diagnostics} != {str(folder / "config.json")}:
+                    misplaced.append((path, value, [d.format() for d in exc.diagnostics][:2]))
+            except TeAssemblyError:
+                pass
+    assert not misplaced, misplaced[:5]
+
+
+def _rope_pair(tmp_path: Path, variant: str, **scaling_changes: Any) -> Path:
+    """``variant``'s checkpoint whose config.json has rope_scaling beside rope_parameters."""
+    from tests.hf.tiny import make
+
+    folder = make(variant, tmp_path / variant)
+    config = json.loads((folder / "config.json").read_text())
+    params = config.get("rope_parameters") or {}
+    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    config["rope_scaling"] = {**scaling, **scaling_changes}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("variant", ["deepseek_v3", "gpt_oss"])
+def test_rope_scaling_that_disagrees_with_rope_parameters_is_refused(variant: str, tmp_path: Path) -> None:
+    """transformers reads rope_scaling when both are there, te_assembly rope_parameters: a config where
+    they differ is refused at rope_scaling's line; one where they agree imports."""
+    transformers = pytest.importorskip("transformers")
+    from te_assembly.formats.hf.convert import read_spec
+
+    agreeing = _rope_pair(tmp_path / "same", variant)
+    read_spec(agreeing)
+    folder = _rope_pair(tmp_path / "differ", variant, factor=2.0)
+    assert transformers.AutoConfig.from_pretrained(folder).rope_parameters["factor"] == 2.0  # theirs
+    with pytest.raises(HFConfigError) as caught:
+        read_spec(folder)
+    (found,) = caught.value.diagnostics
+    assert found.path == "config.json:rope_scaling" and "factor" in found.message and found.line is not None
+
+
+def test_rope_theta_inside_and_beside_rope_parameters_must_agree(tmp_path: Path) -> None:
+    path, _, message = _refusal(
+        tmp_path, rope_theta=10000.0, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}
+    )
+    assert path == "config.json:rope_theta" and "disagree" in message
+
+
+@pytest.mark.parametrize("given", ["default", ["default"], 3])
+def test_rope_parameters_that_are_no_mapping_are_refused(given: Any, tmp_path: Path) -> None:
+    path, _, message = _refusal(tmp_path, rope_parameters=given)
+    assert path == "config.json:rope_parameters" and "expected a mapping" in message

@@ -205,7 +205,7 @@ class _Reader:
             found = check_value(param.spec, float(value), f"config.json:{key}", key)
             if found:
                 self.refuse(key, f"{found[0].message} ({owner}'s {name})", code="hf-bad-value")
-                return float(param.default)
+                return float(param.default) if param.default is not None else 1.0
         return float(value)
 
     def flag(self, key: str, default: bool = False) -> bool:
@@ -350,6 +350,14 @@ def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int
         head_dim = 1
     else:
         head_dim = hidden // heads
+    latent = FAMILIES[r.architecture].attention == "mla"  # its rotary width is qk_rope_head_dim (_mla)
+    if head_dim % 2 and not latent:  # RoPE turns pairs of features (Attention's rule, said at its field)
+        field = "head_dim" if data.get("head_dim") is not None else "num_attention_heads"
+        r.refuse(
+            field,
+            f"head_dim {head_dim} is odd: rotary embeddings turn pairs of features",
+            code="hf-bad-value",
+        )
     if heads % kv_heads:
         message = f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
         r.refuse("num_key_value_heads", message)
@@ -435,7 +443,7 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
             )
     elif factor not in (1, 1.0):
         r.refuse("partial_rotary_factor", f"partial_rotary_factor = {shown(factor)}: expected 0 < f <= 1")
-    shared = r.integer("n_shared_experts", default["n_shared_experts"], minimum=0)
+    shared = r.integer("n_shared_experts", default["n_shared_experts"], minimum=1)  # the block has one MLP
     renormalise = r.flag("norm_topk_prob", True)
     scaling = r.number(
         "routed_scaling_factor", default["routed_scaling_factor"], becomes=("TopKRouter", "scaling_factor")
@@ -482,7 +490,8 @@ def _gpt_oss(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
         window = r.integer("sliding_window")
     windows = tuple(window if t == "sliding_attention" else None for t in types)
     # OpenAI's own names, kept in the Hub's config.json beside transformers' (the same numbers)
-    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    given = data.get("rope_parameters") or data.get("rope_scaling")
+    rope: Mapping[str, Any] = given if isinstance(given, Mapping) else {}  # _rope refuses any other
     twins = (
         ("experts_per_token", data.get("num_experts_per_tok"), "num_experts_per_tok"),
         ("initial_context_length", rope.get("original_max_position_embeddings"), "YaRN's context"),
@@ -562,10 +571,57 @@ def _dtype(r: _Reader, data: Mapping[str, Any]) -> str:
     return "float32"
 
 
+def _normal_rope(params: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in params.items() if k != "type"}
+    out.setdefault("rope_type", params.get("type", "default"))
+    return out
+
+
+def _same_rope(r: _Reader, data: Mapping[str, Any]) -> None:
+    """``rope_parameters`` and ``rope_scaling`` both given: transformers reads ``rope_scaling`` (its
+    ``convert_rope_params_to_dict``), te_assembly ``rope_parameters``; they must say the same. A
+    ``rope_theta`` or ``partial_rotary_factor`` only one of them has is not a disagreement (transformers
+    fills it in from the top level)."""
+    params, scaling = data.get("rope_parameters"), data.get("rope_scaling")
+    if not scaling or not isinstance(params, Mapping):
+        return
+    if not isinstance(scaling, Mapping):
+        r.refuse("rope_scaling", f"rope_scaling = {shown(scaling)}: expected a mapping", code="hf-bad-value")
+        return
+    ours, theirs = _normal_rope(params), _normal_rope(scaling)
+    filled = ("rope_theta", "partial_rotary_factor")
+    differ = sorted(
+        k
+        for k in set(ours) | set(theirs)
+        if ours.get(k) != theirs.get(k) and not (k in filled and (k not in ours or k not in theirs))
+    )
+    if differ:
+        shown_differ = ", ".join(
+            f"{k}: {shown(ours.get(k), 20)} / {shown(theirs.get(k), 20)}" for k in differ[:4]
+        )
+        r.refuse(
+            "rope_scaling",
+            f"rope_parameters and rope_scaling disagree ({shown_differ}): transformers reads rope_scaling, "
+            "te_assembly rope_parameters",
+            "keep one of them (transformers 5 writes rope_parameters)",
+            code="hf-bad-value",
+        )
+
+
 def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``."""
+    _same_rope(r, data)
     params = data.get("rope_parameters")
     key = "rope_parameters"
+    if isinstance(params, Mapping) and "rope_theta" in params and "rope_theta" in data:
+        if params["rope_theta"] != data["rope_theta"]:  # transformers reads the one inside
+            r.refuse(
+                "rope_theta",
+                f"rope_theta = {shown(data['rope_theta'])} and rope_parameters.rope_theta = "
+                f"{shown(params['rope_theta'])} disagree",
+                "keep one of them (transformers 5 writes it inside rope_parameters)",
+                code="hf-bad-value",
+            )
     if params is None:
         key = "rope_scaling"
         params = data.get("rope_scaling") or {}
