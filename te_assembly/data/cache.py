@@ -5,15 +5,16 @@ settings, so a changed file, tokenizer or ``val_fraction`` makes a new entry and
 read back at once. An entry is written in a scratch folder and renamed into place whole: a run killed
 while tokenizing leaves no half-written entry, only a scratch folder the next run removes.
 
-Every file of an entry has its size and SHA-256 in ``meta.json``, checked before the entry is used: in
-full the first time, then only while the file's size, times and inode are the ones that check saw
-(``verified.json``; an edit changes the inode's change time, which no user can set back). An entry that
-does not match is tokenized again, never trained on. Runs that want the same entry at once take turns
-on a lock file (``<key>.lock``): one builds it, the others then read it.
+Every file of an entry has its size and SHA-256 in ``meta.json``, and ``meta.json`` the SHA-256 of its
+own content (``meta_sha256``), all checked in full every time the entry is opened (a fresh run, a
+resume, ``eval``): a file's times say nothing of an edit made within the same clock tick, so none is
+trusted. Hashing costs about a second per GiB of ids (``bench/token_cache.py``). An entry that does not
+match is tokenized again, never trained on. Runs that want the same entry at once take turns on a lock
+file (``<key>.lock``): one builds it, the others then read it.
 
 Layout of an entry ``<cache>/<key>/``: ``train.bin`` and ``val.bin`` (the ids of each split's documents,
-each followed by the end-of-text id, as ``uint16`` or ``uint32``), ``meta.json`` (counts, hashes),
-``verified.json`` and, for a BPE trained here, ``tokenizer.json``.
+each followed by the end-of-text id, as ``uint16`` or ``uint32``: the narrowest that holds the vocabulary),
+``meta.json`` (counts, hashes) and, for a BPE trained here, ``tokenizer.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from te_assembly.data.tokenizer import (
     train_bpe,
 )
 from te_assembly.errors import DataError
-from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text, sha256_file
+from te_assembly.files.read import LIMITS, read_json, read_text, sha256_file
 from te_assembly.files.write import write_text_atomic
 
 try:
@@ -52,7 +53,7 @@ except ImportError:  # pragma: no cover - not POSIX: concurrent runs tokenize th
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
+VERSION = 3
 Progress = Callable[[int, int], None]
 """``(done, total)`` bytes of text tokenized."""
 
@@ -164,7 +165,7 @@ def _tokenize(
     if tokenizer is None:
         assert tok_settings.train_vocab is not None
         tokenizer = train_bpe((d.text for d in train_docs), tok_settings.train_vocab, tok_settings.eot)
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    dtype = id_dtype(tokenizer.vocab_size)
     total = sum(len(d.text) for d in docs)
     counter = _Counter(total, progress)
     train_ids = _encode(train_docs, tokenizer, dtype, counter)
@@ -274,7 +275,9 @@ def _write_entry(
         if tokenizer.kind == "bpe":
             tokenizer.save(scratch / "tokenizer.json")
         meta = {**meta, "files": {p.name: _file_record(p) for p in sorted(scratch.iterdir())}}
-        write_text_atomic(scratch / "meta.json", json.dumps(meta, indent=1))
+        write_text_atomic(
+            scratch / "meta.json", json.dumps({**meta, "meta_sha256": _meta_digest(meta)}, indent=1)
+        )
         os.rename(scratch, root / key)
     except OSError as exc:
         raise DataError(
@@ -286,38 +289,36 @@ def _file_record(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def _stamp(path: Path) -> list[int]:
-    info = path.stat()
-    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+def _meta_digest(meta: dict[str, Any]) -> str:
+    """The SHA-256 of ``meta`` (without its own digest), as canonical JSON."""
+    rest = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned type that holds every id of a vocabulary."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
 def _verified(entry: Path, meta: dict[str, Any]) -> bool:
-    """Every file ``meta.json`` lists is there with its size and SHA-256 (hashed in full only when the
-    file changed since the last check: ``verified.json``)."""
+    """``meta`` is the one written with the entry (its own digest, its key, the dtype its vocabulary
+    needs) and every file it lists is there with its size and SHA-256, each hashed in full."""
     files = meta.get("files")
+    if meta.get("meta_sha256") != _meta_digest(meta) or meta.get("key") != entry.name:
+        return False
+    vocab = meta.get("vocab_size")
+    if not isinstance(vocab, int) or meta.get("dtype") != id_dtype(vocab).name:
+        return False
     if not isinstance(files, dict) or not {"train.bin", "val.bin"} <= set(files):
         return False
-    try:
-        stamps = read_json(entry / "verified.json", limit=LIMITS["metadata"], within=entry)
-    except InputFileError:
-        stamps = {}
-    fresh = {}
     for name, record in files.items():
         path = entry / name
         if not isinstance(record, dict) or not path.is_file() or path.is_symlink():
             return False
-        stamp = _stamp(path)
-        if stamp[0] != record.get("bytes"):
+        if path.stat().st_size != record.get("bytes"):
             return False
-        if isinstance(stamps, dict) and stamps.get(name) == stamp:
-            fresh[name] = stamp
-            continue
         if sha256_file(path, within=entry) != record.get("sha256"):
             return False
-        fresh[name] = stamp
-    if fresh != stamps:
-        with contextlib.suppress(Exception):  # a read-only cache still verifies, only slower
-            write_text_atomic(entry / "verified.json", json.dumps(fresh))
     return True
 
 

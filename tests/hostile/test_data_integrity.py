@@ -59,14 +59,86 @@ def test_a_same_length_edit_to_the_cache_is_found_and_never_trained_on(
     assert "does not match its checksums" in caplog.text
 
 
-def test_a_cache_entry_is_verified_in_full_only_when_it_changed(tmp_path: Path) -> None:
+def _flip_keeping_times(path: Path) -> None:
+    """One byte changed, size and times as they were (an edit in the clock tick the entry was written in
+    looks the same to a check of times)."""
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _edit_meta(entry: Path, **changes: Any) -> None:
+    meta = json.loads((entry / "meta.json").read_text())
+    meta.update(changes)
+    (entry / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _signed_meta(entry: Path, **changes: Any) -> None:
+    """meta.json edited and its own digest made again: only the checks of its values are left."""
+    from te_assembly.data.cache import _meta_digest
+
+    meta = json.loads((entry / "meta.json").read_text())
+    meta.update(changes)
+    meta["meta_sha256"] = _meta_digest(meta)
+    (entry / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+CACHE_EDITS = {
+    "train.bin, times kept": lambda e: _flip_keeping_times(e / "train.bin"),
+    "val.bin, times kept": lambda e: _flip_keeping_times(e / "val.bin"),
+    "meta.json's dtype (same width)": lambda e: _edit_meta(e, dtype="int16"),
+    "meta.json's counts": lambda e: _edit_meta(e, tokens={"train": 10, "val": 2}),
+    "meta.json's dtype, digest made again": lambda e: _signed_meta(e, dtype="int16"),
+    "meta.json moved to another entry": lambda e: _signed_meta(e, key="0" * 32),
+}
+
+
+@pytest.mark.parametrize("edit", CACHE_EDITS, ids=list(CACHE_EDITS))
+def test_every_edit_of_an_entry_is_found_each_time_it_is_opened(
+    edit: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = DataSettings(path=str(_corpus(tmp_path / "corpus")), cache_dir=str(tmp_path / "cache"))
+    first = prepare(settings)
+    assert first.directory is not None
+    train, val = np.array(first.train).copy(), np.array(first.val).copy()
+    prepare(settings)  # opened once more unchanged: whatever a check of times would remember, it has
+    CACHE_EDITS[edit](first.directory)
+    del first
+    with caplog.at_level(logging.WARNING):
+        again = prepare(settings)
+    assert "does not match its checksums" in caplog.text
+    assert np.array_equal(np.array(again.train), train) and np.array_equal(np.array(again.val), val)
+    assert np.array(again.train).dtype == np.uint16
+
+
+def test_resume_and_eval_open_the_cache_through_the_same_check(tmp_path: Path) -> None:
+    """A run stopped half-way, its cache edited (meta.json's dtype), resumed: the same losses as the
+    uninterrupted run; ``eval`` on the edited cache scores what it scores on a clean one."""
+    from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.eval.settings import EvalSettings
+
+    settings = DataSettings(path=str(_corpus(tmp_path / "corpus")), cache_dir=str(tmp_path / "cache"))
+    plan = te_assembly.load("dense_lm").checked_plan()
+
+    def train(out: Path, **changes: Any) -> list[float]:
+        run = TrainSettings(
+            steps=4, batch_tokens=2 * 32, seq_len=32, eval_every=0, plot=False, out_dir=str(out), **changes
+        )  # type: ignore[arg-type]
+        te_assembly.train(plan, "reference", run, data=settings)
+        return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    whole = train(tmp_path / "whole", checkpoint_every=2)
+    train(tmp_path / "half", checkpoint_every=2, stop_after=2)
     entry = prepare(settings).directory
     assert entry is not None
-    stamps = json.loads((entry / "verified.json").read_text())
-    assert set(stamps) >= {"train.bin", "val.bin", "meta.json"} - {"meta.json"}
-    prepare(settings)
-    assert json.loads((entry / "verified.json").read_text()) == stamps
+    _edit_meta(entry, dtype="int16")
+    assert train(tmp_path / "half", checkpoint_every=2, resume=True) == whole
+    clean = evaluate(tmp_path / "whole", "reference", settings, EvalSettings(seq_len=32, batch=2))
+    _signed_meta(entry, dtype="int16")
+    edited = evaluate(tmp_path / "whole", "reference", settings, EvalSettings(seq_len=32, batch=2))
+    assert edited.loss == clean.loss and edited.tokens == clean.tokens
 
 
 PREPARE = """
