@@ -16,6 +16,13 @@ place: atomically where the system can exchange two directories (Linux ``renamea
 renames, the old copy kept as ``.<name>.<token>.old`` until the new one is in place. A crash between
 those two renames leaves DEST absent and the old copy whole: the next command that writes or reads DEST
 puts it back and says so (``recover``). So a crash at any instant leaves the old or the new directory.
+
+One writer at a time: a writer holds ``.<name>.lock`` beside DEST from its staging folder's creation
+to the swap (and removes it after), and a second one is refused while it does. DEST is checked again
+just before the swap, so a DEST that changed while the work ran (a folder made there, files added) is
+left as it is and the write refused. Clean-up removes only folders this writer made: a staging folder
+holding its marker (``STAGING_MARK``), an old copy holding nothing but what its manifest lists; a
+user's own ``.<name>.x.old`` is never touched.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,12 +46,20 @@ from te_assembly.files.read import LIMITS, InputFileError, read_json
 from te_assembly.files.write import fsync_dir, prepare_out_dir, write_text_atomic
 from te_assembly.version import __version__
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: concurrent writers are not kept apart
+    fcntl = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
 
 MANIFEST = ".te_assembly.json"
 """Written last into every directory ``write_directory`` makes: its kind and every file in it."""
 STAGING = ".saving"
 OLD = ".old"
+STAGING_MARK = ".te_assembly.staging"
+"""Written first into a staging folder (and removed before the swap): the folder is this writer's."""
+LOCK = ".lock"
 
 
 @dataclass(frozen=True)
@@ -208,15 +223,83 @@ def write_directory(
     """Make DEST whole or not at all (module docstring): ``fill`` writes the directory into a staging
     folder beside DEST; the manifest is added and the staging folder takes DEST's place."""
     out = check_destination(dest, kind, overwrite=overwrite, sources=sources)
-    staging = _staging(out)
-    try:
-        fill(staging)
-        _write_manifest(staging, kind)
-        _swap_into(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with _locked(out):
+        staging = _staging(out)
+        try:
+            fill(staging)
+            _write_manifest(staging, kind)
+            # Again, under the lock: DEST may have been made, filled or changed while the work ran.
+            check_destination(out, kind, overwrite=overwrite, sources=sources)
+            (staging / STAGING_MARK).unlink()
+            _swap_into(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return out
+
+
+def _lock_path(out: Path) -> Path:
+    return out.parent / f".{out.name}{LOCK}"
+
+
+def _take_lock(out: Path) -> int | None:
+    """An fd holding DEST's lock, or None when another process holds it. The lock file is removed by the
+    holder when done; a lock taken on a file removed meanwhile is no lock, so the path is checked to be
+    the locked file still."""
+    path = _lock_path(out)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    if fcntl is None:
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            return fd
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    os.close(fd)
+    return None
+
+
+def _release(out: Path, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(_lock_path(out))  # still held: no other process can take this file meanwhile
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold DEST's lock (module docstring); ``OutputPathError`` when another writer holds it."""
+    try:
+        fd = _take_lock(out)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {out}: {exc.strerror or exc}") from None
+    if fd is None:
+        raise _refuse(
+            out,
+            "another te_assembly command is writing it right now",
+            "wait for that command to finish, or choose another directory",
+        )
+    try:
+        yield
+    finally:
+        _release(out, fd)
+
+
+@contextlib.contextmanager
+def _quietly_locked(out: Path) -> Iterator[bool]:
+    """DEST's lock if it can be had at once (True), else nothing (False: a writer is at work, or the
+    folder cannot hold a lock file, as a read-only one)."""
+    try:
+        fd = _take_lock(out)
+    except OSError:
+        fd = None
+    if fd is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _release(out, fd)
 
 
 def _write_manifest(staging: Path, kind: Kind) -> None:
@@ -229,9 +312,27 @@ def _write_manifest(staging: Path, kind: Kind) -> None:
 
 
 def _hidden(out: Path, suffix: str) -> list[Path]:
+    """The staging folders (``suffix`` STAGING) or old copies (OLD) this writer made beside ``out``:
+    named as it names them, and holding its marker, or nothing but what their manifest lists."""
+    found = []
     with contextlib.suppress(OSError):
-        return sorted(out.parent.glob(f".{glob_escape(out.name)}.*{suffix}"))
-    return []
+        for path in out.parent.glob(f".{glob_escape(out.name)}.*{suffix}"):
+            token = path.name[len(out.name) + 2 : -len(suffix)]
+            if len(token) == 8 and all(c in "0123456789abcdef" for c in token) and _made_here(path, suffix):
+                found.append(path)
+    return sorted(found)
+
+
+def _made_here(folder: Path, suffix: str) -> bool:
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if suffix == STAGING and (folder / STAGING_MARK).is_file():
+        return True
+    recorded, listed = manifest_kind(folder)
+    files = listed_files(folder)
+    if recorded is None:  # a pretrained directory written before manifests, by its layout
+        return PRETRAINED.legacy is not None and PRETRAINED.legacy(folder, files)
+    return set(files) <= {*listed, MANIFEST}
 
 
 def glob_escape(name: str) -> str:
@@ -248,30 +349,43 @@ def _staging(out: Path) -> Path:
         candidate = out.parent / f".{out.name}.{secrets.token_hex(4)}{STAGING}"
         try:
             candidate.mkdir(0o777)  # the umask applies, as for any directory of the user
-            return candidate
         except FileExistsError:
             continue
+        (candidate / STAGING_MARK).write_text(f"{os.getpid()}\n")
+        return candidate
     raise OutputPathError(f"cannot create a staging directory next to {out}")
 
 
 _AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap directories ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where
-    the system or the file system cannot."""
+def _renameat2(a: Path, b: Path, flag: int) -> bool:
+    """Linux ``renameat2(a, b, flag)``; False where the system or the file system cannot."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
         return False
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flag) == 0:
         return True
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
         return False
     raise OSError(code, os.strerror(code), str(b))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap directories ``a`` and ``b`` in one step (``RENAME_EXCHANGE``)."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def _rename_new(a: Path, b: Path) -> None:
+    """``a`` renamed to ``b``, which must not exist (``RENAME_NOREPLACE``: a plain rename would put it
+    over an empty folder made there meanwhile)."""
+    if not _renameat2(a, b, _RENAME_NOREPLACE):
+        os.rename(a, b)
 
 
 def _swap_into(staging: Path, out: Path) -> None:
@@ -280,7 +394,7 @@ def _swap_into(staging: Path, out: Path) -> None:
         if out.is_dir() and not any(out.iterdir()):
             out.rmdir()
         if not out.exists():
-            os.rename(staging, out)
+            _rename_new(staging, out)
         elif _exchange(staging, out):
             shutil.rmtree(staging, ignore_errors=True)  # now the old directory
         else:
@@ -296,6 +410,15 @@ def _swap_into(staging: Path, out: Path) -> None:
 def recover(out: Path) -> str | None:
     """Put back a directory an interrupted overwrite left as ``.<name>.<token>.old`` (DEST absent), or
     remove such copies once DEST is whole again; returns (and logs) what was done, if anything."""
+    if not _hidden(out, OLD):
+        return None
+    with _quietly_locked(out) as locked:
+        if not locked:  # a writer is between its two renames, or nothing here can change
+            return None
+        return _recover(out)
+
+
+def _recover(out: Path) -> str | None:
     olds = _hidden(out, OLD)
     if not olds:
         return None

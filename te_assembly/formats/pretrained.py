@@ -36,7 +36,13 @@ from te_assembly.files.directory import PRETRAINED, check_destination, recover, 
 from te_assembly.files.ownership import run_evidence
 from te_assembly.files.read import LIMITS, InputFileError, read_text
 from te_assembly.files.write import write_text_atomic
-from te_assembly.formats.checkpoint import CheckpointError, model_state, read_verified, write_verified
+from te_assembly.formats.checkpoint import (
+    CheckpointError,
+    model_state,
+    read_meta,
+    read_verified,
+    write_verified,
+)
 from te_assembly.formats.companions import TOKENIZER_FILE, read_companions
 from te_assembly.formats.model_record import model_record
 
@@ -454,6 +460,21 @@ def from_checkpoint(checkpoint: str | os.PathLike[str], target: Target | str = "
     return model.eval()
 
 
+def sources_of(read_from: Path) -> list[Path]:
+    """What exporting ``read_from`` reads, which no export may write over, into or around: the
+    checkpoint or pretrained directory itself and, for a LoRA run's adapters-only checkpoint, the base
+    it was trained on (its ``train.init_from``, whose weights the export loads)."""
+    out = [read_from]
+    if read_from.is_dir() and (read_from / WEIGHTS_FILE).is_file():
+        return out
+    try:
+        base = read_meta(read_from).get("run", {}).get("base")
+    except (CheckpointError, AttributeError):
+        return out
+    origin = base.get("init_from") if isinstance(base, Mapping) else None
+    return [*out, Path(origin)] if isinstance(origin, str) else out
+
+
 def export_checkpoint(
     checkpoint: str | os.PathLike[str],
     directory: str | os.PathLike[str] | None = None,
@@ -470,7 +491,7 @@ def export_checkpoint(
 
     source = newest_checkpoint(Path(checkpoint).expanduser(), "export")
     target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
-    check_destination(target, PRETRAINED, overwrite=overwrite, sources=[source])
+    check_destination(target, PRETRAINED, overwrite=overwrite, sources=sources_of(source))
     run, plan, weights = _checkpoint_model(source)
     model_config = run["model"]
     if merge:
@@ -488,7 +509,9 @@ def export_checkpoint(
         tokenizer if isinstance(tokenizer, str) else None,
     )
     files = read_companions(source.parent)
-    return write_pretrained(target, weights, config, overwrite=overwrite, files=files, sources=[source])
+    return write_pretrained(
+        target, weights, config, overwrite=overwrite, files=files, sources=sources_of(source)
+    )
 
 
 __all__ = [
@@ -502,5 +525,6 @@ __all__ = [
     "from_checkpoint",
     "from_pretrained",
     "save_pretrained",
+    "sources_of",
     "write_pretrained",
 ]

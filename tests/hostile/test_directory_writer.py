@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -295,3 +296,119 @@ def test_overwrite_refuses_over_files_added_to_a_directory_te_assembly_wrote(
         path.unlink()
     WRITERS[writer].write(sources, target)
     assert not set(tree(target)) & user_files
+
+
+# --- sources, changes under way, clean-up, concurrency --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A LoRA run on a frozen base it was started from (``train.init_from``)."""
+    import torch
+
+    from te_assembly.jobs.train.settings import TrainSettings
+
+    root = tmp_path_factory.mktemp("lora")
+    base = te_assembly.save_pretrained(te_assembly.build("llama_tiny", "reference"), root / "base")
+    plan = te_assembly.load("llama_tiny", ["lora.rank=2"]).checked_plan()
+    settings = TrainSettings(
+        steps=2,
+        batch_tokens=2 * 16,
+        seq_len=16,
+        eval_every=0,
+        plot=False,
+        init_from=str(base),
+        out_dir=str(root / "run"),
+    )
+    te_assembly.train(plan, te_assembly.Target.of("reference", dtype=torch.float32), settings)
+    return {"base": base, "run": root / "run"}
+
+
+@pytest.mark.parametrize("form", ["te", "te merged", "hf merged", "peft"])
+def test_an_export_of_a_lora_run_never_writes_over_its_base(form: str, lora_run: dict[str, Path]) -> None:
+    """The base is a source of the run as the run itself is: an export onto it, into it or around it is
+    refused, overwrite or not, and the base is left as it was."""
+    base, run = lora_run["base"], lora_run["run"]
+    fmt, merged = form.split()[0], form.endswith("merged")
+    before = tree(base.parent)
+    for dest in (base, base / "inside"):
+        args = ["export", str(run), str(dest), "export.overwrite=true", f"export.format={fmt}"]
+        done = user_cli(base.parent, *args, *(["export.merge=true"] if merged else []))
+        clean_failure(done, 1, "refusing to write", "the source")
+        assert tree(base.parent) == before
+
+
+def test_a_destination_made_while_the_work_runs_is_left_as_the_user_left_it(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+
+    def fill(staging: Path) -> None:  # the user makes DEST while the import is under way
+        dest.mkdir()
+        (dest / "mine.txt").write_text("the user's")
+        (staging / "data.txt").write_text("new")
+
+    with pytest.raises(OutputPathError, match="not empty"):
+        write_directory(dest, PRETRAINED, fill)
+    assert tree(tmp_path) == {"dest/mine.txt": b"the user's"}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".saving", ".old"))]
+
+
+def test_files_added_to_the_destination_while_the_work_runs_stop_the_overwrite(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    _old(dest)
+
+    def fill(staging: Path) -> None:
+        (dest / "notes.txt").write_text("added during the export")
+        (staging / "data.txt").write_text("new")
+
+    with pytest.raises(OutputPathError, match="did not write"):
+        write_directory(dest, PRETRAINED, fill, overwrite=True)
+    assert (dest / "data.txt").read_text() == "old"
+    assert (dest / "notes.txt").read_text() == "added during the export"
+
+
+def test_clean_up_removes_only_what_the_writer_made(tmp_path: Path) -> None:
+    """Folders named as the writer names its own but not its own (a user's ``.pre.0a1b2c3d.old`` with
+    their files) survive every write and every read of DEST; a stale staging folder of the writer's and
+    an old copy holding nothing but what its manifest lists are removed."""
+    dest = tmp_path / "pre"
+    model = build_yaml(TINY)
+    te_assembly.save_pretrained(model, dest)
+    users = [tmp_path / ".pre.0a1b2c3d.old", tmp_path / ".pre.1b2c3d4e.saving", tmp_path / ".pre.x.old"]
+    for folder in users:
+        folder.mkdir()
+        (folder / "thesis.tex").write_text("the user's")
+    stale = tmp_path / ".pre.2c3d4e5f.saving"
+    stale.mkdir()
+    (stale / ".te_assembly.staging").write_text("1\n")
+    (stale / "half.bin").write_bytes(b"half")
+    ours_old = tmp_path / ".pre.3d4e5f60.old"
+    shutil.copytree(dest, ours_old)
+    te_assembly.from_pretrained(dest, "reference")  # a read recovers first
+    te_assembly.save_pretrained(model, dest, overwrite=True)
+    for folder in users:
+        assert (folder / "thesis.tex").read_text() == "the user's"
+    assert not stale.exists() and not ours_old.exists()
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_destination(tmp_path: Path) -> None:
+    """Another writer at work (its lock held, its staging folder live): this one is refused, and neither
+    DEST nor the other's staging folder is touched."""
+    import fcntl
+
+    dest = tmp_path / "dest"
+    _old(dest)
+    live = tmp_path / ".dest.4e5f6071.saving"
+    live.mkdir()
+    (live / ".te_assembly.staging").write_text("1\n")
+    (live / "weights.bin").write_bytes(b"being written")
+    lock = os.open(tmp_path / ".dest.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        before = tree(tmp_path)
+        with pytest.raises(OutputPathError, match="another te_assembly command is writing it"):
+            write_directory(dest, PRETRAINED, lambda s: (s / "data.txt").write_text("new"), overwrite=True)
+        assert tree(tmp_path) == before
+    finally:
+        os.close(lock)
+    write_directory(dest, PRETRAINED, lambda s: (s / "data.txt").write_text("new"), overwrite=True)
+    assert (dest / "data.txt").read_text() == "new" and not live.exists()  # stale once its writer is gone

@@ -108,6 +108,7 @@ def _export_peft(settings: ExportSettings, console: Console) -> int:
     from te_assembly.files.directory import PEFT, check_destination
     from te_assembly.formats.adapters import write_peft
     from te_assembly.formats.hf.convert import export_source
+    from te_assembly.formats.pretrained import sources_of
 
     assert settings.checkpoint is not None
     if settings.merge:
@@ -123,11 +124,12 @@ def _export_peft(settings: ExportSettings, console: Console) -> int:
     )
 
     def check(read_from: Path) -> None:  # refused before the model loads
-        check_destination(dest, PEFT, overwrite=settings.overwrite, sources=[read_from])
+        check_destination(dest, PEFT, overwrite=settings.overwrite, sources=sources_of(read_from))
 
     model, read_from, _ = export_source(given, check)
     weights = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    out = write_peft(model.plan, weights, dest, overwrite=settings.overwrite, sources=(read_from,))
+    sources = tuple(sources_of(read_from))
+    out = write_peft(model.plan, weights, dest, overwrite=settings.overwrite, sources=sources)
     console.print(
         f"wrote {printable(str(out))}: adapter_config.json, adapter_model.safetensors",
         markup=False,

@@ -45,6 +45,7 @@ from te_assembly.formats.pretrained import (
     check_finite,
     config_of,
     expected_shapes,
+    sources_of,
     weights_dtype,
     write_pretrained,
 )
@@ -435,7 +436,7 @@ def export_hf(
     LoRA adapters, folded into its base (a checkpoint has no place for them otherwise)."""
 
     def check(read_from: Path) -> None:
-        check_destination(dest, HF, overwrite=overwrite, sources=[read_from])
+        check_destination(dest, HF, overwrite=overwrite, sources=sources_of(read_from))
 
     model, read_from, base = export_source(source, check)
     if merge:
@@ -452,7 +453,7 @@ def export_hf(
         max_shard_bytes=max_shard_bytes,
         progress=progress,
         companions=read_companions(base),
-        sources=[read_from],
+        sources=sources_of(read_from),
     )
 
 
