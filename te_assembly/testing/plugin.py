@@ -95,6 +95,24 @@ def _folder_of(config: pytest.Config, path: Path) -> Path | None:
     return parent if parent in config.stash.get(_DIRS, []) else None
 
 
+def _watched_folder(config: pytest.Config, path: Path) -> Path | None:
+    """The config folder ``path`` is in (by its parent, resolved: ``path`` itself may be a link)."""
+    try:
+        parent = path.parent.resolve()
+    except (OSError, RuntimeError):
+        return None
+    return next((f for f in config.stash.get(_DIRS, []) if parent == f or f in parent.parents), None)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Inside a config folder, the bounded reader's rule for folders: a symlinked folder is not walked
+    (a link to a folder above it would make the walk endless)."""
+    if collection_path.is_symlink() and _watched_folder(config, collection_path) is not None:
+        if collection_path.is_dir() or not collection_path.exists():
+            return True
+    return None
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if file_path.suffix != ".yaml" or file_path.name.endswith(".expect.yaml"):
         return None
@@ -123,9 +141,21 @@ class ConfigFile(pytest.File):
         from te_assembly.errors import SidecarError
         from te_assembly.testing.expect import read_sidecar
 
+        from te_assembly.errors import ConfigCheckError
+        from te_assembly.files.read import check_within
+
         folder = _folder_of(self.config, self.path)
         assert folder is not None
         kind = self.path.parent.name
+
+        def outside(path: str, problem: str, code: str, line: int | None) -> Exception:
+            return ConfigCheckError(f"{path}: {problem}")
+
+        try:  # a file found in the folder: a symlink may not lead out of it (the bounded reader's rule)
+            check_within(self.path, folder, outside)
+        except ConfigCheckError as exc:
+            yield ConfigItem.from_parent(self, name="read", check=("refused", str(exc)))
+            return
         try:
             sidecar = read_sidecar(self.path)
         except SidecarError as exc:

@@ -47,6 +47,8 @@ def run_check(path: Path, check: tuple[Any, ...]) -> None:
     kind = check[0]
     if kind == "sidecar":
         raise SidecarError(check[1])
+    if kind == "refused":
+        raise ConfigCheckError(check[1])
     if kind == "model":
         _, folder, sidecar, overrides = check
         _validate(path, folder, sidecar, overrides)

@@ -109,3 +109,63 @@ def test_eval_without_a_source_says_what_it_needs(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "eval needs a model to score" in done.stdout + done.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama imported from transformers: its context is 256 positions (max_position_embeddings)."""
+    import te_assembly
+    from tests.hf.tiny import make
+
+    root = tmp_path_factory.mktemp("context")
+    source = make("llama", root / "hf", changes={"vocab_size": 272, "max_position_embeddings": 48})
+    return te_assembly.import_hf(source, root / "mine")
+
+
+def test_a_window_past_the_model_s_context_is_refused_at_its_setting(
+    imported: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "notes.txt").write_text("the cat sat on the mat. " * 40)
+    done = _cli("eval", str(imported), "data.path=notes.txt", "eval.seq_len=1000000000", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    text = done.stdout + done.stderr
+    assert "eval.seq_len=1000000000 is more than mine's context of 48 positions" in text, text
+    assert "use eval.seq_len=48 or less" in text
+    done = _cli("generate", "hi", f"generate.source={imported}", "generate.context=49", cwd=tmp_path)
+    assert (
+        done.returncode == 2
+        and "generate.context=49 is more than mine's context of 48" in done.stdout + done.stderr
+    )
+
+
+def test_the_window_is_the_model_s_context_unless_set(imported: Path, tmp_path: Path) -> None:
+    from te_assembly.data.settings import DataSettings
+    from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.eval.settings import EvalSettings
+    from te_assembly.jobs.window import DEFAULT, window
+
+    (tmp_path / "notes.txt").write_text("the cat sat on the mat. " * 40)
+    data = DataSettings(path=str(tmp_path / "notes.txt"), cache_dir=str(tmp_path / "cache"))
+    assert evaluate(imported, "reference", data, EvalSettings()).seq_len == 48
+    assert evaluate(imported, "reference", data, EvalSettings(seq_len=16)).seq_len == 16
+    assert window(None, imported, "generate.context", "mine") == 48
+    assert window(None, tmp_path, "generate.context", "scratch") == DEFAULT  # no context recorded
+
+
+def test_windows_that_cannot_fit_are_refused_before_any_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model with no recorded context (trained here): a window of 4,096 positions over a long text,
+    with 1 MB of memory allowed, is refused naming the setting, before anything is scored."""
+    import te_assembly
+    from te_assembly.data.settings import DataSettings
+    from te_assembly.errors import ResourceError
+    from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.eval.settings import EvalSettings
+
+    model = te_assembly.build("dense_lm", "reference")
+    (tmp_path / "long.txt").write_text("words and more words. " * 400)
+    data = DataSettings(path=str(tmp_path / "long.txt"), cache_dir=str(tmp_path / "cache"))
+    monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", "1MB")
+    with pytest.raises(ResourceError, match=r"window\(s\) of 4,096 positions .* lower eval\.seq_len"):
+        evaluate(model, "reference", data, EvalSettings(seq_len=4096, batch=2))

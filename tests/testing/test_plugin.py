@@ -229,3 +229,24 @@ def test_memory_target(pytester: pytest.Pytester) -> None:
         "-p", "no:cacheprovider", "--te-configs-target", "h1000", "-k", "fits"
     )
     assert "unknown memory target 'h1000'" in result.stdout.str()
+
+
+def test_a_folder_with_symlink_loops_is_walked_once_with_the_reader_s_rules(
+    pytester: pytest.Pytester,
+) -> None:
+    """Links to folders above (two of them, which would make the walk exponential) are not walked; a
+    model that is a link out of the folder fails with the reader's refusal; a link inside it is read."""
+    folder = _project(pytester, **{"model/my_mlp.yaml": _good(), "block/my_mlp.yaml": BLOCK})
+    (folder / "model" / "up").symlink_to("..")
+    (folder / "block" / "again").symlink_to("../model")
+    (folder / "model" / "loop").symlink_to("loop")  # a link to itself
+    elsewhere = pytester.path / "elsewhere.yaml"
+    elsewhere.write_text(_good("theirs"))
+    (folder / "model" / "theirs.yaml").symlink_to(elsewhere)
+    (folder / "model" / "same.yaml").symlink_to("my_mlp.yaml")
+    result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", timeout=120)
+    out = result.stdout.str()
+    assert "configs/model/my_mlp.yaml::validate PASSED" in out
+    assert "configs/model/same.yaml::validate PASSED" in out
+    assert "configs/model/theirs.yaml::read FAILED" in out and "outside" in out
+    result.assert_outcomes(passed=3, failed=1)  # my_mlp, same, the block; theirs refused

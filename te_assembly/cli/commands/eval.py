@@ -6,7 +6,9 @@ is a run directory, a checkpoint or a pretrained directory, an imported one incl
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -28,6 +30,7 @@ RUN_DIR = True
 
 def main(analysis: Analysis, console: Console) -> int:
     from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.window import window
 
     settings: EvalSettings = analysis.section("eval")
     if settings.source is None:
@@ -46,9 +49,16 @@ def main(analysis: Analysis, console: Console) -> int:
     job_dir.check_claimable(job)  # where it writes, before the model is loaded
     data: DataSettings = analysis.section("data")
     target = Target.from_settings(common, None)
+    # Decided (and refused past the model's context) before the model loads.
+    source = settings.source
+    given = Path(source).expanduser()
+    seq_len = window(
+        settings.seq_len, given, "eval.seq_len", (given if given.is_dir() else given.parent).name
+    )
+    settings = dataclasses.replace(settings, seq_len=seq_len)
     where = data.path or "the default corpus"
     console.print(
-        f"eval {printable(settings.source)} on {printable(where)} ({settings.split}): windows of "
+        f"eval {printable(source)} on {printable(where)} ({settings.split}): windows of "
         f"{settings.seq_len}, stride {settings.stride or settings.seq_len}, {settings.batch} per forward",
         markup=False,
         soft_wrap=True,
@@ -69,7 +79,7 @@ def main(analysis: Analysis, console: Console) -> int:
             bar.update(task, completed=event.done, total=event.total, description=event.description)
 
     with bar:
-        result = evaluate(settings.source, target, data, settings, on_event=on_event)
+        result = evaluate(source, target, data, settings, on_event=on_event)
     bpb = f"{result.bits_per_byte:.4f}" if result.bits_per_byte is not None else "n/a (bytes unknown)"
     console.print(
         f"loss {result.loss:.4f} nats/token, perplexity {result.perplexity:.3f}, bits per byte {bpb} "

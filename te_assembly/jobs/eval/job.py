@@ -30,6 +30,7 @@ from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, DataError
 from te_assembly.jobs.eval.settings import EvalSettings
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
+from te_assembly.jobs.window import check_window_fits, window
 
 IGNORE = -100
 
@@ -136,6 +137,8 @@ def evaluate(
         raise ArgumentError(
             f"{plan.name} is not a language model (token ids in, logits over its vocabulary out)"
         )
+    seq_len = window(settings.seq_len, source, "eval.seq_len", plan.name)
+    settings = dataclasses.replace(settings, seq_len=seq_len)
     data = _with_model_tokenizer(data, source)
     if settings.split == "all":  # every document in its own order, none held out
         data = dataclasses.replace(data, val_fraction=0.0)
@@ -148,7 +151,8 @@ def evaluate(
             f"{plan.in_features}: it is not the one the model was trained with"
         )
     ids = corpus.val if settings.split == "val" else corpus.train
-    total, count, made = score(model, ids, settings.seq_len, settings.stride, settings.batch, on_event)
+    _check_fits(model, settings.batch, min(seq_len, max(len(ids) - 1, 1)))
+    total, count, made = score(model, ids, seq_len, settings.stride, settings.batch, on_event)
     loss = total / count
     return Evaluated(
         loss=loss,
@@ -159,8 +163,8 @@ def evaluate(
         ),
         tokens=count,
         windows=made,
-        seq_len=settings.seq_len,
-        stride=settings.stride or settings.seq_len,
+        seq_len=seq_len,
+        stride=settings.stride or seq_len,
     )
 
 
@@ -171,7 +175,9 @@ def _evaluate_answers(
     window of at most ``seq_len`` tokens, as instruction fine-tuning computes it."""
     from te_assembly.data.conversations import ChatCorpus
 
+    assert settings.seq_len is not None  # decided by ``evaluate``
     corpus = ChatCorpus.prepare(data, settings.seq_len)
+    _check_fits(model, settings.batch, settings.seq_len)
     examples = corpus.val if settings.split == "val" else corpus.train + corpus.val
     if not examples:
         raise DataError(f"{corpus.meta['sources']} has no conversation with an answer to score")
@@ -192,6 +198,12 @@ def _evaluate_answers(
     return Evaluated(
         loss, math.exp(min(loss, 700.0)), None, count, len(examples), settings.seq_len, settings.seq_len
     )
+
+
+def _check_fits(model: AssembledModel, rows: int, positions: int) -> None:
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    check_window_fits(model.plan, rows, positions, device, dtype, "eval.seq_len or eval.batch")
 
 
 def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettings:

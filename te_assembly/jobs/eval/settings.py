@@ -18,7 +18,12 @@ class EvalSettings:
         nonempty=True,
         doc="a run directory (its newest good checkpoint), a checkpoint file or a pretrained directory",
     )
-    seq_len: int = setting(1024, minimum=2, doc="positions in each window")
+    seq_len: int | None = setting(
+        None,
+        minimum=2,
+        doc="positions in each window, at most the model's context (null: the model's context, an imported "
+        "model's max_position_embeddings; else 1024)",
+    )
     stride: int | None = setting(
         None,
         minimum=1,

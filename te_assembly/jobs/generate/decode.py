@@ -19,6 +19,7 @@ from te_assembly.engines.memory import available_bytes, format_bytes
 from te_assembly.engines.reference.kv_cache import Attention, KVCache, attending, cache_bytes, cache_layouts
 from te_assembly.errors import ResourceError
 from te_assembly.jobs.generate.settings import GenerateSettings
+from te_assembly.jobs.window import DEFAULT
 
 PAD = 0
 """The id fed where a sequence is padded or already finished (never attended to, never kept)."""
@@ -52,16 +53,17 @@ def decode(
     stop that row (a stop string)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    windows = [list(p[-settings.context :]) for p in prompts]
+    context = settings.context or DEFAULT  # the generate job decides it (``jobs/window.py``)
+    windows = [list(p[-context:]) for p in prompts]
     batch, longest = len(windows), max(len(w) for w in windows)
-    capacity = min(settings.context, longest + settings.max_new_tokens)
+    capacity = min(context, longest + settings.max_new_tokens)
     layouts = cache_layouts(model)
     if not all(a.causal for a in layouts):
         layouts = []  # a later position would change earlier ones: every forward sees the whole window
     if layouts:
         _check_cache_fits(cache_bytes(layouts, batch, capacity, dtype), device, batch, capacity)
     out = Decoded([[] for _ in windows], [None] * batch, cached=bool(layouts), finished=[False] * batch)
-    window = functools.partial(_forward, model, layouts, settings.context, device, dtype)
+    window = functools.partial(_forward, model, layouts, context, device, dtype)
     began = time.perf_counter()
     model.eval()
     with torch.no_grad():

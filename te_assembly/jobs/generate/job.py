@@ -32,6 +32,7 @@ from te_assembly.formats.pretrained import check_tokenizer
 from te_assembly.jobs.events import OnEvent, ignore
 from te_assembly.jobs.generate.decode import decode
 from te_assembly.jobs.generate.settings import GenerateSettings
+from te_assembly.jobs.window import window
 
 
 @dataclass
@@ -169,6 +170,8 @@ def _generate(
             f"the tokenizer has {tokenizer.vocab_size} ids, {plan.name}'s vocabulary {plan.in_features}: "
             "this tokenizer is not the one the model was trained with"
         )
+    context = window(settings.context, source, "generate.context", plan.name)
+    settings = dataclasses.replace(settings, context=context)
     seed = settings.seed if settings.seed is not None else target.seed
     if prompts is None:
         prompts = [read_prompt(settings)]

@@ -31,7 +31,12 @@ class GenerateSettings:
         doc="nucleus sampling: the smallest set holding this probability",
     )
     seed: int | None = setting(None, minimum=0, maximum=INT64_MAX, doc="null: the top-level seed")
-    context: int = setting(1024, minimum=1, doc="positions the model sees: the last this many tokens")
+    context: int | None = setting(
+        None,
+        minimum=1,
+        doc="positions the model sees, the last this many tokens, at most the model's context (null: the "
+        "model's context, an imported model's max_position_embeddings; else 1024)",
+    )
     stop_at_eot: bool = setting(
         True,
         doc="stop at the end-of-text token and at the model's eos_token_id (generation_config.json)",

@@ -1,0 +1,69 @@
+"""How many positions a job shows a model at once (``eval.seq_len``, ``generate.context``), decided before
+any text is read: the setting, else the model's context, and never more than that context.
+
+A model's context is the one it was trained at, where it is recorded: an imported checkpoint's
+``max_position_embeddings`` (its ``hf_config.json``, kept in the pretrained directory and in a run started
+from it). A model without one (trained here from scratch) has no such bound; ``DEFAULT`` is then the
+window, and what a window of the size asked would hold in memory is checked instead (``check_window_fits``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from te_assembly.analysis.plan import Plan
+from te_assembly.diagnostics import error
+from te_assembly.engines.memory import available_bytes, format_bytes, step_activation_bytes
+from te_assembly.errors import ConfigError, ResourceError
+from te_assembly.formats.companions import SOURCE_CONFIG, companion_json
+
+DEFAULT = 1024
+"""The window of a model whose context is not recorded, when the setting is null."""
+
+
+def model_context(source: Path | None) -> int | None:
+    """The context ``source`` (a pretrained directory, a run directory or a checkpoint in one) records;
+    None when it records none."""
+    if source is None:
+        return None
+    folder = source if source.is_dir() else source.parent
+    data = companion_json(folder, SOURCE_CONFIG) if folder.is_dir() else None
+    value = data.get("max_position_embeddings") if data else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def window(given: int | None, source: Path | None, key: str, model: str) -> int:
+    """The positions a job's window holds (module docstring); ``ConfigError`` at ``key`` for a setting
+    past the model's context."""
+    context = model_context(source)
+    if given is None:
+        return context or DEFAULT
+    if context is not None and given > context:
+        message = (
+            f"{key}={given} is more than {model}'s context of {context:,} positions (max_position_embeddings "
+            "of the checkpoint it was imported from): it never saw a window that long"
+        )
+        hint = f"use {key}={context} or less (null: the model's context)"
+        raise ConfigError([error(key, "out-of-range", message, hint)])
+    return given
+
+
+def check_window_fits(
+    plan: Plan, rows: int, positions: int, device: torch.device, dtype: torch.dtype, key: str
+) -> None:
+    """``ResourceError`` before any forward when ``rows`` windows of ``positions`` would not fit in
+    ``device``'s free memory: without gradients, a forward holds a step's input and output at once, so
+    about twice the largest step's activations (``engines/memory.py``)."""
+    needed = 2 * max(step_activation_bytes(plan, rows * positions, dtype, positions), default=0)
+    have = available_bytes(device)
+    if have is not None and needed > have[0]:
+        raise ResourceError(
+            f"{rows} window(s) of {positions:,} positions need about {format_bytes(needed)} of {device.type} "
+            f"memory at the largest step of {plan.name}, but only {format_bytes(have[0])} is available "
+            f"({have[1]}); lower {key}. Nothing was allocated."
+        )
+
+
+__all__ = ["DEFAULT", "check_window_fits", "model_context", "window"]
