@@ -135,7 +135,8 @@ _AREAS: dict[str, dict[str, str]] = {
         "parallel-public-expert-rows": "a public tensor of dispatched rows under expert parallelism",
     },
     "model size": {
-        "model-too-large": "a model no machine or cluster could hold (error), or no single rack (warning)",
+        "model-too-large": "a model no machine or cluster could hold (error), or whose weights no single "
+        "accelerator holds (warning, with the number)",
     },
     "jobs": {
         "nothing-to-train": "`train` on a model without parameters",

@@ -14,6 +14,8 @@ from te_assembly.diagnostics import Diagnostic, error, warning
 BYTES_PER_PARAM = 2
 LARGEST_RACK = 72 * ACCELERATORS["gb200"].memory_bytes
 """An NVIDIA GB200 NVL72 rack's memory (72 GPUs, about 13.4 TB): past it a model needs a cluster."""
+LARGEST_ONE = max(ACCELERATORS.values(), key=lambda a: a.memory_bytes)
+"""The accelerator with the most memory: past it, the weights alone need several."""
 LARGEST_ANYWHERE = 10**15
 """1 PB: more than the largest training clusters hold across all their GPUs, so no model beyond it can
 be trained or run anywhere."""
@@ -27,7 +29,8 @@ def _words(nbytes: float) -> str:
 
 
 def check_model_size(steps: Sequence[PlannedStep | None]) -> list[Diagnostic]:
-    """An error for a model no machine or cluster could hold; a warning for one no single rack holds."""
+    """An error for a model no machine or cluster could hold; a warning, with the number, for one no
+    single accelerator holds (its weights alone)."""
     counted = []
     for step in steps:
         if step is None or not step.args_valid:
@@ -38,7 +41,7 @@ def check_model_size(steps: Sequence[PlannedStep | None]) -> list[Diagnostic]:
             continue
     total = sum(n for n, _ in counted)
     nbytes = total * BYTES_PER_PARAM
-    if nbytes <= LARGEST_RACK:
+    if nbytes <= LARGEST_ONE.memory_bytes:
         return []
     biggest, step = max(counted, key=lambda c: c[0])
     what = (
@@ -54,14 +57,14 @@ def check_model_size(steps: Sequence[PlannedStep | None]) -> list[Diagnostic]:
                 f"check {step.name}'s widths: a dimension with digits too many?",
             )
         ]
-    return [
-        warning(
-            "model",
-            "model-too-large",
-            f"{what}: more than one GB200 NVL72 rack holds ({_words(LARGEST_RACK)}); it needs a cluster "
-            "and parallel.shard",
+    if nbytes > LARGEST_RACK:
+        needs = f"more than one GB200 NVL72 rack holds ({_words(LARGEST_RACK)}); it needs a cluster"
+    else:
+        needs = (
+            f"more than one accelerator holds (the largest, {LARGEST_ONE.name}, "
+            f"{_words(LARGEST_ONE.memory_bytes)}); it needs several"
         )
-    ]
+    return [warning("model", "model-too-large", f"{what}: {needs} and parallel.shard")]
 
 
-__all__ = ["BYTES_PER_PARAM", "LARGEST_ANYWHERE", "LARGEST_RACK", "check_model_size"]
+__all__ = ["BYTES_PER_PARAM", "LARGEST_ANYWHERE", "LARGEST_ONE", "LARGEST_RACK", "check_model_size"]

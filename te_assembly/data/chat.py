@@ -143,6 +143,15 @@ def model_tokenizer(path: Path, eot: str, within: Path | None = None) -> HFToken
         return load_tokenizer_file(path, eos, within=within)
 
 
+def has_chat_template(folder: Path) -> bool:
+    """Whether ``folder`` (a model's) holds a chat template: an instruct model."""
+    try:
+        load_chat_template(folder)
+    except ChatTemplateError:
+        return False
+    return True
+
+
 def load_chat_template(folder: Path) -> ChatTemplate:
     """The chat template beside a tokenizer: ``chat_template.jinja``, else ``tokenizer_config.json``'s
     ``chat_template`` (a string, or named templates: ``default``); ``ChatTemplateError`` when there is
@@ -172,6 +181,7 @@ __all__ = [
     "ChatTemplate",
     "ChatTemplateError",
     "check_messages",
+    "has_chat_template",
     "load_chat_template",
     "model_tokenizer",
     "special_tokens",

@@ -88,6 +88,14 @@ def merged_weights(plan: Plan, weights: Mapping[str, torch.Tensor]) -> dict[str,
         target = adapted_step(plan, adapter)
         if adapter.type == "LoRA":
             key = f"steps.{target.name}.basic_ops.0.weight"
+            if key in plan.tied_params:
+                raise ArgumentError(
+                    f"step {target.name!r} has an adapter and its weight is tied to "
+                    f"{plan.tied_params[key]!r}: folding the adapter into the shared weight would change "
+                    "that one too, so no merged model computes what this one does; export it without "
+                    "merging (format te keeps the adapters), or train without an adapter on "
+                    f"{target.name!r}"
+                )
             out[key] = (out[key].double() + _delta(adapter, weights, "")).to(out[key].dtype)
         else:
             for g in range(int(adapter.args["num_groups"])):

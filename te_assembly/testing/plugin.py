@@ -138,11 +138,9 @@ class ConfigFile(pytest.File):
     """One config file of a folder; its items are its checks."""
 
     def collect(self) -> Iterator[pytest.Item]:
-        from te_assembly.errors import SidecarError
-        from te_assembly.testing.expect import read_sidecar
-
-        from te_assembly.errors import ConfigCheckError
+        from te_assembly.errors import ConfigCheckError, SidecarError
         from te_assembly.files.read import check_within
+        from te_assembly.testing.expect import read_sidecar
 
         folder = _folder_of(self.config, self.path)
         assert folder is not None

@@ -153,6 +153,26 @@ def test_a_model_no_machine_could_hold_is_found_by_validate(tmp_path: Path) -> N
     assert warned.returncode == 0 and "more than one GB200 NVL72 rack holds" in warned.stdout + warned.stderr
 
 
+def test_a_model_no_single_accelerator_holds_is_said_with_its_number() -> None:
+    """A 1.6e12-parameter Linear (3.2 TB in bfloat16): valid, but validate says how large, and where."""
+    import te_assembly as ta
+
+    model = {
+        "name": "huge",
+        "in_features": 1_264_911,
+        "ops": [
+            {"name": "proj", "op": "Linear", "args": {"in_features": 1_264_911, "out_features": 1_264_911}}
+        ],
+    }
+    analysis = ta.load(model)
+    (found,) = [d for d in analysis.diagnostics if d.code == "model-too-large"]
+    assert not found.is_error
+    assert "1.6e+12 parameters, 3.2 TB in bfloat16 (proj, a Linear, holds 100% of them)" in found.message
+    assert "more than one accelerator holds" in found.message
+    small = ta.load("residual_mlp")
+    assert not [d for d in small.diagnostics if d.code == "model-too-large"]
+
+
 @pytest.mark.parametrize("temperature", [1e-45, 1e-300, 5e-324])
 def test_a_vanishing_temperature_samples_the_most_likely_token(temperature: float) -> None:
     from te_assembly.jobs.generate.job import next_token

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import te_assembly
@@ -96,3 +97,17 @@ def test_lora_dropout_is_off_in_eval_mode_and_in_generation() -> None:
     with_dropout = decode(dropped, prompts, settings, torch.Generator(), next_token, frozenset())
     without = decode(plain, prompts, settings, torch.Generator(), next_token, frozenset())
     assert with_dropout.ids == without.ids and all(len(row) == 8 for row in with_dropout.ids)
+
+
+def test_a_merge_into_a_tied_weight_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """An adapter on a head tied to the embedding: folding it in would change the embedding too, so no
+    merged model computes what the adapted one does; the export says so and writes nothing."""
+    from te_assembly.errors import ArgumentError
+
+    plan = te_assembly.load("dense_lm", ["lora.rank=2", "lora.targets=[all-linear,head]"]).checked_plan()
+    assert "steps.head.basic_ops.0.weight" in plan.tied_params
+    te_assembly.train(plan, _target(), _settings(tmp_path / "run", steps=2, checkpoint_every=2))
+    with pytest.raises(ArgumentError, match=r"tied to 'steps\.embed\.weight'"):
+        te_assembly.export_checkpoint(tmp_path / "run", tmp_path / "merged", merge=True)
+    assert not (tmp_path / "merged").exists()
+    te_assembly.export_checkpoint(tmp_path / "run", tmp_path / "kept")  # the adapters kept: fine

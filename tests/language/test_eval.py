@@ -122,9 +122,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return te_assembly.import_hf(source, root / "mine")
 
 
-def test_a_window_past_the_model_s_context_is_refused_at_its_setting(
-    imported: Path, tmp_path: Path
-) -> None:
+def test_a_window_past_the_model_s_context_is_refused_at_its_setting(imported: Path, tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("the cat sat on the mat. " * 40)
     done = _cli("eval", str(imported), "data.path=notes.txt", "eval.seq_len=1000000000", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
@@ -169,3 +167,16 @@ def test_windows_that_cannot_fit_are_refused_before_any_forward(
     monkeypatch.setenv("TE_ASSEMBLY_MEMORY_LIMIT", "1MB")
     with pytest.raises(ResourceError, match=r"window\(s\) of 4,096 positions .* lower eval\.seq_len"):
         evaluate(model, "reference", data, EvalSettings(seq_len=4096, batch=2))
+
+
+def test_eval_says_when_an_instruct_model_is_scored_on_raw_text(imported: Path, tmp_path: Path) -> None:
+    from tests.language.test_instructions import _instruct
+
+    instruct, _ = _instruct(tmp_path / "instruct")
+    (tmp_path / "notes.txt").write_text("What colour is the sky? Blue. " * 20)
+    said = _cli("eval", str(instruct), "data.path=notes.txt", "eval.seq_len=32", cwd=tmp_path)
+    assert said.returncode == 0, said.stderr
+    assert "note: the model has a chat template, and this scores it on raw text" in said.stdout
+    plain = _cli("eval", str(imported), "data.path=notes.txt", "eval.seq_len=32", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert "chat template" not in plain.stdout

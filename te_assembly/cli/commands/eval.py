@@ -29,7 +29,9 @@ RUN_DIR = True
 
 
 def main(analysis: Analysis, console: Console) -> int:
+    from te_assembly.data.chat import has_chat_template
     from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.generate.job import model_folder
     from te_assembly.jobs.window import window
 
     settings: EvalSettings = analysis.section("eval")
@@ -63,6 +65,13 @@ def main(analysis: Analysis, console: Console) -> int:
         markup=False,
         soft_wrap=True,
     )
+    if data.format != "chat" and has_chat_template(model_folder(given)):
+        console.print(
+            "note: the model has a chat template, and this scores it on raw text (data.format=text); "
+            "data.format=chat scores the answers of JSON Lines conversations rendered with it",
+            markup=False,
+            soft_wrap=True,
+        )
     bar = Progress(
         TextColumn("scoring"),
         BarColumn(),
