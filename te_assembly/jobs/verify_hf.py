@@ -15,7 +15,7 @@ the same random token ids, every tensor held to ``HF_TOLERANCE`` of transformers
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,19 +282,21 @@ def verify_hf(
     target: Target | str,
     settings: RunSettings | None = None,
     *,
+    ignore_fields: Sequence[str] = (),
     on_event: OnEvent = ignore,
 ) -> HFReport:
     """The Hugging Face checkpoint ``source`` imported on ``target`` against ``transformers``' own model
     of it, in ``target.dtype``: logits, loss and every gradient on 2 sequences of ``settings.seq_len``
-    random token ids drawn from ``target.seed`` (``compare``)."""
+    random token ids drawn from ``target.seed`` (``compare``). ``ignore_fields``: as ``import-hf``'s
+    (``import_hf.ignore_fields``)."""
     from te_assembly.analysis.settings import RunSettings
     from te_assembly.engines.target import as_target
     from te_assembly.formats.hf.convert import from_hf, read_spec
 
     target = as_target(target)
     settings = settings if settings is not None else RunSettings()
-    spec = read_spec(source)
-    model = from_hf(source, target)
+    spec = read_spec(source, ignore_fields)
+    model = from_hf(source, target, ignore_fields=ignore_fields)
     on_event(Built(model))
     device = next(model.parameters()).device
     theirs = load_transformers(source, target.dtype).to(device)

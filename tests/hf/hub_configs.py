@@ -487,8 +487,9 @@ MTP_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 129280,
     },
 }
-"""Published configs of checkpoints with multi-token prediction layers: refused by name, imported without
-those layers when ``import_hf.ignore_fields`` names ``num_nextn_predict_layers``."""
+"""Published configs of checkpoints with multi-token prediction layers: read as declared; their tensors,
+where a checkpoint holds them, are refused by name at import, and left out when
+``import_hf.ignore_fields`` names ``num_nextn_predict_layers``."""
 
 QUANTIZED_CONFIGS: dict[str, dict[str, Any]] = {
     # openai/gpt-oss-20b (written out here without network access, from the published file: compare with

@@ -232,3 +232,50 @@ def test_each_shipped_family_model_exports_to_its_family(
         torch.testing.assert_close(_hf_logits(out, ids), model(ids).y, rtol=0, atol=1e-10)
     again = from_hf(out, Target.of("reference", dtype=torch.float64))
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def _with_mtp_tensors(folder: Path, layers: int) -> None:
+    """Add a multi-token prediction layer's tensors after the decoder's, as the Hub's GLM-4.5 and
+    DeepSeek-V3 checkpoints hold them (transformers saves none)."""
+    from safetensors.torch import load_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(str(path))
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    for name, shape in (
+        ("eh_proj.weight", (hidden, 2 * hidden)),
+        ("enorm.weight", (hidden,)),
+        ("hnorm.weight", (hidden,)),
+    ):
+        tensors[f"model.layers.{layers}.{name}"] = torch.randn(shape)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("variant", ["glm4_moe", "deepseek_v3"])
+def test_a_declared_mtp_layer_is_read_from_the_tensors_the_checkpoint_holds(
+    variant: str, tmp_path: Path
+) -> None:
+    """transformers' own default (num_nextn_predict_layers 1, no tensor of it saved) imports and equals
+    transformers; the same checkpoint holding that layer's tensors is refused naming them and the way
+    out, which imports it (and verifies it) without them."""
+    from te_assembly.errors import CheckpointError
+    from te_assembly.jobs.verify_hf import compare, verify_hf
+
+    folder = make(variant, tmp_path / "hf", changes={"num_nextn_predict_layers": 1})
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1
+    target = Target.of("reference", dtype=torch.float64)
+    result = compare(
+        from_hf(folder, target).train(), load_transformers(folder, torch.float64).train(), token_ids()
+    )
+    assert result.within(1e-10)
+    _with_mtp_tensors(folder, config["num_hidden_layers"])
+    with pytest.raises(CheckpointError) as refused:
+        te_assembly.import_hf(folder, tmp_path / "refused")
+    message = str(refused.value)
+    assert f"model.layers.{config['num_hidden_layers']}.eh_proj.weight and 2 more" in message
+    assert "import_hf.ignore_fields=[num_nextn_predict_layers]" in message
+    assert not (tmp_path / "refused").exists()
+    te_assembly.import_hf(folder, tmp_path / "kept", ignore_fields=["num_nextn_predict_layers"])
+    report = verify_hf(folder, target, ignore_fields=["num_nextn_predict_layers"])
+    assert report.passed

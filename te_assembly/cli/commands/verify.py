@@ -26,6 +26,7 @@ from te_assembly.analysis.analyze import COMMON, DEFAULT_SECTIONS, Analysis
 from te_assembly.analysis.settings import CommonSettings, RunSettings
 from te_assembly.cli import job_dir
 from te_assembly.cli.commands.common import checked_plan
+from te_assembly.cli.commands.import_hf import ImportSettings
 from te_assembly.diagnostics import printable
 from te_assembly.engines import te_available
 from te_assembly.engines.target import Target
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from te_assembly.jobs.verify_hf import HFReport
 from te_assembly.files.write import write_text_atomic
 
-SECTIONS = DEFAULT_SECTIONS
+SECTIONS = {**DEFAULT_SECTIONS, "import_hf": ImportSettings}
+"""``import_hf.ignore_fields`` applies to ``verify hf=DIR`` as to its import."""
 RUN_DIR = True
 
 INSTALL_HINT = (
@@ -120,7 +122,10 @@ def _verify_hf(analysis: Analysis, common: CommonSettings, run: RunSettings, con
 
     assert common.hf is not None
     job_dir.check_claimable(job_dir.current("verify"))
-    report = verify_hf(common.hf, Target.from_settings(common, None), run)
+    importing: ImportSettings = analysis.section("import_hf")
+    report = verify_hf(
+        common.hf, Target.from_settings(common, None), run, ignore_fields=importing.ignore_fields
+    )
     console.print(hf_table(report))
     job = job_dir.current("verify")
     out = job_dir.claim(job)

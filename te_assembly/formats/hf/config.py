@@ -63,9 +63,12 @@ class HFSpec:
     first_dense: int = 0
     """The first layers with a dense MLP of ``dense_ffn`` (GLM-4.5's ``first_k_dense_replace``)."""
     dense_ffn: int = 0
+    mtp_layers: int = 0
+    """The multi-token prediction layers ``config.json`` declares after ``layers``
+    (``num_nextn_predict_layers``; transformers' default is 1, and it saves none of their tensors)."""
     dropped_layers: int = 0
-    """Layers the checkpoint holds after ``layers`` that the import leaves out by request (GLM-4.5's
-    multi-token prediction layers, ``import_hf.ignore_fields=[num_nextn_predict_layers]``)."""
+    """Of those, the ones the import leaves out by request when the checkpoint holds them
+    (``import_hf.ignore_fields=[num_nextn_predict_layers]``)."""
     mla: dict[str, Any] = field(default_factory=dict)
     """DeepSeek-V3's latent attention (``LatentAttention``): ``q_lora_rank``, ``kv_lora_rank``,
     ``qk_nope_dim``, ``qk_rope_dim``, ``v_head_dim``, ``rope_interleaved``, ``attention_bias``; empty for
@@ -414,14 +417,8 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
     if not isinstance(mtp, int) or isinstance(mtp, bool) or mtp < 0:
         r.refuse("num_nextn_predict_layers", f"num_nextn_predict_layers = {shown(mtp)}", code="hf-bad-value")
         mtp = 0
-    elif mtp and "num_nextn_predict_layers" not in r.ignore:
-        r.refuse(
-            "num_nextn_predict_layers",
-            f"num_nextn_predict_layers = {mtp}: the checkpoint carries {mtp} multi-token prediction "
-            f"layer(s) (model.layers.{layers}...), which te_assembly does not import (no MTP head yet)",
-            "import_hf.ignore_fields=[num_nextn_predict_layers] imports the model without them, knowingly "
-            "(their tensors are left out, as transformers leaves them; config.yaml records it)",
-        )
+    # Whether the checkpoint holds those layers is for its tensors to say (``convert._tensor_plan``):
+    # transformers declares one by default and saves none.
     given = data.get("rope_parameters")
     rope: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
     factor = data.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
@@ -455,6 +452,7 @@ def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: 
         "rotary_dim": rotary_dim,
         "first_dense": first_dense,
         "dense_ffn": r.integer("intermediate_size"),
+        "mtp_layers": mtp,
         "dropped_layers": mtp if "num_nextn_predict_layers" in r.ignore else 0,
         "router": {
             "score_function": "sigmoid",

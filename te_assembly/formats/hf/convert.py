@@ -132,10 +132,23 @@ def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tup
                 problems.append(f"{part.name} has shape {tuple(shape)}, config.json says {expected_text}")
         chosen.append((rule, layout))
     dropped = tuple(f"model.layers.{spec.layers + n}." for n in range(spec.dropped_layers))
+    mtp = tuple(f"model.layers.{spec.layers + n}." for n in range(spec.mtp_layers))
+    predicting = []
     for name in sorted(set(checkpoint) - used):
         if INERT_TENSORS.search(name) or (spec.tied and name == "lm_head.weight") or name.startswith(dropped):
             continue
+        if name.startswith(mtp):
+            predicting.append(name)
+            continue
         problems.append(f"{name} is not part of a {spec.architecture} of this config (it would be dropped)")
+    if predicting:
+        more = f" and {len(predicting) - 1} more" if len(predicting) > 1 else ""
+        problems.append(
+            f"{predicting[0]}{more} belong to the {spec.mtp_layers} multi-token prediction layer(s) "
+            "num_nextn_predict_layers declares, which te_assembly does not import (no MTP head yet): "
+            "import_hf.ignore_fields=[num_nextn_predict_layers] imports the model without them, knowingly "
+            "(as transformers leaves them out)"
+        )
     if problems:
         raise CheckpointError(
             f"{checkpoint.directory} does not match its config.json: " + "; ".join(problems)
