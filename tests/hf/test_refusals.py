@@ -239,10 +239,12 @@ def test_multi_token_prediction_layers_are_refused_by_name_then_left_out_knowing
         if k.startswith(f"model.layers.{last}.")
     }
     save_file({**tensors, **extra}, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(HFConfigError) as refused:
-        read_spec(folder)
-    (message,) = [d for d in refused.value.diagnostics if "num_nextn_predict_layers" in d.path]
-    assert "multi-token prediction" in message.message and "ignore_fields" in (message.hint or "")
+    with pytest.raises(CheckpointError) as refused:
+        import_hf(folder, tmp_path / "refused")
+    message = str(refused.value)
+    assert f"model.layers.{last + 1}." in message and "multi-token prediction" in message
+    assert "import_hf.ignore_fields=[num_nextn_predict_layers]" in message
+    assert not (tmp_path / "refused").exists()
     out = import_hf(folder, tmp_path / "imported", ignore_fields=["num_nextn_predict_layers"])
     assert "num_nextn_predict_layers" in (out / "config.yaml").read_text()
     model = te_assembly.from_pretrained(out, "reference")
