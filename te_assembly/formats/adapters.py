@@ -270,7 +270,7 @@ def checked_peft_config(config: Any, path: Path) -> dict[str, Any]:
     problems = []
     if config.get("peft_type") != "LORA":
         problems.append(
-            f"peft_type = {config.get('peft_type')!r}: te_assembly reads LoRA adapters (LORA) only"
+            f"peft_type = {_shown(config.get('peft_type'))}: te_assembly reads LoRA adapters (LORA) only"
         )
     out = {
         "r": config.get("r", 8),
@@ -280,23 +280,23 @@ def checked_peft_config(config: Any, path: Path) -> dict[str, Any]:
     out.update(lora_dropout=config.get("lora_dropout", 0.0), use_rslora=config.get("use_rslora", False))
     out["target_modules"] = config.get("target_modules")
     if not isinstance(out["r"], int) or isinstance(out["r"], bool) or out["r"] < 1:
-        problems.append(f"r = {out['r']!r}: expected a positive integer")
+        problems.append(f"r = {_shown(out['r'])}: expected a positive integer")
     if not _number(out["lora_alpha"]) or out["lora_alpha"] <= 0:
-        problems.append(f"lora_alpha = {out['lora_alpha']!r}: expected a positive number")
+        problems.append(f"lora_alpha = {_shown(out['lora_alpha'])}: expected a positive number")
     if not _number(out["lora_dropout"]) or not 0 <= out["lora_dropout"] < 1:
-        problems.append(f"lora_dropout = {out['lora_dropout']!r}: expected a number from 0 to below 1")
+        problems.append(f"lora_dropout = {_shown(out['lora_dropout'])}: expected a number from 0 to below 1")
     if not isinstance(out["use_rslora"], bool):
-        problems.append(f"use_rslora = {out['use_rslora']!r}: expected true or false")
+        problems.append(f"use_rslora = {_shown(out['use_rslora'])}: expected true or false")
     if out["bias"] != "none":
-        problems.append(f"bias = {out['bias']!r}: te_assembly's adapters train no bias (none only)")
+        problems.append(f"bias = {_shown(out['bias'])}: te_assembly's adapters train no bias (none only)")
     modules = out["target_modules"]
     if isinstance(modules, str):
         problems.append(
-            f"target_modules = {modules!r}: a pattern; te_assembly reads a list of module names (PEFT writes "
-            "one once the adapter is made)"
+            f"target_modules = {_shown(modules)}: a pattern; te_assembly reads a list of module names "
+            "(PEFT writes one once the adapter is made)"
         )
     elif not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
-        problems.append(f"target_modules = {modules!r}: expected a non-empty list of module names")
+        problems.append(f"target_modules = {_shown(modules)}: expected a non-empty list of module names")
     for key, value in config.items():
         if key in PEFT_REFUSED and _is_set(value):
             problems.append(f"{key} = {_shown(value)} is not supported: {PEFT_REFUSED[key]}")

@@ -45,7 +45,7 @@ def window(given: int | None, source: Path | None, key: str, model: str) -> int:
             f"{key}={given} is more than {model}'s context of {context:,} positions (max_position_embeddings "
             "of the checkpoint it was imported from): it never saw a window that long"
         )
-        hint = f"use {key}={context} or less (null: the model's context)"
+        hint = f"use {key}={context} or less, or leave it null for the model's context"
         raise ConfigError([error(key, "out-of-range", message, hint)])
     return given
 

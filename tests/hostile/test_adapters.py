@@ -96,18 +96,18 @@ def test_each_refused_field_has_a_case() -> None:
 
 
 BAD_VALUES = {
-    "lora_alpha null": ({"lora_alpha": None}, "lora_alpha = None"),
+    "lora_alpha null": ({"lora_alpha": None}, "lora_alpha = null"),
     "lora_alpha zero": ({"lora_alpha": 0}, "lora_alpha = 0"),
     "r zero": ({"r": 0}, "r = 0"),
-    "r as text": ({"r": "4"}, "r = '4'"),
+    "r as text": ({"r": "4"}, 'r = "4"'),
     "r fractional": ({"r": 4.5}, "r = 4.5"),
     "dropout of one": ({"lora_dropout": 1.0}, "lora_dropout = 1.0"),
-    "rslora as text": ({"use_rslora": "yes"}, "use_rslora = 'yes'"),
-    "targets as a pattern": ({"target_modules": "all-linear"}, "target_modules = 'all-linear'"),
+    "rslora as text": ({"use_rslora": "yes"}, 'use_rslora = "yes"'),
+    "targets as a pattern": ({"target_modules": "all-linear"}, 'target_modules = "all-linear"'),
     "no targets": ({"target_modules": []}, "target_modules = []"),
-    "a bias": ({"bias": "all"}, "bias = 'all'"),
+    "a bias": ({"bias": "all"}, 'bias = "all"'),
     "a field nobody knows": ({"lora_quantum": 3}, "lora_quantum = 3"),
-    "another kind of adapter": ({"peft_type": "IA3"}, "peft_type = 'IA3'"),
+    "another kind of adapter": ({"peft_type": "IA3"}, 'peft_type = "IA3"'),
 }
 
 
@@ -124,7 +124,7 @@ def test_a_bad_value_is_named_as_the_file_s_field(
 
 def test_every_problem_of_the_file_is_named_at_once(hf_llama: Path, adapter: Path, tmp_path: Path) -> None:
     edited = _edited(adapter, tmp_path, lora_alpha=None, r=-1, use_dora=True)
-    _refused(hf_llama, edited, tmp_path, "lora_alpha = None", "r = -1", "use_dora")
+    _refused(hf_llama, edited, tmp_path, "lora_alpha = null", "r = -1", "use_dora")
 
 
 def _tensors(adapter: Path, tmp_path: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
@@ -198,5 +198,5 @@ def test_the_command_line_says_it_in_one_line_and_writes_nothing(
 ) -> None:
     edited = _edited(adapter, tmp_path, lora_alpha=None)
     done = user_cli(tmp_path, "import-hf", str(hf_llama), "dest", f"import_hf.adapter={edited}")
-    clean_failure(done, 1, "adapter_config.json", "lora_alpha = None")
+    clean_failure(done, 1, "adapter_config.json", "lora_alpha = null")
     assert not (tmp_path / "dest").exists()

@@ -128,7 +128,7 @@ def test_a_window_past_the_model_s_context_is_refused_at_its_setting(imported: P
     assert done.returncode == 2 and "Traceback" not in done.stderr
     text = done.stdout + done.stderr
     assert "eval.seq_len=1000000000 is more than mine's context of 48 positions" in text, text
-    assert "use eval.seq_len=48 or less" in text
+    assert "use eval.seq_len=48 or less, or leave it null" in text
     done = _cli("generate", "hi", f"generate.source={imported}", "generate.context=49", cwd=tmp_path)
     assert (
         done.returncode == 2

@@ -184,7 +184,8 @@ def test_eval_on_conversations_scores_the_answers(tmp_path: Path) -> None:
 def test_held_out_conversations_are_evaluated_on_their_answers(tmp_path: Path) -> None:
     imported, jsonl = _instruct(tmp_path)
     lines = jsonl.read_text().splitlines()
-    many = [json.dumps({**json.loads(line), "id": n}) for n, line in enumerate(lines * 3)]  # distinct names
+    # distinct names; held out by a hash of each one's file and line, so enough that 4 are always held out
+    many = [json.dumps({**json.loads(line), "id": n}) for n, line in enumerate(lines * 10)]
     jsonl.write_text("\n".join(many) + "\n")
     data = dataclasses.replace(_data(imported, jsonl, tmp_path), val_fraction=0.2)
     corpus = ChatCorpus.prepare(data, 32)

@@ -35,9 +35,11 @@ def main(analysis: Analysis, console: Console) -> int:
         Text,
         generation_defaults,
         load_source,
+        model_folder,
         read_prompt,
         tokenizer_for,
     )
+    from te_assembly.jobs.window import window
 
     session = start(analysis, console)
     settings: GenerateSettings = session.section("generate")
@@ -54,6 +56,11 @@ def main(analysis: Analysis, console: Console) -> int:
     source = Path(settings.source).expanduser() if settings.source is not None else None
     given = [k.removeprefix("generate.") for k in command_line_keys(analysis.resolved.overrides)]
     settings, taken = generation_defaults(source, settings, given)
+    if source is not None:  # decided, and refused past the model's context, before the model loads
+        name = model_folder(source).name
+        settings = dataclasses.replace(
+            settings, context=window(settings.context, source, "generate.context", name)
+        )
     prompt = "" if settings.interactive else read_prompt(settings)
     if settings.source is not None:
         model = load_source(settings.source, target)
