@@ -36,6 +36,7 @@ from te_assembly.cli.hydra_flags import completion_config_dirs, shell_completion
 from te_assembly.collector import paused
 from te_assembly.diagnostics import printable
 from te_assembly.errors import CompositionError, ConfigError, TeAssemblyError
+from te_assembly.formats.hf.families import FAMILIES
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("te_assembly.cli.commands.run", "build the model and run a few forward+backward steps (default)"),
@@ -59,7 +60,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "import-hf": (
         "te_assembly.cli.commands.import_hf",
-        "turn a Hugging Face checkpoint (Llama, Mistral, Qwen2/3, Mixtral, Qwen-MoE) into a pretrained model",
+        "turn a Hugging Face checkpoint into a pretrained model; its model_type one of "
+        + ", ".join(f.model_type for f in FAMILIES.values()),
     ),
     "ls": ("te_assembly.cli.commands.ls", "list the models, blocks, recipes and ops; `ls op NAME` shows one"),
     "cp": ("te_assembly.cli.commands.cp", "copy a shipped model, recipe or block into a folder to edit"),

@@ -28,7 +28,7 @@ from te_assembly.files.directory import PEFT, check_destination, write_directory
 from te_assembly.files.read import LIMITS, InputFileError, read_json
 from te_assembly.formats.checkpoint import CheckpointError
 from te_assembly.formats.model_record import model_record
-from te_assembly.formats.tensor_file import float_tensors, open_safetensors
+from te_assembly.formats.tensor_file import float_tensors, open_safetensors, save_tensors
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -193,7 +193,6 @@ def write_peft(
 ) -> Path:
     """The adapters of ``plan`` as a PEFT adapter directory (``PeftModel.from_pretrained(base, dest)``
     loads it), through the guarded directory writer."""
-    from safetensors.torch import save_file
 
     if not plan.adapter_params:
         raise ArgumentError(f"{plan.name} has no adapters to export in PEFT's format (lora.rank is null)")
@@ -202,7 +201,7 @@ def write_peft(
     config = peft_config(plan, base_name)
 
     def fill(staging: Path) -> None:
-        save_file(tensors, str(staging / PEFT_WEIGHTS), metadata={"format": "pt"})
+        save_tensors(tensors, staging / PEFT_WEIGHTS, metadata={"format": "pt"})
         (staging / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
     return write_directory(dest, PEFT, fill, overwrite=overwrite, sources=sources)

@@ -19,6 +19,7 @@ directory as it was and loadable. A directory that already holds files is refuse
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -359,11 +360,37 @@ def check_tokenizer(source: Path, tokenizer: Any, what: str) -> None:
     recorded = recorded_tokenizer(source)
     if recorded is None or recorded == tokenizer.fingerprint:
         return
-    used = getattr(tokenizer, "source", None) or _tokenizer_words(tokenizer.fingerprint)
+    given = getattr(tokenizer, "source", None)
+    used = (
+        f"{given} ({_tokenizer_words(tokenizer.fingerprint)})"
+        if given
+        else _tokenizer_words(tokenizer.fingerprint)
+    )
     raise DataError(
-        f"{what}={source}: the model was trained with {_tokenizer_words(recorded)}, but the tokenizer here "
-        f"is another ({used}: {_tokenizer_words(tokenizer.fingerprint)}); its ids would mean other text "
-        "to the model: use the tokenizer it was trained with"
+        f"{what}={source} was trained with {_tokenizer_words(recorded)}, not {used}, whose ids would mean "
+        f"other text to it: {_tokenizer_fix(source, recorded)}"
+    )
+
+
+def _tokenizer_fix(source: Path, recorded: str) -> str:
+    """How to use the tokenizer ``source`` was trained with: none at all (byte-level), the
+    ``tokenizer.json`` beside it when that is the one, else where to look."""
+    if recorded.startswith("byte-level"):
+        return (
+            "give it no tokenizer (no generate.tokenizer or data.tokenizer.path, no tokenizer.json beside "
+            "the model): byte-level is what it reads"
+        )
+    folder = source if source.is_dir() else source.parent
+    beside = folder / TOKENIZER_FILE
+    with contextlib.suppress(Exception):  # unreadable or not a tokenizer: not the one
+        if (
+            text_fingerprint(read_text(beside, limit=LIMITS["tokenizer"], within=folder), str(beside))
+            == recorded
+        ):
+            return f"use {beside} (generate.tokenizer={beside}, data.tokenizer.path={beside})"
+    return (
+        "use the tokenizer.json it was trained with (the data.tokenizer.path of its run's config.yaml, or "
+        "the one of the model it was imported or started from)"
     )
 
 

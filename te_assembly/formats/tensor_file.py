@@ -4,19 +4,21 @@ same open file (``/proc/self/fd``), so a file swapped after the check is not the
 safetensors cannot parse (a truncated file, a header that lies) is a ``CheckpointError`` in words.
 
 Training checkpoints (``checkpoint/file.py``), Hugging Face shards (``hf/shards.py``) and PEFT adapters
-(``adapters.py``) all open their files here.
+(``adapters.py``) all open their files here; shards and adapters are written here too (``save_tensors``:
+with the user's file mode, where safetensors alone would leave them readable by their owner only).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from te_assembly.errors import CheckpointError
 from te_assembly.files.read import ErrorFactory, open_regular
+from te_assembly.files.write import file_mode
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 """safetensors dtypes a weight may be stored in: an integer or bool tensor where a weight belongs would
@@ -68,6 +70,16 @@ def open_safetensors(
             yield handle
 
 
+def save_tensors(tensors: Mapping[str, Any], path: Path, metadata: Mapping[str, str] | None = None) -> Path:
+    """``tensors`` as a safetensors file at ``path``, with the mode any new file of the user gets
+    (``0o666`` less the umask): safetensors itself makes its files readable by their owner only."""
+    from safetensors.torch import save_file
+
+    save_file(dict(tensors), str(path), metadata=dict(metadata) if metadata is not None else None)
+    os.chmod(path, file_mode())
+    return path
+
+
 def float_tensors(
     path: Path, handle: Any, expected: dict[str, tuple[int, ...]] | None = None
 ) -> dict[str, tuple[int, ...]]:
@@ -89,4 +101,4 @@ def float_tensors(
     return shapes
 
 
-__all__ = ["FLOAT_DTYPES", "float_tensors", "open_safetensors", "unreadable"]
+__all__ = ["FLOAT_DTYPES", "float_tensors", "open_safetensors", "save_tensors", "unreadable"]

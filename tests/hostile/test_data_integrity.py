@@ -224,8 +224,9 @@ def test_generate_refuses_a_tokenizer_the_model_was_not_trained_with(tmp_path: P
     pre = te_assembly.export_checkpoint(tmp_path / "run", tmp_path / "pre")
     _word_tokenizer(pre / "tokenizer.json", ["the", "fox"])  # a foreign file beside a byte-level model
     prompt = te_assembly.GenerateSettings(prompt="the fox", max_new_tokens=2)
-    with pytest.raises(DataError, match="trained with the byte-level tokenizer"):
+    with pytest.raises(DataError, match="trained with the byte-level tokenizer") as refused:
         te_assembly.generate(str(pre), "reference", prompt)
+    assert "give it no tokenizer" in str(refused.value)  # the fix, said once
     (pre / "tokenizer.json").unlink()
     assert te_assembly.generate(str(pre), "reference", prompt).ids
 
@@ -363,6 +364,8 @@ def test_init_from_refuses_data_of_another_tokenizer(hf_llama: Path, tmp_path: P
     other = _word_tokenizer(tmp_path / "other.json", ["a", "dog"])
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text("a dog " * 2000)
-    with pytest.raises(DataError, match=r"train\.init_from=.*was trained with a tokenizer\.json"):
+    with pytest.raises(DataError, match=r"train\.init_from=.*was trained with a tokenizer\.json") as refused:
         _train_imported(imported, tmp_path, other, steps=1)
+    assert f"use {imported / 'tokenizer.json'} (" in str(refused.value)
+    assert str(refused.value).count("tokenizer.json of fingerprint") == 2  # the two, each named once
     assert not (tmp_path / "run").exists()

@@ -412,3 +412,33 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_destination(tmp_pa
         os.close(lock)
     write_directory(dest, PRETRAINED, lambda s: (s / "data.txt").write_text("new"), overwrite=True)
     assert (dest / "data.txt").read_text() == "new" and not live.exists()  # stale once its writer is gone
+
+
+def test_every_file_an_export_writes_has_the_user_s_mode(tmp_path: Path) -> None:
+    """A Hugging Face export's shards and a PEFT export's tensors get 0666 less the umask, as every
+    other file te_assembly writes (safetensors alone writes 0600)."""
+    import os
+    import stat
+
+    import torch
+
+    import te_assembly
+    from te_assembly.formats.adapters import adapter_plan, write_peft
+    from te_assembly.formats.hf.convert import export_hf
+
+    previous = os.umask(0o002)
+    try:
+        pre = te_assembly.save_pretrained(te_assembly.build("llama_tiny", "reference"), tmp_path / "pre")
+        written = [
+            export_hf(pre, tmp_path / "hf"),
+            export_hf(pre, tmp_path / "sharded", max_shard_bytes=2**16),
+        ]
+        plan = adapter_plan(te_assembly.from_pretrained(pre, "reference").plan, {"rank": 2})
+        model = te_assembly.Target.of("reference", dtype=torch.float32).build(plan)
+        written.append(write_peft(plan, model.state_dict(), tmp_path / "peft"))
+    finally:
+        os.umask(previous)
+    files = [p for folder in written for p in folder.iterdir()]
+    assert sum(p.suffix == ".safetensors" for p in files) >= 4
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o664, path

@@ -14,7 +14,7 @@ import torch
 
 from te_assembly.errors import CheckpointError
 from te_assembly.files.read import LIMITS, read_json
-from te_assembly.formats.tensor_file import open_safetensors
+from te_assembly.formats.tensor_file import open_safetensors, save_tensors
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -108,7 +108,6 @@ def write_shards(
 ) -> list[Path]:
     """Write ``tensors`` in the Hub's layout (one ``model.safetensors`` when they fit one shard).
     Tensors arrive one by one and each shard is written as soon as it is full."""
-    from safetensors.torch import save_file
 
     shard: dict[str, torch.Tensor] = {}
     size = 0
@@ -119,7 +118,7 @@ def write_shards(
 
     def flush() -> None:
         path = directory / f"shard-{len(temp_names) + 1}.tmp"
-        save_file(shard, str(path), metadata={"format": "pt"})
+        save_tensors(shard, path, metadata={"format": "pt"})
         temp_names.append(path)
 
     for name, tensor in tensors:
