@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,20 @@ ARGS = [
     "train.steps=100000",
 ]
 ENV = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_as_on_a_terminal() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt, as when Python starts on a terminal, whatever disposition this
+    pytest inherited: one started in the background has SIGINT ignored, which train keeps on purpose
+    (``test_a_signal_the_parent_ignores_stays_ignored``, which sets it itself)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _as_on_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a child's Python then installs its own handler
 
 
 def _continues(folder: Path, out: str, run: Path) -> None:
@@ -64,6 +79,7 @@ def test_sigterm_says_what_the_run_keeps_and_how_to_continue(tmp_path: Path) -> 
             stdout=out,
             stderr=err,
             text=True,
+            preexec_fn=_as_on_a_terminal,
         )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and _steps_done(run) < 4:
@@ -169,3 +185,33 @@ def test_a_signal_the_parent_ignores_stays_ignored(tmp_path: Path, monkeypatch: 
         signal.signal(signal.SIGINT, before)
     assert got == 0, text
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 8
+
+
+def test_these_tests_hold_when_pytest_starts_with_ctrl_c_ignored(tmp_path: Path) -> None:
+    """A background pytest (``pytest &`` in a script) inherits SIGINT ignored: the tests above set what
+    they need themselves."""
+    here = Path(__file__)
+
+    def ignored() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(here),
+            "-k",
+            "during_a_checkpoint",
+        ],
+        cwd=here.parents[2],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=ignored,
+    )
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
