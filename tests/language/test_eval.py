@@ -5,6 +5,7 @@ it (an imported checkpoint, a text folder, ``eval.json``), and what it refuses."
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -180,3 +181,36 @@ def test_eval_says_when_an_instruct_model_is_scored_on_raw_text(imported: Path, 
     plain = _cli("eval", str(imported), "data.path=notes.txt", "eval.seq_len=32", cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr
     assert "chat template" not in plain.stdout
+
+
+def test_without_the_end_of_text_token_eval_scores_what_transformers_scores(tmp_path: Path) -> None:
+    """One text, byte-level: ``eval.add_eot=false`` scores exactly the text's ids, as transformers'
+    perplexity does (its model on the same windows); the default also scores the end-of-text token that
+    training appends after each document, one target more."""
+    import te_assembly
+    from te_assembly.data.settings import DataSettings
+    from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.eval.settings import EvalSettings
+    from te_assembly.jobs.verify_hf import load_transformers
+    from tests.hf.tiny import make
+
+    source = make("llama", tmp_path / "hf", changes={"vocab_size": 272}, torch_dtype=torch.float64)
+    model = te_assembly.from_hf(source, te_assembly.Target.of("reference", dtype=torch.float64))
+    text = "the quick brown fox jumps over the lazy dog. " * 4
+    (tmp_path / "one.txt").write_text(text)
+    data = DataSettings(path=str(tmp_path / "one.txt"), cache_dir=str(tmp_path / "cache"))
+    plain = evaluate(model, "reference", data, EvalSettings(seq_len=32, add_eot=False))
+    with_eot = evaluate(model, "reference", data, EvalSettings(seq_len=32))
+    ids = torch.tensor(list(text.encode()))
+    theirs = load_transformers(source, torch.float64)
+    total = 0.0
+    with torch.no_grad():
+        for begin, end, _ in windows(len(ids), 32, 32):
+            logits = theirs(input_ids=ids[None, begin:end]).logits[0]
+            total += float(
+                torch.nn.functional.cross_entropy(logits, ids[begin + 1 : end + 1], reduction="sum")
+            )
+    assert plain.tokens == len(ids) - 1 and with_eot.tokens == len(ids)
+    assert plain.loss == pytest.approx(total / (len(ids) - 1), rel=1e-9)
+    assert with_eot.loss != pytest.approx(plain.loss, rel=1e-9)
+    assert plain.bits_per_byte == pytest.approx(plain.loss / math.log(2), rel=1e-9)  # a byte an id

@@ -150,17 +150,20 @@ def evaluate(
             f"the tokenizer has {corpus.tokenizer.vocab_size} ids, {plan.name}'s vocabulary "
             f"{plan.in_features}: it is not the one the model was trained with"
         )
-    ids = corpus.val if settings.split == "val" else corpus.train
+    split = "val" if settings.split == "val" else "train"  # split=all holds every document in "train"
+    ids = corpus.val if split == "val" else corpus.train
+    per_token = bytes_per_token(corpus.meta, split)
+    if not settings.add_eot and corpus.tokenizer.eot_id >= 0:  # the separators the cache keeps, left out
+        kept = np.asarray(ids)
+        ids = kept[kept != corpus.tokenizer.eot_id]
+        per_token = per_token * len(kept) / len(ids) if per_token is not None and len(ids) else per_token
     _check_fits(model, settings.batch, min(seq_len, max(len(ids) - 1, 1)))
     total, count, made = score(model, ids, seq_len, settings.stride, settings.batch, on_event)
     loss = total / count
     return Evaluated(
         loss=loss,
         perplexity=math.exp(min(loss, 700.0)),
-        # split=all holds every document in "train" (val_fraction 0, above)
-        bits_per_byte=bits_per_byte(
-            loss, bytes_per_token(corpus.meta, "val" if settings.split == "val" else "train")
-        ),
+        bits_per_byte=bits_per_byte(loss, per_token),
         tokens=count,
         windows=made,
         seq_len=seq_len,

@@ -31,6 +31,11 @@ class EvalSettings:
         "scored once, with up to seq_len - stride tokens of context before it",
     )
     batch: int = setting(8, minimum=1, doc="windows per forward")
+    add_eot: bool = setting(
+        True,
+        doc="score the end-of-text token after each document, as training sees the text; false: the "
+        "documents as one stream without it (transformers' perplexity of a text)",
+    )
     split: str = setting(
         "all", choices=SPLITS, doc="all: every token of data.path; val: the held-out split a train run uses"
     )
