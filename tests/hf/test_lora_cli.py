@@ -108,3 +108,37 @@ def test_a_resume_on_another_base_is_refused(trained: Path, tmp_path: Path) -> N
     done = user_cli(trained, "train", *other)
     assert done.returncode != 0
     assert "base.sha256" in done.stderr + done.stdout
+
+
+def test_the_readme_lora_commands_on_a_checkpoint_with_its_own_tokenizer(tmp_path: Path) -> None:
+    """The README's two LoRA lines as written (a few steps added), on a transformers checkpoint that
+    brings its tokenizer: the fine-tune reads the text with ``train.init_from``'s tokenizer without being
+    told, and the adapter exports."""
+    import re
+    import shlex
+
+    from te_assembly.data.tokenizer import train_bpe
+    from te_assembly.formats.pretrained import recorded_tokenizer
+    from tests.docs_text import block_after
+
+    source = make("llama", tmp_path / "hf", changes={"vocab_size": 300})
+    train_bpe(["the quick brown fox jumps over the lazy dog."] * 50, 300, "<|endoftext|>").save(
+        source / "tokenizer.json"
+    )
+    assert user_cli(tmp_path, "import-hf", "hf", "my_model").returncode == 0
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    train_line, export_line = block_after("README.md", "**LoRA**", "bash").strip().splitlines()
+    train = shlex.split(train_line)[3:]  # after "python -m te_assembly"
+    done = user_cli(tmp_path, *train, "train.steps=3", "train.seq_len=32", "train.batch_tokens=256")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = (tmp_path / "outputs" / "my_model").iterdir()
+    imported = recorded_tokenizer(tmp_path / "my_model")
+    assert imported is not None and imported.startswith("tokenizers/")
+    assert recorded_tokenizer(run) == imported
+    export = shlex.split(
+        re.sub(r"outputs/my_model/<date>_<time>", f"outputs/my_model/{run.name}", export_line)
+    )
+    done = user_cli(tmp_path, *export[3:])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()

@@ -143,6 +143,8 @@ def _language(
     if not plan.takes_token_ids:
         return None, data
     data = data if data is not None else DataSettings()
+    if settings.init_from is not None:
+        data = _with_init_tokenizer(data, Path(settings.init_from).expanduser())
     language = LanguageTask.prepare(
         plan,
         data,
@@ -157,6 +159,19 @@ def _language(
 
         check_tokenizer(Path(settings.init_from).expanduser(), language.corpus.tokenizer, "train.init_from")
     return language, data
+
+
+def _with_init_tokenizer(data: DataSettings, folder: Path) -> DataSettings:
+    """``data`` tokenized with ``train.init_from``'s own ``tokenizer.json`` (its end-of-text token, or its
+    ``eos_token``) when ``data.tokenizer`` names none: a model fine-tuned reads text as it was trained to."""
+    from te_assembly.data.chat import model_tokenizer
+
+    path = folder / "tokenizer.json"
+    if data.tokenizer.kind != "byte" or not path.is_file():
+        return data
+    tokenizer = model_tokenizer(path, data.tokenizer.eot, within=folder)
+    chosen = dataclasses.replace(data.tokenizer, path=str(path), eot=tokenizer.eot)
+    return dataclasses.replace(data, tokenizer=chosen)
 
 
 def _companions(settings: TrainSettings) -> dict[str, str]:
