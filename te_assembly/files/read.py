@@ -7,7 +7,8 @@ of a checkpoint, tokenizer files, prompt files, data files) is read through here
 - A size limit per kind of file (``LIMITS``), checked on the open file and again while reading (a file
   that grows, or lies about its size as ``/proc`` files do, stops at the limit).
 - ``within``: the folder a file was found in. The path, every symlink resolved, must stay inside it; a
-  symlink out of a checkpoint or a data folder is refused, naming where it points.
+  symlink out of a checkpoint or a data folder is refused, naming where it points. A snapshot of the
+  Hugging Face cache may lead to its own repository's ``blobs/``, where huggingface_hub keeps its files.
 - UTF-8 errors name the byte and the line; JSON is parsed with a depth limit, duplicate keys refused.
 
 Every problem is an ``InputFileError`` (or the caller's own error type, ``make_error=``) whose ``code`` is a
@@ -72,9 +73,20 @@ def _size_words(size: int) -> str:
     return f"{size / MiB:,.1f} MiB" if size >= MiB else f"{size:,} bytes"
 
 
+def containment(within: str | os.PathLike[str]) -> Path:
+    """The folder a file found in ``within`` must stay in: ``within`` itself, or for a snapshot of the
+    Hugging Face cache (``.../models--ORG--NAME/snapshots/<revision>``, whose files are links to the
+    repository's ``blobs/``, as huggingface_hub lays it out) that repository's folder."""
+    folder = Path(within)
+    repo = folder.parent.parent
+    if folder.parent.name == "snapshots" and repo.name.startswith(("models--", "datasets--")):
+        return repo
+    return folder
+
+
 def check_within(path: Path, within: str | os.PathLike[str] | None, make_error: ErrorFactory) -> None:
-    """``make_error`` when ``path`` (symlinks resolved) leaves ``within``."""
-    if within is None or inside(path, within):
+    """``make_error`` when ``path`` (symlinks resolved) leaves ``within`` (``containment``)."""
+    if within is None or inside(path, containment(within)):
         return
     try:
         real = str(path.resolve())

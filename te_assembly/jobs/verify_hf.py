@@ -292,9 +292,11 @@ def verify_hf(
     from te_assembly.analysis.settings import RunSettings
     from te_assembly.engines.target import as_target
     from te_assembly.formats.hf.convert import from_hf, read_spec
+    from te_assembly.formats.hf.hub import hub_folder
 
     target = as_target(target)
     settings = settings if settings is not None else RunSettings()
+    source = hub_folder(source)  # a Hub name's snapshot, or the folder itself
     spec = read_spec(source, ignore_fields)
     model = from_hf(source, target, ignore_fields=ignore_fields)
     on_event(Built(model))

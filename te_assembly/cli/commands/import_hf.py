@@ -23,7 +23,11 @@ from te_assembly.sections import setting
 class ImportSettings:
     """``import_hf:``: the Hugging Face checkpoint, where to import it, the model's name (``import-hf``)."""
 
-    source: str | None = setting(None, nonempty=True, doc="the Hugging Face checkpoint directory")
+    source: str | None = setting(
+        None,
+        nonempty=True,
+        doc="the Hugging Face checkpoint directory, or a Hub name ORG/NAME[@REVISION] (its cache first)",
+    )
     to: str | None = setting(
         None, nonempty=True, doc="the pretrained directory to write (null: ./<source name>_te)"
     )
@@ -65,10 +69,11 @@ def main(analysis: Analysis, console: Console) -> int:
     from te_assembly.cli.report import tensor_progress
     from te_assembly.formats.hf.config import FAMILIES
     from te_assembly.formats.hf.convert import import_hf, model_name, read_spec
+    from te_assembly.formats.hf.hub import hub_folder, local_name
     from te_assembly.formats.pretrained import read_config
 
-    source = Path(settings.source).expanduser()
-    dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / f"{source.name}_te"
+    source = hub_folder(settings.source)  # a Hub name: fetched (or found in the cache) first
+    dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / f"{local_name(settings.source)}_te"
     spec = read_spec(source, settings.ignore_fields)
     with tensor_progress(console, "reading") as progress:
         out = import_hf(
@@ -105,7 +110,7 @@ def main(analysis: Analysis, console: Console) -> int:
         f"load it:   te_assembly.from_pretrained({printable(repr(str(out)))})", markup=False, soft_wrap=True
     )
     console.print(
-        f"compare:   python -m te_assembly verify hf={printable(str(source))} dtype=float64",
+        f"compare:   python -m te_assembly verify hf={printable(str(settings.source))} dtype=float64",
         markup=False,
         soft_wrap=True,
     )

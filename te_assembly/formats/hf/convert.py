@@ -35,6 +35,7 @@ from te_assembly.formats.companions import (
     source_metadata,
 )
 from te_assembly.formats.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_config, read_config
+from te_assembly.formats.hf.hub import hub_folder
 from te_assembly.formats.hf.layout import model_config
 from te_assembly.formats.hf.mapping import hf_config, mapping_of_plan
 from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, rules
@@ -79,11 +80,12 @@ def read_spec(hf_dir: str | os.PathLike[str], ignore_fields: Sequence[str] = ())
 def _hf_folder(hf_dir: str | os.PathLike[str]) -> Path:
     if not isinstance(hf_dir, (str, os.PathLike)):
         raise ArgumentError(f"a Hugging Face checkpoint directory is a path, not {type(hf_dir).__name__}")
-    folder = Path(hf_dir).expanduser()
+    folder = hub_folder(hf_dir)  # a Hub name's snapshot, or the path itself
     recover(folder)
     if not folder.is_dir():
         raise CheckpointError(
-            f"{folder} is not a directory (a Hugging Face checkpoint is a directory with config.json)"
+            f"{folder} is not a directory (a Hugging Face checkpoint is a directory with config.json, or a "
+            "Hub name: ORG/NAME[@REVISION])"
         )
     return folder
 
