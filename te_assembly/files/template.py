@@ -6,7 +6,8 @@ values it is given but not reach Python attributes behind them, ``__class__``...
 within bounds, each refused with one ``TemplateError`` naming the template's file:
 
 - **time**: ``RENDER_SECONDS`` per render, checked at every call, attribute, item, operator, loop step
-  over ``range`` and piece of output (a template that loops forever is stopped, not waited on);
+  over ``range`` and piece of output, and, in the main thread, by a timer that interrupts any loop (over
+  a list, say) between two Python steps: a template that loops forever is stopped, not waited on;
 - **size**: no value and no output longer than ``MAX_CHARS`` characters; an operator, filter or call
   whose result would be larger (``'x' * 10**9``, ``'x'|center(10**9)``, ``'{:>9999999999}'.format``) is
   refused before it allocates;
@@ -23,10 +24,13 @@ text, ``{% generation %}`` blocks kept as text, or marked with ``MARKS`` around 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -45,6 +49,11 @@ _NUMBER_IN_FORMAT = re.compile(r"\d{8,}")
 
 class _Refused(Exception):
     """Raised inside a render by a bound or ``raise_exception``; becomes a ``TemplateError``."""
+
+
+class _Expired(BaseException):
+    """Raised by the timer wherever the render is: a ``BaseException``, so no ``except Exception`` of a
+    library on the way swallows it."""
 
 
 class _Budget:
@@ -235,6 +244,9 @@ def _compiled(text: str, mark: bool) -> tuple[Any, Any]:
                     raise _Refused(f"'+' would make {a + b:,} items, over the {MAX_CHARS:,} limit")
             elif operator == "%":
                 _check_format(left, "'%'")
+                for value in right if isinstance(right, tuple) else (right,):
+                    _check_number(value, "'%'")  # a width given as '*'
+
             return super().call_binop(context, operator, left, right)
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, "jinja2.ext.loopcontrols"])
@@ -246,6 +258,30 @@ def _compiled(text: str, mark: bool) -> tuple[Any, Any]:
     )
     env.globals.pop("lipsum", None)  # random words by the million: no chat template needs them
     return env, env.from_string(text)
+
+
+@contextlib.contextmanager
+def _timer(seconds: float) -> Iterator[None]:
+    """In the main thread, ``_Refused`` raised wherever the render is after ``seconds`` (``SIGALRM``);
+    whatever timer and handler were set before are put back, the timer less the time spent here.
+    Elsewhere, the checks at calls, attributes and loop steps over ``range`` bound the time."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise _Expired(f"it ran for more than {RENDER_SECONDS:g} s (a loop without end?)")
+
+    began = time.monotonic()
+    handler = signal.signal(signal.SIGALRM, expired)
+    before, interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        if before > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(before - (time.monotonic() - began), 1e-3), interval)
 
 
 def template_tokens(text: str) -> list[tuple[str, str]]:
@@ -272,14 +308,15 @@ def render_template(text: str, source: str, variables: Mapping[str, Any], mark: 
         env, compiled = _compiled(text, mark)
         env.budget = _Budget()
         pieces, length = [], 0
-        for piece in compiled.generate(**variables):
-            env.budget.tick()
-            length += len(piece)
-            if length > MAX_CHARS:
-                raise _Refused(f"its output is over the {MAX_CHARS:,}-character limit")
-            pieces.append(piece)
+        with _timer(RENDER_SECONDS + 1):
+            for piece in compiled.generate(**variables):
+                env.budget.tick()
+                length += len(piece)
+                if length > MAX_CHARS:
+                    raise _Refused(f"its output is over the {MAX_CHARS:,}-character limit")
+                pieces.append(piece)
         return "".join(pieces)
-    except _Refused as exc:
+    except (_Refused, _Expired) as exc:
         raise TemplateError(f"{source}: {exc}") from None
     except SecurityError as exc:
         raise TemplateError(f"{source}: the template tried something unsafe: {exc}") from None

@@ -31,6 +31,11 @@ ATTACKS = {
         "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
         "",
     ),
+    "a loop without end over a list": (
+        "{% set x = range(100000)|list %}{% for a in x %}{% for b in x %}{% endfor %}{% endfor %}",
+        "ran for more than",
+    ),
+    "% with a width given by '*'": ("{{ '%*d' % (1000000000, 1) }}", "takes the number"),
     "lipsum by the million": ("{{ lipsum(90000000) }}", "a call takes the number"),
     "lipsum at all": ("{{ lipsum(2) }}", "'lipsum' is undefined"),
     "a string multiplied": ("{{ 'x' * 10**9 }}", "'*' would make"),
@@ -186,3 +191,25 @@ def _chatml() -> str:
     from tests.language.test_chat import CHATML
 
     return CHATML
+
+
+def test_the_render_puts_back_the_timer_and_handler_it_found(short_time: None) -> None:
+    """The renderer's timer (main thread) leaves a caller's own alarm running, less the time spent."""
+    import signal
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("the caller's alarm went off during the test")
+
+    before = signal.signal(signal.SIGALRM, mine)
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
+    try:
+        with pytest.raises(TemplateError, match="ran for more than"):
+            render_template(ATTACKS["a loop without end over a list"][0], SOURCE, VARIABLES)
+        assert signal.getsignal(signal.SIGALRM) is mine
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 20 < left < 30
+        assert render_template("{{ 1 + 1 }}", SOURCE, VARIABLES) == "2"
+        assert 20 < signal.getitimer(signal.ITIMER_REAL)[0] < 30
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
