@@ -1,5 +1,6 @@
 """How many positions a job shows a model at once (``eval.seq_len``, ``generate.context``), decided before
-any text is read: the setting, else the model's context, and never more than that context.
+any text is read: the setting, else the model's context (``eval``: at most ``DEFAULT``, since a batch of
+windows of a long context costs its logits over the vocabulary), and never more than that context.
 
 A model's context is the one it was trained at, where it is recorded: an imported checkpoint's
 ``max_position_embeddings`` (its ``hf_config.json``, kept in the pretrained directory and in a run started
@@ -34,12 +35,14 @@ def model_context(source: Path | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def window(given: int | None, source: Path | None, key: str, model: str) -> int:
-    """The positions a job's window holds (module docstring); ``ConfigError`` at ``key`` for a setting
-    past the model's context."""
+def window(given: int | None, source: Path | None, key: str, model: str, at_most: int | None = None) -> int:
+    """The positions a job's window holds (module docstring; ``at_most``: a null setting takes no more
+    than this, where the model's context would be a costly default); ``ConfigError`` at ``key`` for a
+    setting past the model's context."""
     context = model_context(source)
     if given is None:
-        return context or DEFAULT
+        chosen = context or DEFAULT
+        return min(chosen, at_most) if at_most is not None else chosen
     if context is not None and given > context:
         message = (
             f"{key}={given} is more than {model}'s context of {context:,} positions (max_position_embeddings "
@@ -51,12 +54,19 @@ def window(given: int | None, source: Path | None, key: str, model: str) -> int:
 
 
 def check_window_fits(
-    plan: Plan, rows: int, positions: int, device: torch.device, dtype: torch.dtype, key: str
+    plan: Plan,
+    rows: int,
+    positions: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    key: str,
+    fused: bool = True,
 ) -> None:
     """``ResourceError`` before any forward when ``rows`` windows of ``positions`` would not fit in
     ``device``'s free memory: without gradients, a forward holds a step's input and output at once, so
-    about twice the largest step's activations (``engines/memory.py``)."""
-    needed = 2 * max(step_activation_bytes(plan, rows * positions, dtype, positions), default=0)
+    about twice the largest step's activations (``engines/memory.py``; ``fused``: attention in a fused
+    kernel, which holds no probabilities)."""
+    needed = 2 * max(step_activation_bytes(plan, rows * positions, dtype, positions, fused), default=0)
     have = available_bytes(device)
     if have is not None and needed > have[0]:
         raise ResourceError(

@@ -32,7 +32,7 @@ def main(analysis: Analysis, console: Console) -> int:
     from te_assembly.data.chat import has_chat_template
     from te_assembly.jobs.eval.job import evaluate
     from te_assembly.jobs.generate.job import model_folder
-    from te_assembly.jobs.window import window
+    from te_assembly.jobs.window import DEFAULT, window
 
     settings: EvalSettings = analysis.section("eval")
     if settings.source is None:
@@ -54,9 +54,7 @@ def main(analysis: Analysis, console: Console) -> int:
     # Decided (and refused past the model's context) before the model loads.
     source = settings.source
     given = Path(source).expanduser()
-    seq_len = window(
-        settings.seq_len, given, "eval.seq_len", (given if given.is_dir() else given.parent).name
-    )
+    seq_len = window(settings.seq_len, given, "eval.seq_len", model_folder(given).name, at_most=DEFAULT)
     settings = dataclasses.replace(settings, seq_len=seq_len)
     where = data.path or "the default corpus"
     console.print(

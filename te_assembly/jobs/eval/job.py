@@ -26,11 +26,12 @@ from te_assembly.data.cache import prepare
 from te_assembly.data.corpus import bits_per_byte, bytes_per_token
 from te_assembly.data.settings import DataSettings
 from te_assembly.engines.base import AssembledModel, loss_precision
+from te_assembly.engines.memory import fused_attention
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, DataError
 from te_assembly.jobs.eval.settings import EvalSettings
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
-from te_assembly.jobs.window import check_window_fits, window
+from te_assembly.jobs.window import DEFAULT, check_window_fits, window
 
 IGNORE = -100
 
@@ -137,7 +138,7 @@ def evaluate(
         raise ArgumentError(
             f"{plan.name} is not a language model (token ids in, logits over its vocabulary out)"
         )
-    seq_len = window(settings.seq_len, source, "eval.seq_len", plan.name)
+    seq_len = window(settings.seq_len, source, "eval.seq_len", plan.name, at_most=DEFAULT)
     settings = dataclasses.replace(settings, seq_len=seq_len)
     data = _with_model_tokenizer(data, source)
     if settings.split == "all":  # every document in its own order, none held out
@@ -206,7 +207,8 @@ def _evaluate_answers(
 def _check_fits(model: AssembledModel, rows: int, positions: int) -> None:
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    check_window_fits(model.plan, rows, positions, device, dtype, "eval.seq_len or eval.batch")
+    fused = fused_attention(model.engine, "te", device, dtype)  # TE's own kernels when it is TE
+    check_window_fits(model.plan, rows, positions, device, dtype, "eval.seq_len or eval.batch", fused)
 
 
 def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettings:

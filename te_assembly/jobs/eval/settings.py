@@ -21,8 +21,8 @@ class EvalSettings:
     seq_len: int | None = setting(
         None,
         minimum=2,
-        doc="positions in each window, at most the model's context (null: the model's context, an imported "
-        "model's max_position_embeddings; else 1024)",
+        doc="positions in each window, at most the model's context (null: 1024, or the model's context "
+        "when shorter: an imported model's max_position_embeddings)",
     )
     stride: int | None = setting(
         None,
