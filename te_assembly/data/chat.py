@@ -117,7 +117,7 @@ def tokenizer_config(folder: Path) -> dict[str, Any]:
     if not (path.exists() or path.is_symlink()):
         return {}
     try:
-        data = read_json(path, limit=LIMITS["tokenizer"], within=folder)
+        data = read_json(path, limit=LIMITS["metadata"], within=folder)
     except InputFileError as exc:
         raise ChatTemplateError(f"cannot read {path}: {exc}") from None
     return data if isinstance(data, dict) else {}
