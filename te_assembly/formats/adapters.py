@@ -376,13 +376,29 @@ def adapter_plan(base: Plan, lora: Mapping[str, Any]) -> Plan:
     return load({"model": model_record(base), "lora": dict(lora)}).checked_plan()
 
 
+def peft_adapter_plan(base: Plan, config: Mapping[str, Any], directory: str | os.PathLike[str]) -> Plan:
+    """``base`` with the adapters of a PEFT adapter's (checked) ``config``; what does not fit the base (a
+    rank wider than a projection) is a ``CheckpointError`` naming ``adapter_config.json``, not a setting."""
+    from te_assembly.errors import ConfigError
+
+    lora = lora_section(config, base)
+    try:
+        return adapter_plan(base, lora)
+    except ConfigError as exc:
+        found = "; ".join(d.message for d in exc.diagnostics if d.is_error)
+        raise CheckpointError(
+            f"{Path(directory).expanduser() / PEFT_CONFIG}: the adapter (r = {config['r']}, target_modules "
+            f"{_shown(config['target_modules'])}) does not fit {base.name}: {found}"
+        ) from None
+
+
 def with_adapter(model: Any, directory: str | os.PathLike[str]) -> Any:
     """``model`` (a base built by te_assembly: ``from_hf``, ``from_pretrained``) with the PEFT adapter
     in ``directory`` on it, built on the reference engine in the model's dtype, in eval mode."""
     from te_assembly.engines.target import Target
 
     config, tensors = read_peft(directory)
-    plan = adapter_plan(model.plan, lora_section(config, model.plan))
+    plan = peft_adapter_plan(model.plan, config, directory)
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     dtype = next(iter(state.values())).dtype
     out = Target(engine="reference", dtype=dtype).build(plan)

@@ -200,3 +200,14 @@ def test_the_command_line_says_it_in_one_line_and_writes_nothing(
     done = user_cli(tmp_path, "import-hf", str(hf_llama), "dest", f"import_hf.adapter={edited}")
     clean_failure(done, 1, "adapter_config.json", "lora_alpha = null")
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_rank_the_base_cannot_hold_is_named_as_the_file_s_field(
+    hf_llama: Path, adapter: Path, tmp_path: Path
+) -> None:
+    """r = 1000 on 32-wide projections: said of adapter_config.json's r, not of a setting the user never
+    wrote (``lora.rank``)."""
+    message = _refused(
+        hf_llama, _edited(adapter, tmp_path, r=1000), tmp_path, "adapter_config.json", "r = 1000"
+    )
+    assert "does not fit" in message and "wider than" in message and "lora.rank" not in message

@@ -248,11 +248,16 @@ def import_hf(
     }
     lora = None
     if adapter is not None:
-        from te_assembly.formats.adapters import adapter_plan, from_peft_tensors, lora_section, read_peft
+        from te_assembly.formats.adapters import (
+            from_peft_tensors,
+            lora_section,
+            peft_adapter_plan,
+            read_peft,
+        )
 
         peft_config, peft_weights = read_peft(adapter)
         lora = lora_section(peft_config, plan)
-        plan = adapter_plan(plan, lora)
+        plan = peft_adapter_plan(plan, peft_config, adapter)
         weights.update({k: v.to(dtype) for k, v in from_peft_tensors(plan, peft_weights).items()})
     config = config_of(model_record(plan), None, spec.dtype, plan.tied_params, fingerprint)
     if lora is not None:
