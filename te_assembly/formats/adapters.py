@@ -409,8 +409,8 @@ def with_adapter(model: Any, directory: str | os.PathLike[str]) -> Any:
 
 def from_peft_tensors(plan: Plan, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """PEFT-named ``tensors`` under the names of ``plan``'s adapters (a plan whose adapters the adapter's
-    config built), each a float of the shape its adapter needs; ``CheckpointError`` naming what is
-    missing, left over or of another rank or base."""
+    config built), each a finite float of the shape its adapter needs; ``CheckpointError`` naming what is
+    missing, left over, not finite or of another rank or base."""
     out: dict[str, torch.Tensor] = {}
     steps = {s.name: s for s in adapter_steps(plan)}
     used = set()
@@ -430,6 +430,8 @@ def from_peft_tensors(plan: Plan, tensors: Mapping[str, torch.Tensor]) -> dict[s
                     f"adapter_config.json (r = {steps[step].args['rank']}) need {needed}: the adapter was "
                     "made with another rank or for another base"
                 )
+            if not torch.isfinite(tensor).all():
+                raise CheckpointError(f"{PEFT_WEIGHTS}: {key} holds NaN or inf")
             out[f"steps.{step}.lora_{kind}{i}"] = tensor
             used.add(key)
     extra = sorted(set(tensors) - used)

@@ -159,7 +159,12 @@ def _missing(t: dict[str, torch.Tensor]) -> None:
     del t[_first(t, "B")]
 
 
+def _not_finite(t: dict[str, torch.Tensor]) -> None:
+    t[_first(t, "B")][0, 0] = float("nan")
+
+
 TENSOR_CASES = {
+    "a NaN": (_not_finite, "NaN or inf"),
     "an integer tensor": (_integer, "not a float"),
     "a transposed tensor": (_transposed, "has shape"),
     "another rank than the config's": (_another_rank, "another rank"),
