@@ -63,10 +63,17 @@ def test_the_memory_estimate_counts_only_the_adapters_state() -> None:
     assert adapters.optimizer < 0.1 * whole.optimizer
 
 
-def _with_trained_adapters(dropout: float) -> AssembledModel:
+def _engine(engine: str) -> te_assembly.Target:
+    if engine == "te":
+        pytest.importorskip("transformer_engine.pytorch", reason="the TE engine needs transformer_engine")
+        return te_assembly.Target.of("te", kernels="reference", dtype=torch.float64, seed=2)
+    return _target()
+
+
+def _with_trained_adapters(dropout: float, engine: str = "reference") -> AssembledModel:
     """llama_tiny with rank-4 adapters on every projection (B away from zero, as after training)."""
     plan = te_assembly.load(MODEL, ["lora.rank=4", f"lora.dropout={dropout}"]).checked_plan()
-    model = _target().build(plan, seed=3)
+    model = _engine(engine).build(plan, seed=3)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -75,12 +82,13 @@ def _with_trained_adapters(dropout: float) -> AssembledModel:
     return model
 
 
-def test_lora_dropout_is_off_in_eval_mode_and_in_generation() -> None:
+@pytest.mark.parametrize("engine", ["reference", pytest.param("te", marks=pytest.mark.te)])
+def test_lora_dropout_is_off_in_eval_mode_and_in_generation(engine: str) -> None:
     from te_assembly.jobs.generate.decode import decode
     from te_assembly.jobs.generate.job import next_token
     from te_assembly.jobs.generate.settings import GenerateSettings
 
-    dropped, plain = _with_trained_adapters(0.5), _with_trained_adapters(0.0)
+    dropped, plain = _with_trained_adapters(0.5, engine), _with_trained_adapters(0.0, engine)
     ids = torch.randint(0, 272, (2, 12), generator=torch.Generator().manual_seed(0))
     dropped.train()
     torch.manual_seed(0)
@@ -89,7 +97,9 @@ def test_lora_dropout_is_off_in_eval_mode_and_in_generation() -> None:
     first, second = dropped(ids).y, dropped(ids).y
     assert torch.equal(first, second)
     assert torch.equal(first, plain(ids).y)
-    assert (first - _target().build(dropped.plan, seed=3).eval()(ids).y).abs().max() > 1e-3  # adapters act
+    assert (
+        first - _engine(engine).build(dropped.plan, seed=3).eval()(ids).y
+    ).abs().max() > 1e-3  # adapters act
 
     settings = GenerateSettings(max_new_tokens=8, temperature=0.0, context=64)
     prompts = [ids[0].tolist(), ids[1, :5].tolist()]
