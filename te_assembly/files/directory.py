@@ -227,10 +227,10 @@ def write_directory(
         staging = _staging(out)
         try:
             fill(staging)
+            (staging / STAGING_MARK).unlink()  # from here its manifest says it is this writer's
             _write_manifest(staging, kind)
             # Again, under the lock: DEST may have been made, filled or changed while the work ran.
             check_destination(out, kind, overwrite=overwrite, sources=sources)
-            (staging / STAGING_MARK).unlink()
             _swap_into(staging, out)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

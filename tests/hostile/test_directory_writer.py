@@ -144,6 +144,7 @@ def test_overwrite_replaces_a_directory_te_assembly_wrote_as_that_kind(tmp_path:
     dest = te_assembly.save_pretrained(model, tmp_path / "pre")
     manifest = json.loads((dest / MANIFEST).read_text())
     assert manifest["kind"] == "pretrained" and "model.safetensors" in manifest["files"]
+    assert sorted(manifest["files"]) == sorted(p.name for p in dest.iterdir() if p.name != MANIFEST)
     te_assembly.save_pretrained(model, dest, overwrite=True)  # its own kind: replaced
     hf = tmp_path / "hf"
     hf.mkdir()
