@@ -52,16 +52,21 @@ class Example:
 
 
 def assistant_spans(
-    template: ChatTemplate, messages: Sequence[dict[str, Any]], where: str, within: int | None = None
+    template: ChatTemplate,
+    messages: Sequence[dict[str, Any]],
+    where: str,
+    window: Callable[[str], int] | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the ``[start, end)`` characters of each assistant turn in it: the
     template's own ``{% generation %}`` blocks where it has them, else what each assistant message adds.
-    ``within``: only turns that start before this character are wanted (the rest lie past the window),
-    so a conversation of thousands of turns is not rendered turn by turn to its end."""
+    ``window``: given the rendered conversation, the character before which turns are wanted (the rest
+    lie past the window), so a conversation of thousands of turns is not rendered turn by turn to its
+    end."""
     check_messages(messages, where)
     if template.marks_generation:
         return template.generation_spans(messages)
     full = template.render(messages, add_generation_prompt=False)
+    within = window(full) if window is not None else None
     spans = []
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -100,11 +105,31 @@ def tokenized(
     tokenizer: Tokenizer, text: str, spans: Sequence[tuple[int, int]], limit: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of ``text`` (at most ``limit``) and whether each starts inside one of ``spans``."""
-    ids, offsets = first_tokens(tokenizer, text, limit)
+    return labelled(*first_tokens(tokenizer, text, limit), spans)
+
+
+def labelled(
+    ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` as an array, and whether each token (its ``offsets``) starts inside one of ``spans``."""
     inside = np.zeros(len(ids), dtype=bool)
     for number, (start, _) in enumerate(offsets):
         inside[number] = any(a <= start < b for a, b in spans)
     return np.asarray(ids, dtype=np.int64), inside
+
+
+class _Window:
+    """Where a rendered conversation's window ends (``assistant_spans``' ``window``), from its first
+    tokens, which are kept for the labels: the text is tokenized once."""
+
+    def __init__(self, tokenizer: Tokenizer, limit: int) -> None:
+        self.tokenizer, self.limit = tokenizer, limit
+        self.tokens: tuple[list[int], list[tuple[int, int]]] | None = None
+
+    def __call__(self, text: str) -> int:
+        self.tokens = first_tokens(self.tokenizer, text, self.limit)
+        offsets = self.tokens[1]
+        return offsets[-1][1] if len(offsets) == self.limit else len(text)
 
 
 def conversations(settings: DataSettings) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -150,14 +175,13 @@ class ChatCorpus:
         digest = hashlib.sha256(template.text.encode())
         unlabelled = 0
         for where, messages in conversations(settings):
+            window = _Window(tokenizer, seq_len + 1)
             try:
-                text = template.render(messages, add_generation_prompt=False)
-                _, offsets = first_tokens(tokenizer, text, seq_len + 1)
-                window = offsets[-1][1] if len(offsets) == seq_len + 1 else len(text)
-                text, spans = assistant_spans(template, messages, where, within=window)
+                text, spans = assistant_spans(template, messages, where, window)
             except ChatTemplateError as exc:
                 raise DataError(f"{where}: {exc}") from None
-            ids, assistant = tokenized(tokenizer, text, spans, seq_len + 1)
+            tokens = window.tokens or first_tokens(tokenizer, text, seq_len + 1)
+            ids, assistant = labelled(*tokens, spans)
             digest.update(text.encode() + b"\0")
             if not assistant[1:].any():  # no answer within the window: nothing to learn from it
                 unlabelled += 1
@@ -225,4 +249,4 @@ class ChatCorpus:
         return torch.from_numpy(x), torch.from_numpy(labels)
 
 
-__all__ = ["IGNORE", "ChatCorpus", "Example", "assistant_spans", "conversations", "tokenized"]
+__all__ = ["IGNORE", "ChatCorpus", "Example", "assistant_spans", "conversations", "labelled", "tokenized"]

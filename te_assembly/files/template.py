@@ -262,7 +262,7 @@ def _compiled(text: str, mark: bool) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def _timer(seconds: float) -> Iterator[None]:
-    """In the main thread, ``_Refused`` raised wherever the render is after ``seconds`` (``SIGALRM``);
+    """In the main thread, ``_Expired`` raised wherever the render is after ``seconds`` (``SIGALRM``);
     whatever timer and handler were set before are put back, the timer less the time spent here.
     Elsewhere, the checks at calls, attributes and loop steps over ``range`` bound the time."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):

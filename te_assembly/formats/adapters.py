@@ -28,7 +28,7 @@ from te_assembly.files.directory import PEFT, check_destination, write_directory
 from te_assembly.files.read import LIMITS, InputFileError, read_json
 from te_assembly.formats.checkpoint import CheckpointError
 from te_assembly.formats.model_record import model_record
-from te_assembly.formats.tensor_file import float_tensors, open_safetensors, save_tensors
+from te_assembly.formats.tensor_file import open_safetensors, save_tensors
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -312,9 +312,10 @@ def _shown(value: Any) -> str:
 
 
 def read_peft(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A PEFT adapter directory's config (``checked_peft_config``) and tensors (PEFT's names, every one a
-    float), both read through the bounded reader inside the folder (a symlink out of it is refused);
-    ``CheckpointError`` for anything but a LoRA adapter te_assembly can place."""
+    """A PEFT adapter directory's config (``checked_peft_config``) and tensors (PEFT's names; each held to
+    its adapter by ``from_peft_tensors``), both read through the bounded reader inside the folder (a
+    symlink out of it is refused); ``CheckpointError`` for anything but a LoRA adapter te_assembly can
+    place."""
     folder = Path(directory).expanduser()
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a PEFT adapter directory (no such directory)")
@@ -327,7 +328,6 @@ def read_peft(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[s
     if not (weights.exists() or weights.is_symlink()):
         raise CheckpointError(f"{folder} has no {PEFT_WEIGHTS} (an adapter saved with safe_serialization)")
     with open_safetensors(weights, within=folder) as handle:
-        float_tensors(weights, handle)
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     return config, tensors
 
@@ -376,14 +376,17 @@ def adapter_plan(base: Plan, lora: Mapping[str, Any]) -> Plan:
     return load({"model": model_record(base), "lora": dict(lora)}).checked_plan()
 
 
-def peft_adapter_plan(base: Plan, config: Mapping[str, Any], directory: str | os.PathLike[str]) -> Plan:
-    """``base`` with the adapters of a PEFT adapter's (checked) ``config``; what does not fit the base (a
-    rank wider than a projection) is a ``CheckpointError`` naming ``adapter_config.json``, not a setting."""
+def peft_adapter_plan(
+    base: Plan, config: Mapping[str, Any], directory: str | os.PathLike[str]
+) -> tuple[Plan, dict[str, Any]]:
+    """``base`` with the adapters of a PEFT adapter's (checked) ``config``, and the ``lora:`` section that
+    builds them; what does not fit the base (a rank wider than a projection) is a ``CheckpointError``
+    naming ``adapter_config.json``, not a setting."""
     from te_assembly.errors import ConfigError
 
     lora = lora_section(config, base)
     try:
-        return adapter_plan(base, lora)
+        return adapter_plan(base, lora), lora
     except ConfigError as exc:
         found = "; ".join(d.message for d in exc.diagnostics if d.is_error)
         raise CheckpointError(
@@ -398,7 +401,7 @@ def with_adapter(model: Any, directory: str | os.PathLike[str]) -> Any:
     from te_assembly.engines.target import Target
 
     config, tensors = read_peft(directory)
-    plan = peft_adapter_plan(model.plan, config, directory)
+    plan, _ = peft_adapter_plan(model.plan, config, directory)
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     dtype = next(iter(state.values())).dtype
     out = Target(engine="reference", dtype=dtype).build(plan)

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from te_assembly.errors import CheckpointError
 from te_assembly.files.read import LIMITS, InputFileError, parse_json, read_text
 from te_assembly.formats.hf.families import REMOTE_CODE_FIELDS
+from te_assembly.formats.tensor_file import as_checkpoint_error
 
 SOURCE_CONFIG = "hf_config.json"
 """An imported checkpoint's own ``config.json``, kept in the pretrained directory for export."""
@@ -33,10 +33,6 @@ COMPANIONS = (
 """Every companion file, as a pretrained directory or a run names it."""
 _CLEANED = ("tokenizer_config.json", GENERATION_CONFIG, SOURCE_CONFIG, "config.json")
 """The JSON companions that may name remote code."""
-
-
-def _refused(path: str, problem: str, code: str, line: int | None) -> CheckpointError:
-    return CheckpointError(f"{path}{f':{line}' if line else ''}: {problem}")
 
 
 def without_remote_code(data: Any) -> Any:
@@ -57,9 +53,9 @@ def read_companions(folder: Path, names: Mapping[str, str] | None = None) -> dic
         if not path.exists() and not path.is_symlink():
             continue
         limit = LIMITS["tokenizer"] if name == TOKENIZER_FILE else LIMITS["metadata"]
-        text = read_text(path, limit=limit, within=folder, make_error=_refused)
+        text = read_text(path, limit=limit, within=folder, make_error=as_checkpoint_error)
         if name in _CLEANED or kept in _CLEANED:
-            data = parse_json(text, str(path), make_error=_refused)
+            data = parse_json(text, str(path), make_error=as_checkpoint_error)
             text = json.dumps(without_remote_code(data), indent=2, ensure_ascii=False) + "\n"
         out[kept] = text
     return out
@@ -72,8 +68,8 @@ def companion_json(folder: Path, name: str) -> dict[str, Any] | None:
     path = folder / name
     if not path.exists() and not path.is_symlink():
         return None
-    text = read_text(path, limit=LIMITS["metadata"], within=folder, make_error=_refused)
-    data = parse_json(text, str(path), make_error=_refused)
+    text = read_text(path, limit=LIMITS["metadata"], within=folder, make_error=as_checkpoint_error)
+    data = parse_json(text, str(path), make_error=as_checkpoint_error)
     return data if isinstance(data, dict) else None
 
 

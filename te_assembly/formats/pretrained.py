@@ -518,7 +518,8 @@ def export_checkpoint(
 
     source = newest_checkpoint(Path(checkpoint).expanduser(), "export")
     target = Path(directory).expanduser() if directory is not None else source.parent / "pretrained"
-    check_destination(target, PRETRAINED, overwrite=overwrite, sources=sources_of(source))
+    sources = sources_of(source)
+    check_destination(target, PRETRAINED, overwrite=overwrite, sources=sources)
     run, plan, weights = _checkpoint_model(source)
     model_config = run["model"]
     if merge:
@@ -536,9 +537,7 @@ def export_checkpoint(
         tokenizer if isinstance(tokenizer, str) else None,
     )
     files = read_companions(source.parent)
-    return write_pretrained(
-        target, weights, config, overwrite=overwrite, files=files, sources=sources_of(source)
-    )
+    return write_pretrained(target, weights, config, overwrite=overwrite, files=files, sources=sources)
 
 
 __all__ = [

@@ -32,7 +32,9 @@ _PROBLEMS = {
 }
 
 
-def _refused(path: str, problem: str, code: str, line: int | None) -> CheckpointError:
+def as_checkpoint_error(path: str, problem: str, code: str, line: int | None) -> CheckpointError:
+    """The bounded reader's refusal of a checkpoint's file (its ``make_error``), as a ``CheckpointError``
+    naming the file and, where known, the line."""
     return CheckpointError(f"{path}{f':{line}' if line else ''}: {problem}")
 
 
@@ -58,7 +60,7 @@ def open_safetensors(
     (a ``CheckpointError`` naming the file by default)."""
     from safetensors import SafetensorError, safe_open
 
-    with open_regular(path, limit=None, within=within, make_error=make_error or _refused) as fd:
+    with open_regular(path, limit=None, within=within, make_error=make_error or as_checkpoint_error) as fd:
         size = os.fstat(fd).st_size
         same_file = f"/proc/self/fd/{fd}"
         source = same_file if os.path.exists(same_file) else str(path)
@@ -80,25 +82,4 @@ def save_tensors(tensors: Mapping[str, Any], path: Path, metadata: Mapping[str, 
     return path
 
 
-def float_tensors(
-    path: Path, handle: Any, expected: dict[str, tuple[int, ...]] | None = None
-) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor in ``handle``, each checked to be a float (``FLOAT_DTYPES``) and, where
-    ``expected`` names it, of the expected shape; ``CheckpointError`` naming the first that is not."""
-    shapes = {}
-    for name in handle.keys():
-        view = handle.get_slice(name)
-        dtype, shape = str(view.get_dtype()), tuple(view.get_shape())
-        if dtype not in FLOAT_DTYPES:
-            raise CheckpointError(
-                f"{path}: tensor {name} is {dtype}, not a float ({', '.join(FLOAT_DTYPES)}): it is no weight"
-            )
-        if expected is not None and name in expected and shape != tuple(expected[name]):
-            raise CheckpointError(
-                f"{path}: tensor {name} has shape {shape}, the model needs {tuple(expected[name])}"
-            )
-        shapes[name] = shape
-    return shapes
-
-
-__all__ = ["FLOAT_DTYPES", "float_tensors", "open_safetensors", "save_tensors", "unreadable"]
+__all__ = ["FLOAT_DTYPES", "as_checkpoint_error", "open_safetensors", "save_tensors", "unreadable"]

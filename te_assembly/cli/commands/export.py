@@ -123,13 +123,15 @@ def _export_peft(settings: ExportSettings, console: Console) -> int:
         else (given if given.is_dir() else given.parent) / "adapter"
     )
 
-    def check(read_from: Path) -> None:  # refused before the model loads
-        check_destination(dest, PEFT, overwrite=settings.overwrite, sources=sources_of(read_from))
+    sources: list[Path] = []
 
-    model, read_from, _ = export_source(given, check)
+    def check(read_from: Path) -> None:  # refused before the model loads
+        sources.extend(sources_of(read_from))  # read once, for this check and the writer's
+        check_destination(dest, PEFT, overwrite=settings.overwrite, sources=sources)
+
+    model, _, _ = export_source(given, check)
     weights = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    sources = tuple(sources_of(read_from))
-    out = write_peft(model.plan, weights, dest, overwrite=settings.overwrite, sources=sources)
+    out = write_peft(model.plan, weights, dest, overwrite=settings.overwrite, sources=tuple(sources))
     console.print(
         f"wrote {printable(str(out))}: adapter_config.json, adapter_model.safetensors",
         markup=False,

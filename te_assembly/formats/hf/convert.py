@@ -248,16 +248,10 @@ def import_hf(
     }
     lora = None
     if adapter is not None:
-        from te_assembly.formats.adapters import (
-            from_peft_tensors,
-            lora_section,
-            peft_adapter_plan,
-            read_peft,
-        )
+        from te_assembly.formats.adapters import from_peft_tensors, peft_adapter_plan, read_peft
 
         peft_config, peft_weights = read_peft(adapter)
-        lora = lora_section(peft_config, plan)
-        plan = peft_adapter_plan(plan, peft_config, adapter)
+        plan, lora = peft_adapter_plan(plan, peft_config, adapter)
         weights.update({k: v.to(dtype) for k, v in from_peft_tensors(plan, peft_weights).items()})
     config = config_of(model_record(plan), None, spec.dtype, plan.tied_params, fingerprint)
     if lora is not None:
@@ -455,10 +449,13 @@ def export_hf(
     an import), the original checkpoint's context length and special token ids. ``merge``: a model with
     LoRA adapters, folded into its base (a checkpoint has no place for them otherwise)."""
 
-    def check(read_from: Path) -> None:
-        check_destination(dest, HF, overwrite=overwrite, sources=sources_of(read_from))
+    sources: list[Path] = []
 
-    model, read_from, base = export_source(source, check)
+    def check(read_from: Path) -> None:
+        sources.extend(sources_of(read_from))  # read once, for this check and the writer's
+        check_destination(dest, HF, overwrite=overwrite, sources=sources)
+
+    model, _, base = export_source(source, check)
     if merge:
         from te_assembly.formats.adapters import merged_model
 
@@ -473,7 +470,7 @@ def export_hf(
         max_shard_bytes=max_shard_bytes,
         progress=progress,
         companions=read_companions(base),
-        sources=sources_of(read_from),
+        sources=sources,
     )
 
 

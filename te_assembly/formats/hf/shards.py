@@ -14,14 +14,10 @@ import torch
 
 from te_assembly.errors import CheckpointError
 from te_assembly.files.read import LIMITS, read_json
-from te_assembly.formats.tensor_file import open_safetensors, save_tensors
+from te_assembly.formats.tensor_file import as_checkpoint_error, open_safetensors, save_tensors
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-
-
-def _refused(path: str, problem: str, code: str, line: int | None) -> CheckpointError:
-    return CheckpointError(f"{path}{f':{line}' if line else ''}: {problem}")
 
 
 class HFCheckpoint(Mapping[str, torch.Tensor]):
@@ -38,9 +34,7 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
             if not file.exists() and not file.is_symlink():
                 raise CheckpointError(f"{file} is missing: {INDEX} names it as a shard")
             try:
-                handle = self._stack.enter_context(
-                    open_safetensors(file, within=directory, make_error=_refused)
-                )
+                handle = self._stack.enter_context(open_safetensors(file, within=directory))
             except CheckpointError:
                 self._stack.close()
                 raise
@@ -87,7 +81,7 @@ def _shard_files(directory: Path) -> dict[str, Path]:
     """Tensor name -> shard, from the index; ``{}`` with every name in ``model.safetensors``."""
     index = directory / INDEX
     if index.exists() or index.is_symlink():
-        data = read_json(index, limit=LIMITS["index"], within=directory, make_error=_refused)
+        data = read_json(index, limit=LIMITS["index"], within=directory, make_error=as_checkpoint_error)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index} is not a shard index: it has no weight_map mapping")
