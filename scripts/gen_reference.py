@@ -409,6 +409,10 @@ EXAMPLES: dict[str, Example] = {
     "bad-split-point": Example(("bench", "model=moe_block", "bench.compare=true", "bench.split_at=fc3")),
     "missing": Example(("export",)),
     "unknown-name": Example(("cp", "moe_blok", "mine")),
+    "not-a-folder": Example(
+        ("eval", "my_model", "eval.tasks=[my_task]", "eval.include_path=my_tasks.yaml"),
+        {"my_tasks.yaml": "task: my_task\n"},
+    ),
     # Hugging Face
     "hf-no-config": Example(("import-hf", "empty_dir"), {"empty_dir/.keep": ""}),
     "hf-bad-config": Example(("import-hf", "hf"), {"hf/config.json": "[1, 2]\n"}),

@@ -37,8 +37,10 @@ if TYPE_CHECKING:
     )
     from te_assembly.jobs.bench.job import bench
     from te_assembly.jobs.bench.settings import BenchSettings
+    from te_assembly.jobs.eval.settings import EvalSettings
     from te_assembly.jobs.generate.job import generate
     from te_assembly.jobs.generate.settings import GenerateSettings
+    from te_assembly.jobs.harness.run import evaluate_tasks
     from te_assembly.jobs.run import run
     from te_assembly.jobs.train.job import train
     from te_assembly.jobs.train.settings import TrainSettings
@@ -68,6 +70,8 @@ _LAZY = {
     "RunSettings": "te_assembly.analysis.settings",
     "TrainSettings": "te_assembly.jobs.train.settings",
     "BenchSettings": "te_assembly.jobs.bench.settings",
+    "EvalSettings": "te_assembly.jobs.eval.settings",
+    "evaluate_tasks": "te_assembly.jobs.harness.run",
     "twice_differentiable": "te_assembly.engines.reference.attention",
 }
 
@@ -89,6 +93,7 @@ display.provide(_views)
 __all__ = [
     "BenchSettings",
     "DataSettings",
+    "EvalSettings",
     "GenerateSettings",
     "RunSettings",
     "Target",
@@ -97,6 +102,7 @@ __all__ = [
     "bench",
     "build",
     "configs_dir",
+    "evaluate_tasks",
     "export_checkpoint",
     "from_checkpoint",
     "from_hf",

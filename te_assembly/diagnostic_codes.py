@@ -144,7 +144,9 @@ _AREAS: dict[str, dict[str, str]] = {
         "not-a-language-model": "token ids in, but no logits over the vocabulary out",
         "bad-split-point": "`bench.split_at` that names no step that can start a second part",
         "missing": "a command's required argument is not given (`export` without a checkpoint...)",
-        "unknown-name": "`cp` of a name no shipped model, recipe or block has",
+        "unknown-name": "`cp` of a name no shipped model, recipe or block has; an `eval.tasks` entry "
+        "lm-eval does not know",
+        "not-a-folder": "`eval.include_path` that is not a folder of task files",
         "ambiguous": "`cp` of a name that is both a model and a block (or recipe)",
     },
     "hugging face": {

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from te_assembly.catalog.costs import per_row_weights
 from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
 
 _REF = "te_assembly.engines.reference.ops.adapters"
@@ -110,6 +111,7 @@ ADAPTER_OPS: tuple[OpSpec, ...] = (
         width=Width(in_arg="out_features", out_arg="out_features"),
         reference=f"{_REF}:LoRA",
         param_shapes=_lora_shapes,
+        cost=per_row_weights(_lora_shapes, None),
         te_runs_on_cpu=True,
         arg_rules=_RULES,
         arg_checks=_check_parts,
@@ -132,6 +134,7 @@ ADAPTER_OPS: tuple[OpSpec, ...] = (
         width=Width(in_arg="out_features", out_arg="out_features"),
         reference=f"{_REF}:GroupedLoRA",
         param_shapes=_grouped_shapes,
+        cost=per_row_weights(_grouped_shapes, "num_groups"),
         te_runs_on_cpu=True,
         arg_rules=_RULES,
         arg_checks=_check_parts,

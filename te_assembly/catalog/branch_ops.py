@@ -7,6 +7,7 @@ packs a branch's result beside the main path (the queries and the compressed key
 
 from __future__ import annotations
 
+from te_assembly.catalog.costs import MOVES, Cost
 from te_assembly.catalog.spec import Formula, OpSpec, Param, Slot, Width
 
 _REF = "te_assembly.engines.reference.ops.branch"
@@ -22,6 +23,7 @@ BRANCH_OPS: tuple[OpSpec, ...] = (
         reference=f"{_REF}:SigmoidGate",
         param_shapes=lambda a: {"weight": (1, a["in_features"])},
         te_runs_on_cpu=True,
+        cost=Cost(flops=lambda a, w: 2 * w.rows * int(a["in_features"]), note="2 * rows * in_features"),
     ),
     OpSpec(
         name="SwapExtraInput",
@@ -49,6 +51,7 @@ BRANCH_OPS: tuple[OpSpec, ...] = (
         width=Width(out_arg="value_features"),
         reference=f"{_REF}:SwapExtraInput",
         te_runs_on_cpu=True,
+        cost=MOVES,
     ),
     OpSpec(
         name="ConcatExtraInput",
@@ -65,5 +68,6 @@ BRANCH_OPS: tuple[OpSpec, ...] = (
         width=Width(in_arg="in_features", out_formula=Formula("in_features + tail_features")),
         reference=f"{_REF}:ConcatExtraInput",
         te_runs_on_cpu=True,
+        cost=MOVES,
     ),
 )

@@ -5,6 +5,7 @@ Configs never import arbitrary Python objects: only names listed here are accept
 
 from __future__ import annotations
 
+from te_assembly.catalog.costs import ATTENTION, LATENT_ATTENTION, MOVES, linear
 from te_assembly.catalog.spec import Formula, ModuleSpec, MultipleOf, Param, Width
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -69,7 +70,9 @@ _ROPE: tuple[Param, ...] = (
 """How the rotary frequencies are made, as Attention and LatentAttention both take them."""
 
 MODULES: tuple[ModuleSpec, ...] = (
-    ModuleSpec("Identity", "torch.nn.Identity: ends the fuser, changes nothing.", "torch.nn:Identity"),
+    ModuleSpec(
+        "Identity", "torch.nn.Identity: ends the fuser, changes nothing.", "torch.nn:Identity", cost=MOVES
+    ),
     ModuleSpec(
         "Dropout",
         "torch.nn.Dropout.",
@@ -91,6 +94,7 @@ MODULES: tuple[ModuleSpec, ...] = (
             **({"bias": (a["out_features"],)} if a.get("bias", True) else {}),
         },
         tie_param="weight",
+        cost=linear(),
     ),
     ModuleSpec(
         "Embedding",
@@ -109,6 +113,7 @@ MODULES: tuple[ModuleSpec, ...] = (
         needs_layout="token_ids",
         sets_layout="sequence",
         tie_param="weight",
+        cost=MOVES,  # its backward needs the token ids, counted as the model's input
     ),
     ModuleSpec(
         "LayerNorm",
@@ -187,6 +192,7 @@ MODULES: tuple[ModuleSpec, ...] = (
             out_formula=Formula("num_heads * head_dim"),
         ),
         te_class="te_assembly.engines.te.attention:TEAttention",
+        cost=ATTENTION,
         te_runs_on_cpu=False,
         multiples=(
             MultipleOf(
@@ -249,6 +255,7 @@ MODULES: tuple[ModuleSpec, ...] = (
             out_formula=Formula("num_heads * v_head_dim"),
         ),
         multiples=(MultipleOf("qk_rope_dim", 2, "rotary embeddings rotate pairs of features"),),
+        cost=LATENT_ATTENTION,
         arg_rules=(
             (
                 "rope_low_freq_factor",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from te_assembly.catalog.costs import linear
 from te_assembly.catalog.spec import MultipleOf, OpSpec, Param, Slot, Width
 
 _REF = "te_assembly.engines.reference.ops.moe"
@@ -137,6 +138,7 @@ MOE_OPS: tuple[OpSpec, ...] = (
         },
         buffers=("expert_bias",),
         te_runs_on_cpu=True,
+        cost=linear(out_arg="num_experts"),
     ),
     OpSpec(
         name="Dispatch",

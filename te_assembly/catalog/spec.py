@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from te_assembly.catalog.costs import FREE, Cost
 from te_assembly.fields import REQUIRED, FieldSpec
 
 
@@ -351,6 +352,9 @@ class OpSpec(_Arguments):
     tie_param: str | None = None
     """The parameter a step's ``tie_weight`` may share with another step's (a vocabulary head's weight
     with the embedding's), by its name in ``param_shapes``; None: this op's weights cannot be tied."""
+    cost: Cost = FREE
+    """Its forward FLOPs and what it keeps for backward (``costs.py``): what ``bench`` and the memory
+    estimate count for it."""
 
     @property
     def changes_rows(self) -> bool:
@@ -400,3 +404,5 @@ class ModuleSpec(_Arguments):
     """As ``OpSpec.sets_layout`` (``sequence`` for Embedding: token ids in, ``[batch, seq, dim]`` out)."""
     tie_param: str | None = None
     """As ``OpSpec.tie_param``."""
+    cost: Cost = FREE
+    """As ``OpSpec.cost``."""

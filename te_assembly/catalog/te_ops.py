@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from te_assembly.catalog.costs import MOVES, linear
 from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
 
 _EPS = (0.0, 1.0)
@@ -92,6 +93,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         param_shapes=_linear_params,
         validation_only_params=("tensor_parallel_mode",),
         tie_param="basic_ops.0.weight",
+        cost=linear(),
     ),
     OpSpec(
         name="BasicLinear",
@@ -101,6 +103,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         te_class=f"{_TE}:BasicLinear",
         reference=f"{_REF}.linear:BasicLinear",
         param_shapes=lambda a: {"weight": (a["out_features"], a["in_features"])},
+        cost=linear(),
         validation_only_params=("tensor_parallel_mode",),
         tie_param="weight",
     ),
@@ -113,6 +116,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         reference=f"{_REF}.linear:Bias",
         param_shapes=lambda a: {"bias": (a["size"],)},
         te_runs_on_cpu=True,
+        cost=MOVES,
     ),
     OpSpec(
         name="GroupedLinear",
@@ -140,6 +144,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         te_class=f"{_TE}:GroupedLinear",
         reference=f"{_REF}.linear:GroupedLinear",
         param_shapes=_grouped_params,
+        cost=linear(),
     ),
     OpSpec(
         name="LayerNorm",
@@ -213,6 +218,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         reference=f"{_REF}.passthrough:MakeExtraOutput",
         te_runs_on_cpu=True,
         in_place_arg=True,
+        cost=MOVES,
     ),
     OpSpec(
         name="AddExtraInput",
@@ -223,6 +229,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         reference=f"{_REF}.passthrough:AddExtraInput",
         te_runs_on_cpu=True,
         in_place_arg=True,
+        cost=MOVES,
     ),
     OpSpec(
         name="ConstantScale",
@@ -231,6 +238,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         te_class=f"{_TE}:ConstantScale",
         reference=f"{_REF}.passthrough:ConstantScale",
         te_runs_on_cpu=True,
+        cost=MOVES,
     ),
     OpSpec(
         name="Identity",
@@ -238,6 +246,7 @@ TE_OPS: tuple[OpSpec, ...] = (
         te_class=f"{_TE}:Identity",
         reference=f"{_REF}.passthrough:Identity",
         te_runs_on_cpu=True,
+        cost=MOVES,
     ),
     OpSpec(
         name="Dropout",

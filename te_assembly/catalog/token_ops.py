@@ -4,6 +4,7 @@ sequence length known only at call time; these carry the leading dimensions on a
 
 from __future__ import annotations
 
+from te_assembly.catalog.costs import MOVES
 from te_assembly.catalog.spec import OpSpec, Slot
 
 _REF = "te_assembly.engines.reference.ops.tokens"
@@ -23,6 +24,7 @@ TOKEN_OPS: tuple[OpSpec, ...] = (
         sets_layout="tokens",
         reference=f"{_REF}:FlattenTokens",
         te_runs_on_cpu=True,
+        cost=MOVES,
     ),
     OpSpec(
         name="RestoreTokens",
@@ -39,5 +41,6 @@ TOKEN_OPS: tuple[OpSpec, ...] = (
         sets_layout="token_shape",
         reference=f"{_REF}:RestoreTokens",
         te_runs_on_cpu=True,
+        cost=MOVES,
     ),
 )

@@ -29,7 +29,14 @@ class Tokenizer(Protocol):
     fingerprint: str
     kind: str
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """The ids of ``text``; ``special``: with the special tokens the tokenizer's post-processor adds
+        (a Llama tokenizer's BOS), as ``transformers``' ``encode`` does by default."""
+        ...
+
+    def token_id(self, token: str) -> int | None:
+        """The id of the token spelt ``token`` (a special token's text), None when there is none."""
+        ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
@@ -50,8 +57,11 @@ class ByteTokenizer:
     eot_id = 256
     fingerprint = "byte-level/1"
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))  # no special tokens to add
+
+    def token_id(self, token: str) -> int | None:
+        return self.eot_id if token == "<|endoftext|>" else None
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
@@ -98,11 +108,15 @@ class HFTokenizer:
     def _failed(self, exc: Exception) -> DataError:
         return DataError(f"{self.source} cannot tokenize this text: {exc}")
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, special: bool = False) -> list[int]:
         try:
-            return list(self._tok.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
+            return list(self._tok.encode(text, add_special_tokens=special).ids)  # type: ignore[attr-defined]
         except Exception as exc:  # tokenizers raises plain Exceptions (a WordLevel without its unk token)
             raise self._failed(exc) from None
+
+    def token_id(self, token: str) -> int | None:
+        found = self._tok.token_to_id(token)  # type: ignore[attr-defined]
+        return None if found is None else int(found)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         try:

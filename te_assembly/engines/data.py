@@ -19,10 +19,10 @@ def rows_per_step(plan: Plan, tokens: int) -> dict[int, int]:
     current = tokens
     for step in plan.steps:
         rows[step.index] = current
-        if step.kind == "op" and step.type == "Dispatch":
-            current *= int(step.args["top_k"])
-        elif step.kind == "op" and step.type == "Combine":
-            current //= int(step.args["top_k"])
+        delta = getattr(step.spec, "rows_delta", 0)
+        if delta:
+            top_k = int(step.args.get("top_k", 1))
+            current = current * top_k if delta > 0 else current // top_k
     return rows
 
 

@@ -6,8 +6,9 @@ and get the process killed once the pages are touched. Everything here comes fro
 catalog (parameter shapes, slot shapes, widths, rows per step), in exact integers: a size beyond int64
 is just a very large estimate, refused like any other before it can reach torch.
 
-The estimate is deliberately simple and on the low side (what autograd must keep, not allocator
-slack): a refusal means the work cannot fit, not that it might not.
+What each step keeps for backward is its catalog entry's declaration (``catalog/costs.py``), so the
+estimate is simple and errs a little high: on every shipped model it is 1.0 to 1.5 times the peak
+measured on the CPU (``tests/engines/test_memory_peak.py``). A refusal means the work does not fit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 
 from te_assembly.analysis.parallel.layout import ShardPlan, rank_elements
 from te_assembly.analysis.plan import Plan
-from te_assembly.catalog import OpSpec
+from te_assembly.catalog.costs import Work
+from te_assembly.engines.data import rows_per_step
 from te_assembly.errors import ResourceError
 
 INT_BYTES = 8
@@ -45,14 +47,8 @@ def parameter_count(plan: Plan) -> int:
 
 def _rows_per_step(plan: Plan, tokens: int) -> list[int]:
     """Rows of the main tensor arriving at each step: Dispatch multiplies by top_k, Combine divides."""
-    rows, current = [], tokens
-    for step in plan.steps:
-        rows.append(current)
-        spec = step.spec
-        if isinstance(spec, OpSpec) and spec.rows_delta:
-            top_k = int(step.args.get("top_k", 1))
-            current = current * top_k if spec.rows_delta > 0 else current // top_k
-    return rows
+    rows = rows_per_step(plan, tokens)
+    return [rows[step.index] for step in plan.steps]
 
 
 def _slot_elements(shape: str, rows: int, width: int, args: dict[str, object]) -> int:
@@ -69,13 +65,12 @@ def _slot_elements(shape: str, rows: int, width: int, args: dict[str, object]) -
 
 def attention_elements(args: dict[str, object], rows: int, seq_len: int, fused: bool = False) -> int:
     """What an ``Attention`` step keeps for backward beyond its input and output, in elements of the
-    compute dtype: q, k and v after the rotary embedding (counted as [batch, heads, seq, head_dim] each:
-    an upper bound where key/value heads are shared), and the attention probabilities, ``num_heads * seq_len``
-    per row (TE's unfused backend, and the reference module inside ``twice_differentiable``, keep them).
-    ``fused``: a fused kernel (SDPA's flash or memory-efficient kernels for the reference module, TE's
-    fused backends) keeps one log-sum-exp per row and head instead."""
-    heads, head_dim = int(args["num_heads"]), int(args["head_dim"])  # type: ignore[call-overload]
-    return rows * heads * (3 * head_dim + (1 if fused else seq_len))
+    compute dtype, as its catalog entry declares it (``catalog/costs.py``): q, k and v, and the
+    probabilities, or with ``fused`` (SDPA's flash or memory-efficient kernels, TE's fused backends) one
+    log-sum-exp per row and head instead."""
+    from te_assembly.catalog import MODULE_ALLOWLIST
+
+    return MODULE_ALLOWLIST["Attention"].cost.saved(args, Work(rows, seq_len, fused=fused))
 
 
 def fused_attention(engine: str, kernels: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -94,20 +89,20 @@ def _input_bytes(plan: Plan, tokens: int, size: int) -> int:
 def step_activation_bytes(
     plan: Plan, tokens: int, dtype: torch.dtype, seq_len: int | None = None, fused: bool = False
 ) -> list[int]:
-    """What each step's forward keeps for backward: its main output and each extra output, and an
-    attention step's heads and probabilities (``attention_elements``)."""
+    """What each step's forward keeps for backward, as its catalog entry declares it (``Cost``): its main
+    input unless it only adds, scales or moves it, what it keeps beyond (attention's heads and
+    probabilities), and its extra outputs."""
     size = dtype_bytes(dtype)
     out = []
     for step, rows in zip(plan.steps, _rows_per_step(plan, tokens), strict=True):
-        out_width = step.out_width or step.in_width or 0
-        kept = rows * out_width * size
+        cost = step.spec.cost
+        kept = rows * (step.in_width or 0) * size if cost.keeps_input else 0
         for slot in step.output_slots:
             elements = _slot_elements(slot.shape, rows, step.in_width or 0, step.args)
             kept += elements * (INT_BYTES if slot.dtype == "int" else size)
-        if step.kind == "module" and step.type == "Attention":
-            # computed in at least float32 (reference/attention.py)
-            compute = max(size, 4)
-            kept += attention_elements(step.args, rows, min(seq_len or rows, rows), fused) * compute
+        work = Work(rows, min(seq_len or rows, rows), fused=fused)
+        # what an op keeps beyond its input is computed in at least float32 (attention's softmax)
+        kept += cost.saved(step.args, work) * max(size, 4) if rows else 0
         out.append(kept)
     return out
 
@@ -120,9 +115,9 @@ def activation_bytes(
     fused: bool = False,
     checkpointing: str = "none",
 ) -> int:
-    """What one forward keeps for backward: ``x``, each step's main output and each extra output, and
-    an attention step's heads and probabilities (sequences of ``seq_len`` rows; default: one sequence
-    of all ``tokens``; ``fused``: see ``attention_elements``).
+    """What one forward keeps for backward: ``x``, what each step keeps (``step_activation_bytes``) and
+    the output (sequences of ``seq_len`` rows; default: one sequence of all ``tokens``; ``fused``: see
+    ``attention_elements``).
 
     ``checkpointing`` (``train.activation_checkpointing``): a recomputed unit keeps only its input
     between forward and backward, and in backward the largest one holds all it would have kept while
@@ -131,7 +126,7 @@ def activation_bytes(
     size = dtype_bytes(dtype)
     per_step = step_activation_bytes(plan, tokens, dtype, seq_len, fused)
     rows = _rows_per_step(plan, tokens)
-    total = _input_bytes(plan, tokens, size)
+    total = _input_bytes(plan, tokens, size) + tokens * plan.out_features * size
     if checkpointing == "none":
         return total + sum(per_step)
     if checkpointing == "all":
@@ -238,10 +233,23 @@ def _footprint(
         parameters=params * trained + untrained + gathered * size,
         gradients=learned * trained + math.ceil(gathered * size * share) * trained,
         optimizer=learned * trained * OPTIMIZER_STATES.get(optimizer, 2),
-        # Backward holds the gradient of the activation it is working on next to the saved ones.
-        activations=2 * activation_bytes(plan, tokens, dtype, seq_len, fused, checkpointing) if tokens else 0,
+        activations=activation_bytes(plan, tokens, dtype, seq_len, fused, checkpointing)
+        + gradient_bytes(plan, tokens, dtype)
+        if tokens
+        else 0,
         loss=loss_bytes(plan, tokens, dtype),
     )
+
+
+def gradient_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:
+    """What backward holds beside the saved tensors: the gradient arriving at a step and the one it
+    sends on, at the widest step."""
+    rows = _rows_per_step(plan, tokens)
+    widest = max(
+        (n * max(s.in_width or 0, s.out_width or 0) for s, n in zip(plan.steps, rows, strict=True)),
+        default=0,
+    )
+    return 2 * widest * dtype_bytes(dtype)
 
 
 def loss_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:

@@ -45,6 +45,7 @@ def op_sheet(spec: OpSpec | ModuleSpec) -> list[str | SheetTable]:
     if isinstance(spec, OpSpec):
         out += _slots(spec)
     out.append(f"width: {spec.width.describe()}")
+    out.append(f"costs: {spec.cost.describe()}")
     if isinstance(spec, OpSpec):
         out += _notes(spec)
     return out

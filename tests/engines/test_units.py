@@ -278,11 +278,12 @@ def test_memory_estimate_accounts_for_sharding_and_checkpointing() -> None:
     te = rank_estimate(plan, sharded, torch.float32, one_unit=True, **kw)
     assert te.parameters == rank_elements(plan, sharded) * 4 + plan.num_params * 4
     assert four.activations == one.activations / 4
-    # blocks: each use keeps its input; backward recomputes one use at a time.
+    # blocks: each use keeps its input; backward recomputes one use at a time. x and y are kept.
     per_step = step_activation_bytes(plan, 256, torch.float32, 32)
     uses = [u.steps for u in plan.blocks[0].uses]
     inside = {i for u in uses for i in u}
-    expected = 256 * plan.in_features * 4 + sum(b for i, b in enumerate(per_step) if i not in inside)
+    expected = 256 * (plan.in_features + plan.out_features) * 4
+    expected += sum(b for i, b in enumerate(per_step) if i not in inside)
     expected += sum(256 * plan.steps[u[0]].in_width * 4 for u in uses)
     expected += max(sum(per_step[i] for i in u) for u in uses)
     assert activation_bytes(plan, 256, torch.float32, 32, checkpointing="blocks") == expected

@@ -1,7 +1,8 @@
 """``eval SOURCE``: a language model's loss, perplexity and bits per byte on a text (``data.path``, the
-default corpus when not given), with a progress bar (the job: ``jobs/eval/``). SOURCE (``eval.source``)
-is a run directory, a checkpoint or a pretrained directory, an imported one included. Writes
-``eval.json`` and the resolved config into the run directory (``outputs/<source name>/<date>_<time>/``).
+default corpus when not given), with a progress bar (the job: ``jobs/eval/``); with ``eval.tasks``, its
+scores on lm-evaluation-harness tasks instead (``jobs/harness/``). SOURCE (``eval.source``) is a run
+directory, a checkpoint or a pretrained directory, an imported one included. Writes ``eval.json`` and the
+resolved config into the run directory (``outputs/<source name>/<date>_<time>/``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def main(analysis: Analysis, console: Console) -> int:
     job_dir.check_claimable(job)  # where it writes, before the model is loaded
     data: DataSettings = analysis.section("data")
     target = Target.from_settings(common, None)
+    if settings.tasks:
+        return _tasks(analysis, settings, target, job, console)
     # Decided (and refused past the model's context) before the model loads.
     source = settings.source
     given = Path(source).expanduser()
@@ -96,5 +99,27 @@ def main(analysis: Analysis, console: Console) -> int:
     out = job_dir.claim(job)
     job_dir.write_config(out, analysis.resolved.as_config(), job)
     written = write_text_atomic(out / "eval.json", json.dumps(result.as_json(), indent=1))
+    console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
+    return 0
+
+
+def _tasks(
+    analysis: Analysis, settings: EvalSettings, target: Target, job: job_dir.JobDir, console: Console
+) -> int:
+    """``eval.tasks``: lm-eval's tasks on the source, its table printed, its results in ``eval.json``."""
+    from te_assembly.jobs.harness.run import evaluate_tasks, harness
+
+    harness()  # the extra is there, before anything loads
+    shown = ", ".join(settings.tasks)
+    console.print(f"eval {printable(str(settings.source))} on lm-eval tasks {printable(shown)}", markup=False)
+    result = evaluate_tasks(str(settings.source), target, settings)
+    from lm_eval.utils import make_table
+
+    console.print(make_table(result), markup=False, soft_wrap=True)
+    kept = {key: result.get(key) for key in ("results", "groups", "n-shot", "versions", "higher_is_better")}
+    out = job_dir.claim(job)
+    job_dir.write_config(out, analysis.resolved.as_config(), job)
+    text = json.dumps({k: v for k, v in kept.items() if v}, indent=1, default=str)
+    written = write_text_atomic(out / "eval.json", text)
     console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
     return 0

@@ -9,10 +9,9 @@ TE's own GEMM kernels (custom CUDA extension calls, not torch ops): with ``engin
 count comes from the catalog (``forward_flops``; backward twice the forward), and ``bench`` says which
 was used.
 
-The catalog counts GEMMs only: 2 * rows * in * out per linear, a grouped linear by the rows it
-receives, summed over groups; the router's scoring GEMM; attention's two batched GEMMs, q k^T and p v,
-2 * 2 * head_dim multiply-adds per head per (query, key) pair it computes: every pair, or the
-s (s + 1) / 2 of each sequence when causal, as FlashAttention's benchmarks count.
+The catalog's count is each step's own declaration (``catalog/costs.py``): GEMMs only, a grouped linear
+by the rows it receives, attention over the (query, key) pairs it computes (causal and windowed pairs
+only, as FlashAttention's benchmarks count), latent attention with its expansion of the latent.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from te_assembly.analysis.plan import Plan
+from te_assembly.catalog.costs import Work
 from te_assembly.engines.data import rows_per_step
 
 COUNTER = "torch.utils.flop_counter.FlopCounterMode"
@@ -32,25 +32,26 @@ CATALOG = "the catalog's GEMM count"
 
 def attention_flops(args: Mapping[str, Any], rows: int, seq_len: int) -> int:
     """Forward FLOPs of an ``Attention`` step on ``rows`` rows in sequences of ``seq_len``."""
-    sequences = rows // seq_len
-    pairs = seq_len * (seq_len + 1) // 2 if args.get("causal", True) else seq_len * seq_len
-    return 4 * sequences * int(args["num_heads"]) * int(args["head_dim"]) * pairs
+    from te_assembly.catalog import MODULE_ALLOWLIST
+
+    return MODULE_ALLOWLIST["Attention"].cost.flops(args, Work(rows, seq_len))
 
 
-def forward_flops(plan: Plan, tokens: int, seq_len: int | None = None) -> int:
-    """Forward GEMM FLOPs of one call on ``tokens`` rows (in sequences of ``seq_len`` for attention;
-    default: one sequence)."""
+def step_flops(plan: Plan, tokens: int, seq_len: int | None = None, every_pair: bool = False) -> list[int]:
+    """Each step's forward FLOPs as its catalog entry declares them, on ``tokens`` rows (in sequences of
+    ``seq_len``; default: one sequence); ``every_pair``: attention's masked pairs too."""
     rows = rows_per_step(plan, tokens)
-    total = 0
+    out = []
     for step in plan.steps:
-        a, n = step.args, rows[step.index]
-        if step.type in ("Linear", "BasicLinear", "GroupedLinear"):
-            total += 2 * n * int(a["in_features"]) * int(a["out_features"])
-        elif step.kind == "op" and step.type == "TopKRouter":
-            total += 2 * n * int(a["in_features"]) * int(a["num_experts"])
-        elif step.kind == "module" and step.type == "Attention" and n:
-            total += attention_flops(a, n, min(seq_len or n, n))
-    return total
+        n = rows[step.index]
+        work = Work(n, min(seq_len or n, n), every_pair=every_pair)
+        out.append(step.spec.cost.flops(step.args, work) if n else 0)
+    return out
+
+
+def forward_flops(plan: Plan, tokens: int, seq_len: int | None = None, every_pair: bool = False) -> int:
+    """Forward GEMM FLOPs of one call on ``tokens`` rows (``step_flops`` summed)."""
+    return sum(step_flops(plan, tokens, seq_len, every_pair))
 
 
 @dataclass(frozen=True)
@@ -116,4 +117,5 @@ __all__ = [
     "catalog_count",
     "count_flops",
     "forward_flops",
+    "step_flops",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from te_assembly.fields import FieldSpec
 from te_assembly.sections import setting
 
 SPLITS = ("all", "val")
@@ -11,7 +12,8 @@ SPLITS = ("all", "val")
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """``eval:``: the model to score, and the windows its text is scored in."""
+    """``eval:``: the model to score, and the windows its text is scored in, or the lm-eval tasks it is
+    scored on."""
 
     source: str | None = setting(
         None,
@@ -39,6 +41,21 @@ class EvalSettings:
     split: str = setting(
         "all", choices=SPLITS, doc="all: every token of data.path; val: the held-out split a train run uses"
     )
+    tasks: list[str] = setting(
+        [],
+        items=FieldSpec(str, nonempty=True),
+        single_as_list=True,
+        doc="lm-evaluation-harness tasks to score the model on (the [eval] extra), e.g. [hellaswag, "
+        "wikitext]; empty: the loss on data.path",
+    )
+    include_path: str | None = setting(
+        None, nonempty=True, doc="with tasks: a folder of your own lm-eval task YAML files"
+    )
+    num_fewshot: int | None = setting(
+        None, minimum=0, doc="with tasks: examples shown before each question (null: each task's own)"
+    )
+    limit: int | None = setting(None, minimum=1, doc="with tasks: at most this many documents of each task")
+    max_gen_toks: int = setting(256, minimum=1, doc="with tasks: tokens a generation task generates at most")
 
 
 __all__ = ["SPLITS", "EvalSettings"]
