@@ -9,7 +9,7 @@ anything keyed like it, such as gradients) to Hugging Face names and layouts, ``
 
 from __future__ import annotations
 
-from te_assembly.formats.hf.config import FAMILIES, HONOURED, HFConfigError, HFSpec
+from te_assembly.formats.hf.config import HFConfigError, HFSpec
 from te_assembly.formats.hf.convert import (
     export_hf,
     from_hf,
@@ -19,6 +19,7 @@ from te_assembly.formats.hf.convert import (
     to_hf,
     to_hf_state_dict,
 )
+from te_assembly.formats.hf.families import FAMILIES, HONOURED
 from te_assembly.formats.hf.layout import UnexportableError
 
 __all__ = [

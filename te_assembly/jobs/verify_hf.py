@@ -156,8 +156,12 @@ def _grouped_router_forward(
     return logits, weights * self.routed_scaling_factor, indices
 
 
-GROUPED_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")
-"""transformers' routers whose formula ``_grouped_router_forward`` restates."""
+def grouped_routers() -> set[str]:
+    """transformers' routers whose formula ``_grouped_router_forward`` restates: those the families
+    declare (``Family.router_islands``)."""
+    from te_assembly.formats.hf.families import REGISTRY
+
+    return {name for family in REGISTRY for name in family.router_islands}
 
 
 @contextmanager
@@ -165,6 +169,7 @@ def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
     """Within: each RMSNorm and top-k router of ``model`` computes in its input's dtype (yields the
     patched modules' class names). Only modules whose formula is the one written here are patched."""
     patched: list[tuple[torch.nn.Module, Any]] = []
+    grouped = grouped_routers()
     for module in model.modules():
         name = type(module).__name__
         if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
@@ -178,7 +183,7 @@ def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
         ):
             patched.append((module, module.forward))
             module.forward = types.MethodType(_router_forward, module)  # type: ignore[method-assign]
-        elif name in GROUPED_ROUTERS and hasattr(module, "e_score_correction_bias"):
+        elif name in grouped and hasattr(module, "e_score_correction_bias"):
             patched.append((module, module.forward))
             module.forward = types.MethodType(_grouped_router_forward, module)  # type: ignore[method-assign]
     try:

@@ -31,6 +31,10 @@ QWEN3_MOE: dict[str, Any] = {
     "norm_topk_prob": True,
 }
 
+PHI3_TOKENS: dict[str, Any] = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None}
+"""Phi3Config's default ids (32000...) are past the tiny vocabulary; without a pad id its embedding has
+no padding row (a published Phi-3's row 32000 gets no gradient in transformers' training)."""
+
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "llama-tied-mqa": ("LlamaConfig", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
@@ -187,6 +191,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             },
         },
     ),
+    # Phi-3: q | k | v and gate | up each one stored tensor, partial rotary (Phi-4-mini's 0.75 is 0.5
+    # here), a window shorter than the test sequences, as transformers writes the config.
+    "phi3": ("Phi3Config", {**PHI3_TOKENS, "partial_rotary_factor": 0.5, "sliding_window": 6}),
+    "phi3-plain": ("Phi3Config", PHI3_TOKENS),
 }
 FAMILIES = (
     "llama",
@@ -199,6 +207,7 @@ FAMILIES = (
     "glm4_moe",
     "deepseek_v3",
     "gpt_oss",
+    "phi3",
 )
 """One variant per family, the architectures of the issue."""
 

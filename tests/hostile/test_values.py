@@ -15,6 +15,7 @@ import torch
 
 from te_assembly.errors import CheckpointError
 from te_assembly.formats.hf import config as hf_config
+from te_assembly.formats.hf import reader as hf_reader
 from te_assembly.formats.hf.config import HFConfigError, parse_config
 from tests.hostile.conftest import clean_failure, user_cli
 
@@ -104,8 +105,8 @@ def test_thousands_of_unknown_fields_are_refused_reading_the_file_once(
 ) -> None:
     path = _written(tmp_path, {**LLAMA, **{f"unknown_{i}": i for i in range(3000)}})
     reads = []
-    real = hf_config.read_text
-    monkeypatch.setattr(hf_config, "read_text", lambda *a, **k: reads.append(a) or real(*a, **k))
+    real = hf_reader.read_text  # the reader every config.json refusal is located through
+    monkeypatch.setattr(hf_reader, "read_text", lambda *a, **k: reads.append(a) or real(*a, **k))
     data = hf_config.read_config(path)
     with pytest.raises(HFConfigError) as caught:
         parse_config(data, path)

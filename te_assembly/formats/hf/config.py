@@ -1,94 +1,26 @@
 """A Hugging Face ``config.json`` as a ``HFSpec``: every field is honoured or refused, never skipped.
 
-The families and the fields each honours are data (``FAMILIES``, ``HONOURED``), the README's table is
-this table. A field that changes the math and that te_assembly cannot express (a RoPE type it does not
-implement, sliding windows per layer, an activation other than SiLU...) is an error naming the field,
-its value and what is supported; so is a field te_assembly does not know at all.
+Each family (``families/``) says which fields it reads and reads them; what every family reads alike
+(the attention's shape, RoPE, the dtype) and the refusals of fields no family knows are here. A field
+that changes the math and that te_assembly cannot express (a RoPE type it does not implement, sliding
+windows per layer, an activation other than SiLU...) is an error naming the field, its value and what is
+supported; so is a field te_assembly does not know at all.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from te_assembly.catalog import MODULE_ALLOWLIST, OPS
 from te_assembly.catalog.modules import ROPE_TYPES
-from te_assembly.diagnostics import Diagnostic, did_you_mean, error
+from te_assembly.diagnostics import did_you_mean, error
 from te_assembly.errors import ConfigError
-from te_assembly.fields import check_value
-from te_assembly.files.read import LIMITS, InputFileError, read_json, read_text
-from te_assembly.formats.hf.families import (
-    CHECKED,
-    FAMILIES,
-    FAMILY_CHECKED,
-    HONOURED,
-    KEPT_FIELDS,
-    Family,
-    is_metadata,
-)
-
-
-@dataclass(frozen=True)
-class HFSpec:
-    """A checkpoint's architecture in te_assembly's terms (``layout.py`` writes it as YAML)."""
-
-    architecture: str
-    vocab: int
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    eps: float
-    tied: bool
-    rope: dict[str, Any]
-    """``rope_theta``, ``rope_type`` and, for the scaled types, ``factor`` etc. (hf_*_layer's dims)."""
-    sliding_window: int | None = None
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
-    experts: int = 0
-    top_k: int = 0
-    pre_softmax: bool = False
-    aux_loss_coeff: float = 0.0
-    shared_ffn: int = 0
-    rotary_dim: int | None = None
-    """Partial rotary (GLM-4.5's ``partial_rotary_factor * head_dim``); None: the whole head."""
-    first_dense: int = 0
-    """The first layers with a dense MLP of ``dense_ffn`` (GLM-4.5's ``first_k_dense_replace``)."""
-    dense_ffn: int = 0
-    mtp_layers: int = 0
-    """The multi-token prediction layers ``config.json`` declares after ``layers``
-    (``num_nextn_predict_layers``; transformers' default is 1, and it saves none of their tensors)."""
-    dropped_layers: int = 0
-    """Of those, the ones the import leaves out by request when the checkpoint holds them
-    (``import_hf.ignore_fields=[num_nextn_predict_layers]``)."""
-    mla: dict[str, Any] = field(default_factory=dict)
-    """DeepSeek-V3's latent attention (``LatentAttention``): ``q_lora_rank``, ``kv_lora_rank``,
-    ``qk_nope_dim``, ``qk_rope_dim``, ``v_head_dim``, ``rope_interleaved``, ``attention_bias``; empty for
-    the families with packed q | k | v heads."""
-    layer_windows: tuple[int | None, ...] = ()
-    """Each layer's sliding window when they differ (GPT-OSS's ``layer_types``); empty: every layer has
-    ``sliding_window``."""
-    clamp: dict[str, float] = field(default_factory=dict)
-    """GPT-OSS's experts: ``swiglu_limit`` and ``swiglu_alpha``."""
-    router: dict[str, Any] = field(default_factory=dict)
-    """The family's own TopKRouter arguments beyond experts and top_k (GLM-4.5's sigmoid scores, expert
-    bias, groups and scaling), as the router step takes them."""
-    init_std: float = 0.02
-    dtype: str = "float32"
-    metadata: dict[str, Any] = field(default_factory=dict)
-    """The checkpoint's own metadata fields (token ids, max_position_embeddings...), kept for export."""
-
-    @property
-    def family(self) -> Family:
-        return FAMILIES[self.architecture]
+from te_assembly.files.read import LIMITS, read_json
+from te_assembly.formats.hf.families import CHECKED, FAMILIES, KEPT_FIELDS, Family, is_metadata
+from te_assembly.formats.hf.families.base import Shape
+from te_assembly.formats.hf.reader import ConfigReader, key_lines, located, shown
+from te_assembly.formats.hf.spec import HFSpec
 
 
 class HFConfigError(ConfigError):
@@ -122,155 +54,32 @@ def read_config(path: Path, within: Path | None = None) -> dict[str, Any]:
     return data
 
 
-_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:')
-
-
-def key_lines(path: Path) -> dict[str, int]:
-    """The line of each key's first appearance in ``path`` (read once; empty when it cannot be read):
-    every refusal of a field is located without reading the file again."""
-    try:
-        text = read_text(path, limit=LIMITS["metadata"])
-    except InputFileError:
-        return {}
-    lines: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        for match in _KEY.finditer(line):
-            lines.setdefault(match.group(1), number)
-    return lines
-
-
-def _located(
-    diagnostic: Diagnostic, path: Path, lines: Mapping[str, int], key: str | None = None
-) -> Diagnostic:
-    """``diagnostic`` at ``key``'s line (a nested key, ``rope_scaling.factor``, at its last part's)."""
-    line = None
-    if key is not None:
-        line = lines.get(key) or lines.get(key.split(".")[-1]) or lines.get(key.split(".")[0])
-    return diagnostic.located(str(path), line)
-
-
-def shown(value: Any, width: int = 60) -> str:
-    """``repr(value)``, cut to ``width`` characters (a hostile value may be megabytes long)."""
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-class _Reader:
-    """Reads fields of one config, collecting every refusal."""
-
-    def __init__(
-        self, data: Mapping[str, Any], path: Path, architecture: str, ignore: Sequence[str] = ()
-    ) -> None:
-        self.data = data
-        self.ignore = set(ignore)
-        self.path = path
-        self.architecture = architecture
-        self.problems: list[Diagnostic] = []
-        self.lines = key_lines(path)
-
-    def refuse(self, key: str, message: str, hint: str | None = None, code: str = "hf-unsupported") -> None:
-        self.problems.append(
-            _located(error(f"config.json:{key}", code, message, hint), self.path, self.lines, key)
-        )
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def integer(self, key: str, default: Any = None, minimum: int = 1) -> int:
-        value = self.data.get(key, default)
-        if value is None or isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.refuse(key, f"{key} = {shown(value)}: expected an integer >= {minimum}", code="hf-bad-value")
-            return max(minimum, 1)
-        return value
-
-    def number(
-        self, key: str, default: Any = None, positive: bool = True, becomes: tuple[str, str] | None = None
-    ) -> float:
-        """A finite number; ``becomes``: the op argument it turns into (``("RMSNorm", "eps")``), whose
-        catalog bounds it must meet too, so an implausible value is refused here, at its own line."""
-        return self.checked_number(key, self.data.get(key, default), positive, becomes)
-
-    def checked_number(
-        self, key: str, value: Any, positive: bool = True, becomes: tuple[str, str] | None = None
-    ) -> float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or (positive and value <= 0):
-            self.refuse(
-                key,
-                f"{key} = {shown(value)}: expected a finite{' positive' if positive else ''} number",
-                code="hf-bad-value",
-            )
-            return 1.0
-        if becomes is not None:
-            owner, name = becomes
-            param = (OPS.get(owner) or MODULE_ALLOWLIST[owner]).param(name)
-            assert param is not None, becomes
-            found = check_value(param.spec, float(value), f"config.json:{key}", key)
-            if found:
-                self.refuse(key, f"{found[0].message} ({owner}'s {name})", code="hf-bad-value")
-                return float(param.default) if param.default is not None else 1.0
-        return float(value)
-
-    def flag(self, key: str, default: bool = False) -> bool:
-        value = self.data.get(key, default)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            self.refuse(key, f"{key} = {shown(value)}: expected true or false", code="hf-bad-value")
-            return default
-        return value
-
-    def require(self, key: str, allowed: Callable[[Any], bool], supported: str) -> None:
-        if key in self.data and not allowed(self.data[key]):
-            self.refuse(
-                key,
-                f"{key} = {shown(self.data[key])} is not supported by te_assembly's {self.architecture} "
-                f"import: supported: {supported}",
-            )
-
-
 def parse_config(data: Mapping[str, Any], path: Path, ignore: Sequence[str] = ()) -> HFSpec:
     """The ``HFSpec`` of a ``config.json``; ``HFConfigError`` lists every field it refuses. ``ignore``:
     fields te_assembly does not know that the user accepts knowingly (``import_hf.ignore_fields``)."""
     family = _family(data, path)
-    r = _Reader(data, path, family.architecture, ignore)
+    r = ConfigReader(data, path, family.architecture, ignore)
     _known_fields(r, data, family, ignore)
-    hidden, heads, kv_heads, head_dim = _attention_shape(r, data)
-    _supported_values(r)
-    sliding_window = None
-    if family.sliding == "window" and data.get("sliding_window") is not None:
-        sliding_window = r.integer("sliding_window")
-    rope = _rope(r, data)
-    qkv_bias, o_bias = _biases(r, family)
-    moe = _experts(r, data, family)
-    if family.mlp == "glm_moe":
-        moe.update(_glm(r, data, moe, head_dim))
-    if family.attention == "mla":
-        moe["mla"] = _mla(r, data, heads, kv_heads)
-    if family.sliding == "layer_types":
-        moe.update(_gpt_oss(r, data))
+    shape = _attention_shape(r, data, family)
+    _supported_values(r, family)
+    rope = _rope(r, data, family)
+    own = family.read(r, data, shape)
     dtype = _dtype(r, data)
     spec = HFSpec(
         architecture=family.architecture,
         vocab=r.integer("vocab_size"),
-        hidden=hidden,
+        hidden=shape.hidden,
         layers=r.integer("num_hidden_layers"),
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        ffn=r.integer(family.ffn_field),
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
         eps=r.number("rms_norm_eps", 1e-6, becomes=("RMSNorm", "eps")),
         tied=r.flag("tie_word_embeddings", False),
         rope=rope,
-        sliding_window=sliding_window,
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        mlp_bias=r.flag("mlp_bias", False) if family.architecture == "LlamaForCausalLM" else False,
-        qk_norm=r.flag(family.qk_norm_field, False) if family.qk_norm_field else family.qk_norm,
         init_std=r.number("initializer_range", 0.02),
         dtype=dtype,
         metadata={k: data[k] for k in KEPT_FIELDS if k in data},
-        **moe,
+        **own,
     )
     if r.problems:
         raise HFConfigError(r.problems)
@@ -285,24 +94,19 @@ def _family(data: Mapping[str, Any], path: Path) -> Family:
     hint = did_you_mean(named, FAMILIES) if isinstance(named, str) else None
     message = f"architectures = {shown(architectures)}: te_assembly imports one of {', '.join(FAMILIES)}"
     found = error("config.json:architectures", "hf-unknown-architecture", message, hint)
-    raise HFConfigError([_located(found, path, key_lines(path), "architectures")])
+    raise HFConfigError([located(found, path, key_lines(path), "architectures")])
 
 
 def known_field(key: str, architecture: str) -> bool:
     """Whether te_assembly reads ``key`` of an ``architecture`` config, holds it to a value, or knows
     it for metadata."""
-    return key in HONOURED[architecture] or key in CHECKED or is_metadata(key)
+    return key in FAMILIES[architecture].fields or key in CHECKED or is_metadata(key)
 
 
-DROPPABLE = ("num_nextn_predict_layers",)
-"""Honoured fields ``import_hf.ignore_fields`` may still name: what they describe is left out of the
-import on purpose (GLM-4.5's multi-token prediction layers), recorded as ignored."""
-
-
-def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family, ignore: Sequence[str]) -> None:
+def _known_fields(r: ConfigReader, data: Mapping[str, Any], family: Family, ignore: Sequence[str]) -> None:
     """Every field is one the family honours, holds to a value, is metadata or is ignored by name;
     ``model_type`` is the family's."""
-    known = sorted({*HONOURED[family.architecture], *CHECKED})
+    known = sorted({*family.fields, *CHECKED})
     for key in data:
         if not known_field(key, family.architecture) and key not in ignore:
             r.refuse(
@@ -314,8 +118,8 @@ def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family, ignore: S
                 code="hf-unknown-field",
             )
     for key in ignore:
-        if key in DROPPABLE and key in HONOURED[family.architecture]:
-            continue  # what it describes is left out knowingly (``_glm``)
+        if key in family.droppable:
+            continue  # what it describes is left out knowingly (the family reads it so)
         if known_field(key, family.architecture):
             r.refuse(
                 key,
@@ -338,7 +142,7 @@ def _known_fields(r: _Reader, data: Mapping[str, Any], family: Family, ignore: S
         )
 
 
-def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int, int]:
+def _attention_shape(r: ConfigReader, data: Mapping[str, Any], family: Family) -> Shape:
     """hidden size, query heads, key/value heads, head width."""
     hidden = r.integer("hidden_size")
     heads = r.integer("num_attention_heads")
@@ -353,8 +157,7 @@ def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int
         head_dim = 1
     else:
         head_dim = hidden // heads
-    latent = FAMILIES[r.architecture].attention == "mla"  # its rotary width is qk_rope_head_dim (_mla)
-    if head_dim % 2 and not latent:  # RoPE turns pairs of features (Attention's rule, said at its field)
+    if head_dim % 2 and family.rotary_pairs:  # RoPE turns pairs of features (Attention's rule, at its field)
         field = "head_dim" if data.get("head_dim") is not None else "num_attention_heads"
         r.refuse(
             field,
@@ -364,203 +167,19 @@ def _attention_shape(r: _Reader, data: Mapping[str, Any]) -> tuple[int, int, int
     if heads % kv_heads:
         message = f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
         r.refuse("num_key_value_heads", message)
-    return hidden, heads, kv_heads, head_dim
+    return Shape(hidden, heads, kv_heads, head_dim)
 
 
-def _supported_values(r: _Reader) -> None:
+def _supported_values(r: ConfigReader, family: Family) -> None:
     """Fields that change the math, held to the values te_assembly expresses (``CHECKED``, and the
-    family's own ``FAMILY_CHECKED``)."""
-    held = {k: v for k, v in CHECKED.items() if k not in HONOURED[r.architecture]}  # read: other values
-    held.update(FAMILY_CHECKED.get(r.architecture, {}))
+    family's own ``checked``)."""
+    held = {k: v for k, v in CHECKED.items() if k not in family.fields}  # a family that reads one: others
+    held.update(family.checked)
     for key, (allowed, supported) in held.items():
         r.require(key, allowed, supported)
 
 
-def _biases(r: _Reader, family: Family) -> tuple[bool, bool]:
-    """Whether q/k/v, and o, have biases."""
-    if family.qkv_bias == "always":
-        return True, False
-    if family.qkv_bias == "qkv_bias":
-        return r.flag("qkv_bias", True), False
-    if family.qkv_bias == "attention_bias":
-        both = r.flag("attention_bias", False)
-        return both, both
-    if family.qkv_bias == "attention_bias_qkv":
-        return r.flag("attention_bias", False), False
-    return False, False
-
-
-def _glm(r: _Reader, data: Mapping[str, Any], moe: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
-    """GLM-4.5's MoE: sigmoid scores with an expert bias (``e_score_correction_bias``) that chooses but
-    does not weigh, group-limited choice (``n_group``, ``topk_group``; a group scored by its best two),
-    ``norm_topk_prob``, ``routed_scaling_factor``; ``n_shared_experts`` shared experts as one MLP of
-    their summed width beside the routed ones, ungated; the first ``first_k_dense_replace`` layers dense;
-    partial rotary."""
-    experts = int(moe["experts"])
-    default = dict(FAMILIES[r.architecture].moe_defaults)
-    groups, kept = r.integer("n_group", default["n_group"]), r.integer("topk_group", default["topk_group"])
-    if experts % groups:
-        r.refuse("n_group", f"n_group {groups} does not divide the {experts} experts into equal groups")
-    if kept > groups:
-        r.refuse("topk_group", f"topk_group {kept} is more than the n_group {groups} groups")
-    if groups > 1 and experts // groups < 2:
-        r.refuse(
-            "n_group", f"n_group {groups} leaves groups of one expert: a group is scored by its best two"
-        )
-    layers = r.integer("num_hidden_layers")
-    first_dense = r.integer("first_k_dense_replace", default["first_k_dense_replace"], minimum=0)
-    if first_dense >= layers:
-        r.refuse(
-            "first_k_dense_replace", f"first_k_dense_replace {first_dense} leaves no MoE layer of {layers}"
-        )
-    mtp = data.get("num_nextn_predict_layers", 0) or 0
-    if not isinstance(mtp, int) or isinstance(mtp, bool) or mtp < 0:
-        r.refuse("num_nextn_predict_layers", f"num_nextn_predict_layers = {shown(mtp)}", code="hf-bad-value")
-        mtp = 0
-    # Whether the checkpoint holds those layers is for its tensors to say (``convert._tensor_plan``):
-    # transformers declares one by default and saves none.
-    given = data.get("rope_parameters")
-    rope: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
-    factor = data.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
-    inner = rope.get("partial_rotary_factor", factor)
-    if inner != factor:  # transformers 5 reads the one inside rope_parameters, older releases the other
-        r.refuse(
-            "partial_rotary_factor",
-            f"partial_rotary_factor = {shown(factor)} and rope_parameters.partial_rotary_factor = "
-            f"{shown(inner)} disagree",
-            "keep one of them (transformers 5 writes it inside rope_parameters)",
-            code="hf-bad-value",
-        )
-    rotary_dim = None
-    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < 1:
-        rotary_dim = int(head_dim * factor)
-        if rotary_dim % 2 or rotary_dim <= 0:
-            r.refuse(
-                "partial_rotary_factor", f"partial_rotary_factor {factor} turns {rotary_dim} features: odd"
-            )
-    elif factor not in (1, 1.0):
-        r.refuse("partial_rotary_factor", f"partial_rotary_factor = {shown(factor)}: expected 0 < f <= 1")
-    shared = r.integer("n_shared_experts", default["n_shared_experts"], minimum=1)  # the block has one MLP
-    renormalise = r.flag("norm_topk_prob", True)
-    scaling = r.number(
-        "routed_scaling_factor", default["routed_scaling_factor"], becomes=("TopKRouter", "scaling_factor")
-    )
-    return {
-        "pre_softmax": False,
-        "aux_loss_coeff": 0.0,
-        "shared_ffn": shared * r.integer("moe_intermediate_size"),
-        "rotary_dim": rotary_dim,
-        "first_dense": first_dense,
-        "dense_ffn": r.integer("intermediate_size"),
-        "mtp_layers": mtp,
-        "dropped_layers": mtp if "num_nextn_predict_layers" in r.ignore else 0,
-        "router": {
-            "score_function": "sigmoid",
-            "enable_expert_bias": True,
-            "num_groups": groups,
-            "group_topk": kept,
-            "group_score_topk": min(2, experts // groups),
-            "scaling_factor": scaling,
-            "sigmoid_renormalise": renormalise,
-        },
-    }
-
-
-LAYER_TYPES = ("sliding_attention", "full_attention")
-
-
-def _gpt_oss(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
-    """GPT-OSS: each layer's window from ``layer_types`` (transformers' default: sliding, full,
-    sliding...), the experts' clamp (``swiglu_limit``, ``swiglu_alpha``)."""
-    layers = r.integer("num_hidden_layers")
-    window = data.get("sliding_window")
-    types = data.get("layer_types")
-    if types is None:
-        types = ["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(layers)]
-    if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
-        r.refuse(
-            "layer_types",
-            f"layer_types = {shown(types)}: expected {layers} entries, each one of {', '.join(LAYER_TYPES)}",
-            code="hf-bad-value",
-        )
-        types = ["full_attention"] * layers
-    if "sliding_attention" in types:
-        window = r.integer("sliding_window")
-    windows = tuple(window if t == "sliding_attention" else None for t in types)
-    # OpenAI's own names, kept in the Hub's config.json beside transformers' (the same numbers)
-    given = data.get("rope_parameters") or data.get("rope_scaling")
-    rope: Mapping[str, Any] = given if isinstance(given, Mapping) else {}  # _rope refuses any other
-    twins = (
-        ("experts_per_token", data.get("num_experts_per_tok"), "num_experts_per_tok"),
-        ("initial_context_length", rope.get("original_max_position_embeddings"), "YaRN's context"),
-    )
-    for key, twin, name in twins:
-        if key in data and data[key] != twin:
-            r.refuse(key, f"{key} = {shown(data[key])} disagrees with {name} ({shown(twin)})")
-    clamp = {
-        "swiglu_limit": r.number("swiglu_limit", 7.0, becomes=("ScaledClampedQGeGLU", "limit")),
-        "swiglu_alpha": r.number("swiglu_alpha", 1.702, becomes=("ScaledClampedQGeGLU", "alpha")),
-    }
-    return {"layer_windows": windows, "clamp": clamp, "pre_softmax": False}
-
-
-def _mla(r: _Reader, data: Mapping[str, Any], heads: int, kv_heads: int) -> dict[str, Any]:
-    """DeepSeek-V3's multi-head latent attention: queries through ``q_a_proj`` -> norm -> ``q_b_proj``,
-    keys and values from a ``kv_lora_rank`` latent and one shared ``qk_rope_head_dim`` rotary key."""
-    if data.get("q_lora_rank") is None:
-        r.refuse(
-            "q_lora_rank",
-            "q_lora_rank = null (a plain q_proj, Moonlight's layout): te_assembly's DeepSeek layer takes the "
-            "queries through q_a_proj -> q_a_layernorm -> q_b_proj only",
-        )
-    nope, rope = r.integer("qk_nope_head_dim"), r.integer("qk_rope_head_dim")
-    if rope % 2:
-        r.refuse("qk_rope_head_dim", f"qk_rope_head_dim {rope}: rotary embeddings turn pairs of features")
-    for key, expected in (("qk_head_dim", nope + rope), ("head_dim", rope)):
-        if data.get(key) is not None and data[key] != expected:
-            r.refuse(key, f"{key} = {shown(data[key])}: DeepSeek-V3 derives it as {expected}")
-    if kv_heads != heads:
-        r.refuse(
-            "num_key_value_heads",
-            f"num_key_value_heads {kv_heads} differs from num_attention_heads {heads}: latent attention "
-            "expands the latent to every head's own keys and values",
-        )
-    return {
-        "q_lora_rank": r.integer("q_lora_rank") if data.get("q_lora_rank") is not None else 1,
-        "kv_lora_rank": r.integer("kv_lora_rank"),
-        "qk_nope_dim": nope,
-        "qk_rope_dim": rope,
-        "v_head_dim": r.integer("v_head_dim"),
-        "rope_interleaved": r.flag("rope_interleave", True),
-        "attention_bias": r.flag("attention_bias", False),
-    }
-
-
-def _experts(r: _Reader, data: Mapping[str, Any], family: Family) -> dict[str, Any]:
-    """A mixture of experts' settings (none for a dense family)."""
-    if family.mlp == "dense":
-        return {}
-    spelt = [k for k in (family.experts_field, *family.experts_aliases) if data.get(k) is not None]
-    counts = [r.integer(k) for k in spelt] or [r.integer(family.experts_field)]
-    if len(set(counts)) > 1:
-        r.refuse(spelt[1], f"{' and '.join(spelt)} disagree ({', '.join(str(data[k]) for k in spelt)})")
-    experts = counts[0]
-    top_k = r.integer("num_experts_per_tok")
-    if top_k > experts:
-        r.refuse("num_experts_per_tok", f"num_experts_per_tok {top_k} is more than the {experts} experts")
-    renormalise = True if family.norm_topk_field is None else r.flag(family.norm_topk_field, False)
-    moe: dict[str, Any] = {
-        "experts": experts,
-        "top_k": top_k,
-        "pre_softmax": not renormalise,
-        "aux_loss_coeff": r.number("router_aux_loss_coef", 0.001, positive=False),
-    }
-    if family.mlp == "shared_moe":
-        moe["shared_ffn"] = r.integer("shared_expert_intermediate_size")
-    return moe
-
-
-def _dtype(r: _Reader, data: Mapping[str, Any]) -> str:
+def _dtype(r: ConfigReader, data: Mapping[str, Any]) -> str:
     dtype_name = data.get("dtype", data.get("torch_dtype")) or "float32"
     if isinstance(dtype_name, str) and dtype_name in DTYPES:
         return DTYPES[dtype_name]
@@ -575,7 +194,7 @@ def _normal_rope(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _same_rope(r: _Reader, data: Mapping[str, Any]) -> None:
+def _same_rope(r: ConfigReader, data: Mapping[str, Any]) -> None:
     """``rope_parameters`` and ``rope_scaling`` both given: transformers reads ``rope_scaling`` (its
     ``convert_rope_params_to_dict``), te_assembly ``rope_parameters``; they must say the same. A
     ``rope_theta`` or ``partial_rotary_factor`` only one of them has is not a disagreement (transformers
@@ -606,7 +225,7 @@ def _same_rope(r: _Reader, data: Mapping[str, Any]) -> None:
         )
 
 
-def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
+def _rope(r: ConfigReader, data: Mapping[str, Any], family: Family) -> dict[str, Any]:
     """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``."""
     _same_rope(r, data)
     params = data.get("rope_parameters")
@@ -657,7 +276,7 @@ def _rope(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     if rope_type == "yarn":
         out.update(_yarn(r, key, params, data))
         allowed |= set(YARN_FIELDS) | {"factor", "original_max_position_embeddings"}
-    partial = "partial_rotary_factor" in HONOURED[r.architecture]  # GLM-4.5 reads it (``_glm``)
+    partial = "partial_rotary_factor" in family.fields  # a family that reads it (GLM-4.5) says so
     if not partial and params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
         r.refuse(
             key, f"{key}.partial_rotary_factor = {shown(params['partial_rotary_factor'])}: supported: 1.0"
@@ -681,7 +300,7 @@ YARN_FIELDS = {
 """YaRN's optional numbers in ``rope_scaling`` and the Attention argument each becomes."""
 
 
-def _yarn(r: _Reader, key: str, params: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+def _yarn(r: ConfigReader, key: str, params: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
     """YaRN's settings: ``factor`` (or, as transformers reads a config without it, the ratio of
     ``max_position_embeddings`` to ``original_max_position_embeddings``), the original context, the ramp's
     betas, the attention factor's ``mscale``s or its value, ``truncate``."""
@@ -706,7 +325,7 @@ def _yarn(r: _Reader, key: str, params: Mapping[str, Any], data: Mapping[str, An
     return out
 
 
-def _original_context(r: _Reader, key: str, params: Mapping[str, Any]) -> int:
+def _original_context(r: ConfigReader, key: str, params: Mapping[str, Any]) -> int:
     """``original_max_position_embeddings`` of a scaled RoPE (llama3, yarn): a positive integer."""
     original = params.get("original_max_position_embeddings")
     if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
@@ -719,6 +338,6 @@ def _original_context(r: _Reader, key: str, params: Mapping[str, Any]) -> int:
     return original
 
 
-def _positive(r: _Reader, key: str, params: Mapping[str, Any], name: str, becomes: str) -> float:
+def _positive(r: ConfigReader, key: str, params: Mapping[str, Any], name: str, becomes: str) -> float:
     """``params[name]``: a positive number within the bounds of Attention's argument ``becomes``."""
     return r.checked_number(f"{key}.{name}", params.get(name), becomes=("Attention", becomes))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +38,9 @@ from te_assembly.formats.hf.config import FAMILIES, KEPT_FIELDS, HFSpec, parse_c
 from te_assembly.formats.hf.hub import hub_folder
 from te_assembly.formats.hf.layout import model_config
 from te_assembly.formats.hf.mapping import hf_config, mapping_of_plan
-from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors, rules
+from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors
 from te_assembly.formats.hf.shards import HFCheckpoint, write_shards
+from te_assembly.formats.hf.tensors import rules
 from te_assembly.formats.pretrained import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -302,9 +303,13 @@ def from_hf(
     return model.eval()
 
 
-def _mapping(model: AssembledModel, metadata: Mapping[str, Any] | None = None) -> tuple[HFSpec, list[Rule]]:
+def _mapping(
+    model: AssembledModel,
+    metadata: Mapping[str, Any] | None = None,
+    available: Collection[str] | None = None,
+) -> tuple[HFSpec, list[Rule]]:
     """The spec ``model`` expresses and its rules under the model's own step names."""
-    return mapping_of_plan(model.plan, metadata)
+    return mapping_of_plan(model.plan, metadata, available)
 
 
 def to_hf_state_dict(
@@ -326,8 +331,9 @@ def to_hf_state_dict(
 
 def from_hf_state_dict(model: AssembledModel, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inverse of ``to_hf_state_dict``: Hugging Face-named ``tensors`` (the Hub layout or the
-    stacked-expert one) under ``model``'s own names, ready for ``model.load_state_dict``."""
-    _, table = _mapping(model)
+    stacked-expert one) under ``model``'s own names, ready for ``model.load_state_dict``; the family
+    whose names they are, where several express the model."""
+    _, table = _mapping(model, available=tensors.keys())
     out = {}
     for rule in table:
         layout = chosen_layout(rule, tensors)

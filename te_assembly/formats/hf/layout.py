@@ -16,159 +16,19 @@ from typing import Any
 from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.errors import ArgumentError
 from te_assembly.formats.hf.config import HFSpec
-
-YARN_DIMS = (
-    "rope_beta_fast",
-    "rope_beta_slow",
-    "rope_mscale",
-    "rope_mscale_all_dim",
-    "rope_attention_factor",
-    "rope_truncate",
-)
-"""YaRN's knobs, as the hf_*_layer blocks' dims (and Attention's arguments) name them; a model that does
-not use YaRN leaves them at the blocks' defaults."""
-
-BLOCKS = {
-    "dense": "hf_dense_layer",
-    "moe": "hf_moe_layer",
-    "shared_moe": "hf_shared_moe_layer",
-    "glm_moe": "hf_glm_moe_layer",
-    "gpt_oss": "hf_gpt_oss_layer",
-}
-"""The shipped block each kind of MLP uses (with packed q | k | v attention)."""
-MLA_BLOCKS = {"dense": "hf_deepseek_dense_layer", "glm_moe": "hf_deepseek_layer"}
-"""The shipped blocks with DeepSeek's latent attention."""
+from te_assembly.formats.hf.families import FAMILIES, REGISTRY, Family
+from te_assembly.formats.hf.families.attention import ROPE_KNOBS
+from te_assembly.formats.hf.families.base import Layer, args_of
 
 
 def block_of(spec: HFSpec, dense: bool = False) -> str:
     """The shipped block of ``spec``'s layers (``dense``: its first, dense, layers)."""
-    kind = "dense" if dense else spec.family.mlp
-    return (MLA_BLOCKS if spec.family.attention == "mla" else BLOCKS)[kind]
-
-
-ROPE_DIMS = (
-    "rope_theta",
-    "rope_type",
-    "rope_factor",
-    "rope_low_freq_factor",
-    "rope_high_freq_factor",
-    "rope_original_max_positions",
-    *YARN_DIMS,
-)
-"""The rotary dims every hf_*_layer block takes."""
-ATTENTION_DIMS = (
-    "hidden",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "eps",
-    *ROPE_DIMS,
-    "sliding_window",
-    "qk_norm",
-    "rotary_dim",
-    "qkv_bias",
-    "o_bias",
-)
-"""The dims of a layer's attention (and norms): what dense first layers share with the MoE layers."""
-MLA_DIMS = (
-    "hidden",
-    "heads",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_nope_dim",
-    "qk_rope_dim",
-    "v_head_dim",
-    "eps",
-    "attention_bias",
-    *ROPE_DIMS,
-    "rope_interleaved",
-)
-"""The same for DeepSeek's latent attention (``hf_deepseek_layer``)."""
-
-
-def _mlp_kind(spec: HFSpec) -> str:
-    return spec.family.mlp
-
-
-def _rope_dims(spec: HFSpec) -> dict[str, Any]:
-    return {
-        "rope_theta": spec.rope["rope_theta"],
-        "rope_type": spec.rope["rope_type"],
-        "rope_factor": spec.rope.get("rope_factor", 1.0),
-        "rope_low_freq_factor": spec.rope.get("rope_low_freq_factor", 1.0),
-        "rope_high_freq_factor": spec.rope.get("rope_high_freq_factor", 4.0),
-        "rope_original_max_positions": spec.rope.get("rope_original_max_positions", 8192),
-        **{k: v for k, v in spec.rope.items() if k in YARN_DIMS},
-    }
-
-
-def _attention_dims(spec: HFSpec) -> dict[str, Any]:
-    if spec.family.attention == "mla":
-        mla = spec.mla
-        return {
-            "hidden": spec.hidden,
-            "heads": spec.heads,
-            **{
-                k: mla[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")
-            },
-            "eps": spec.eps,
-            "attention_bias": mla["attention_bias"],
-            **_rope_dims(spec),
-            "rope_interleaved": mla["rope_interleaved"],
-        }
-    dims: dict[str, Any] = {
-        "hidden": spec.hidden,
-        "heads": spec.heads,
-        "kv_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
-        "eps": spec.eps,
-        **_rope_dims(spec),
-        "sliding_window": spec.sliding_window,
-        "qk_norm": spec.qk_norm,
-        "qkv_bias": spec.qkv_bias,
-        "o_bias": spec.o_bias,
-    }
-    if spec.rotary_dim is not None:
-        dims["rotary_dim"] = spec.rotary_dim
-    return dims
+    return FAMILIES[spec.architecture].block(dense)
 
 
 def layer_dims(spec: HFSpec) -> dict[str, Any]:
     """The block's dims for ``spec`` (every one of them, so the model file shows them all)."""
-    dims = {**_attention_dims(spec), "ffn": spec.ffn}
-    if _mlp_kind(spec) == "glm_moe":
-        router = spec.router
-        dims.update(
-            experts=spec.experts,
-            top_k=spec.top_k,
-            shared_ffn=spec.shared_ffn,
-            n_group=router["num_groups"],
-            topk_group=router["group_topk"],
-            group_score_topk=router["group_score_topk"],
-            routed_scaling_factor=router["scaling_factor"],
-            norm_topk_prob=router["sigmoid_renormalise"],
-        )
-    elif _mlp_kind(spec) == "gpt_oss":
-        dims.update(
-            sliding_window=next((w for w in spec.layer_windows if w is not None), None),
-            experts=spec.experts,
-            top_k=spec.top_k,
-            aux_loss_coeff=spec.aux_loss_coeff,
-            swiglu_limit=spec.clamp["swiglu_limit"],
-            swiglu_alpha=spec.clamp["swiglu_alpha"],
-        )
-    elif _mlp_kind(spec) == "dense":
-        dims["mlp_bias"] = spec.mlp_bias
-    else:
-        dims.update(
-            experts=spec.experts,
-            top_k=spec.top_k,
-            pre_softmax=spec.pre_softmax,
-            aux_loss_coeff=spec.aux_loss_coeff,
-        )
-        if _mlp_kind(spec) == "shared_moe":
-            dims["shared_ffn"] = spec.shared_ffn
-    return dims
+    return FAMILIES[spec.architecture].dims(spec)
 
 
 def model_config(spec: HFSpec, name: str, description: str | None = None) -> dict[str, Any]:
@@ -190,7 +50,7 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
         # The first layers are dense (GLM-4.5's first_k_dense_replace): their own block step, before the
         # MoE layers; the Hugging Face layer of layers.N is model.layers.{dense_layers + N}.
         dims = {"vocab": spec.vocab, "dense_layers": spec.first_dense, **dims, "dense_ffn": spec.dense_ffn}
-        attention = MLA_DIMS if spec.family.attention == "mla" else ATTENTION_DIMS
+        attention = FAMILIES[spec.architecture].attention_dims_names
         shared = {key: f"${{model.dims.{key}}}" for key in layer if key in attention}
         dense.append(
             {
@@ -243,27 +103,15 @@ def _layers_step(spec: HFSpec, layer: dict[str, Any]) -> dict[str, Any]:
     return step
 
 
-def _args(step: PlannedStep) -> dict[str, Any]:
-    return step.spec.with_defaults(step.args)
-
-
-_ROPE_KNOBS = {
-    "default": (),
-    "linear": ("rope_factor",),
-    "llama3": ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"),
-    "yarn": ("rope_factor", "rope_original_max_positions", *YARN_DIMS),
-}
-
-
 def _effective(step: PlannedStep) -> dict[str, Any]:
     """The arguments that change what the step computes: an Attention's qk_norm_eps without qk_norm,
     or a RoPE knob its rope_type does not read, is left out."""
-    args = _args(step)
+    args = args_of(step)
     if step.type not in ("Attention", "LatentAttention"):
         return args
     unread = {"qk_norm_eps"} if not args.get("qk_norm") else set()
-    used = _ROPE_KNOBS.get(str(args.get("rope_type")), ())
-    unread |= {k for knobs in _ROPE_KNOBS.values() for k in knobs if k not in used}
+    used = ROPE_KNOBS.get(str(args.get("rope_type")), ())
+    unread |= {k for knobs in ROPE_KNOBS.values() for k in knobs if k not in used}
     return {k: v for k, v in args.items() if k not in unread}
 
 
@@ -297,177 +145,66 @@ class UnexportableError(ArgumentError):
         self.step = step.name if step is not None else None
 
 
-def spec_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> HFSpec:
-    """The ``HFSpec`` a model's plan expresses (``UnexportableError`` names the first step that no family
-    expresses). ``metadata``: an imported checkpoint's own fields, kept (its architecture is used when
-    the model still fits it)."""
-    embed, layers, head = _layer_groups(plan)
-    kinds = [_kind_of(group) for group in layers]
-    kind = kinds[-1]
-    mla = any(s.type == "LatentAttention" for s in layers[-1])
-    attention_linears = 4 if mla else 2  # kv_a, q_a, q_b, proj | qkv, proj
-    first_dense = 0
-    while kind != "dense" and first_dense < len(kinds) and kinds[first_dense] == "dense":
-        first_dense += 1  # GLM-4.5's and DeepSeek-V3's first_k_dense_replace
-    dense_ffn = 0
-    if first_dense:
-        dense_linears = [s for s in layers[0] if s.type == "Linear"]
-        dense_ffn = (
-            _args(dense_linears[-1])["in_features"] if len(dense_linears) == attention_linears + 2 else 0
-        )
-    by_type: dict[str, list[PlannedStep]] = {}
-    for step in layers[first_dense]:
-        by_type.setdefault(step.type, []).append(step)
+def families_of(plan: Plan, metadata: Mapping[str, Any] | None = None) -> list[Family]:
+    """The families whose kind ``plan``'s layers are, the imported one first when it is among them,
+    then in ``REGISTRY``'s order (``UnexportableError`` when none is)."""
+    _, groups, _ = _layer_groups(plan)
+    layer = _first_routed(plan, [Layer(group) for group in groups])[0]
     try:
-        attn = _args(by_type["LatentAttention" if mla else "Attention"][0])
-        norm_args = _args(by_type["RMSNorm"][0])
-        linears = [_args(s) for s in by_type["Linear"][:attention_linears]]
-        mlp_linears = by_type["Linear"][attention_linears:]
-        router = _args(by_type["TopKRouter"][0]) if kind != "dense" else {}
-        if kind == "dense":
-            fc1, fc2 = (_args(s) for s in mlp_linears[:2])
-            ffn, mlp_bias = fc2["in_features"], bool(fc1["bias"])
-        else:
-            fc2 = _args(by_type["GroupedLinear"][1])
-            ffn, mlp_bias = fc2["in_features"], False
-        shared_ffn = _args(mlp_linears[1])["in_features"] if kind in ("shared_moe", "glm_moe") else 0
+        candidates = [f for f in REGISTRY if f.expresses(layer)]
+    except (KeyError, IndexError, ValueError) as exc:
+        why = f"its layer is not a Hugging Face decoder layer ({exc})"
+        raise UnexportableError(plan, groups[0][0], why) from None
+    if not candidates:
+        why = f"no Hugging Face family has a decoder layer of {', '.join(sorted(layer.types))}"
+        raise UnexportableError(plan, groups[0][0], why)
+    wanted = (metadata or {}).get("architectures")
+    first = [f for f in candidates if isinstance(wanted, list) and wanted and f.architecture == wanted[0]]
+    return first + [f for f in candidates if f not in first]
+
+
+def _first_routed(plan: Plan, layers: list[Layer]) -> tuple[Layer, int]:
+    """The layer a spec is read from, and how many dense layers come before it (GLM-4.5's and
+    DeepSeek-V3's first_k_dense_replace)."""
+    first_dense = 0
+    while layers[-1].routed and first_dense < len(layers) and not layers[first_dense].routed:
+        first_dense += 1
+    return layers[first_dense], first_dense
+
+
+def spec_of_plan(plan: Plan, family: Family, metadata: Mapping[str, Any] | None = None) -> HFSpec:
+    """The ``HFSpec`` a model's plan expresses as ``family`` (one of ``families_of``'s); whether the
+    family expresses every argument is for ``check_same_steps`` to say. ``metadata``: an imported
+    checkpoint's own fields, kept."""
+    embed, groups, head = _layer_groups(plan)
+    layers = [Layer(group) for group in groups]
+    layer, first_dense = _first_routed(plan, layers)
+    try:
+        own = family.from_plan(layer, layers)
+        dense_ffn = 0
+        if first_dense:
+            dense_linears = [args_of(s) for s in layers[0].steps if s.type == "Linear"]
+            fits = len(dense_linears) == family.attention_linears + 2
+            dense_ffn = dense_linears[-1]["in_features"] if fits else 0
+        eps = float(layer.args("RMSNorm")["eps"])
     except (KeyError, IndexError, ValueError) as exc:
         raise UnexportableError(
-            plan, layers[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
+            plan, groups[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
         ) from None
-    glm = kind == "glm_moe"
-    embed_args = _args(embed)
+    embed_args = args_of(embed)
     return HFSpec(
-        **_attention_fields(kind, attn, linears, metadata),
+        architecture=family.architecture,
         vocab=embed_args["num_embeddings"],
         hidden=embed_args["embedding_dim"],
         layers=len(layers),
-        ffn=ffn,
-        eps=float(norm_args["eps"]),
+        eps=eps,
         tied=head.tie_weight is not None,
-        mlp_bias=mlp_bias,
-        experts=router.get("num_experts", 0),
-        top_k=router.get("top_k", 0),
-        pre_softmax=bool(router.get("pre_softmax", False)),
-        aux_loss_coeff=float(router.get("aux_loss_coeff", 0.0)),
-        shared_ffn=shared_ffn,
         first_dense=first_dense,
         dense_ffn=dense_ffn,
-        router={k: router[k] for k in GLM_ROUTER if k in router} if glm else {},
         init_std=float(embed_args["init_std"]),
         metadata=dict(metadata or {}),
-        **(_gpt_oss_fields(layers[first_dense], layers) if kind == "gpt_oss" else {}),
+        **own,
     )
-
-
-def _attention_fields(
-    kind: str, attn: dict[str, Any], linears: list[dict[str, Any]], metadata: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """The spec's attention: the architecture it implies, heads, rotary, biases (and DeepSeek's latent
-    attention, whose ``linears`` are kv_a, q_a, q_b and proj; otherwise qkv and proj)."""
-    rope = {"rope_theta": float(attn["rotary_base"]), "rope_type": attn["rope_type"]}
-    rope.update({knob: attn[knob] for knob in _ROPE_KNOBS.get(str(attn["rope_type"]), ())})
-    if "kv_lora_rank" in attn:
-        q_a, proj = linears[1], linears[-1]
-        mla = {k: attn[k] for k in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")}
-        return {
-            "architecture": "DeepseekV3ForCausalLM",
-            "heads": attn["num_heads"],
-            "kv_heads": attn["num_heads"],
-            "head_dim": attn["qk_rope_dim"],
-            "rope": rope,
-            "mla": {
-                "q_lora_rank": q_a["out_features"],
-                **mla,
-                "rope_interleaved": bool(attn["rope_interleaved"]),
-                "attention_bias": bool(proj["bias"]),
-            },
-        }
-    qkv, proj = linears
-    qk_norm, qkv_bias, o_bias = bool(attn["qk_norm"]), bool(qkv["bias"]), bool(proj["bias"])
-    return {
-        "architecture": _architecture(kind, qk_norm, qkv_bias, o_bias, attn["sliding_window"], metadata),
-        "heads": attn["num_heads"],
-        "kv_heads": attn["num_kv_heads"],
-        "head_dim": attn["head_dim"],
-        "rope": rope,
-        "sliding_window": None if kind == "gpt_oss" else attn["sliding_window"],
-        "qkv_bias": qkv_bias,
-        "o_bias": o_bias,
-        "qk_norm": qk_norm,
-        "rotary_dim": attn.get("rotary_dim"),
-    }
-
-
-def _gpt_oss_fields(layer: list[PlannedStep], layers: list[list[PlannedStep]]) -> dict[str, Any]:
-    """GPT-OSS's spec fields: each layer's window, the experts' clamp."""
-    act = next(_args(s) for s in layer if s.type == "ScaledClampedQGeGLU")
-    windows = tuple(
-        next(_args(s) for s in group if s.type == "Attention")["sliding_window"] for group in layers
-    )
-    return {
-        "layer_windows": windows,
-        "clamp": {"swiglu_limit": act["limit"], "swiglu_alpha": act["alpha"]},
-    }
-
-
-GLM_ROUTER = (
-    "score_function",
-    "enable_expert_bias",
-    "num_groups",
-    "group_topk",
-    "group_score_topk",
-    "scaling_factor",
-    "sigmoid_renormalise",
-)
-"""The router arguments a GLM-4.5 layer sets (``HFSpec.router``)."""
-
-
-def _kind_of(layer: list[PlannedStep]) -> str:
-    """The MLP kind of one decoder layer's steps (``BLOCKS``'s keys)."""
-    types = {s.type for s in layer}
-    if "SigmoidGate" in types:
-        return "shared_moe"
-    if "ScaledClampedQGeGLU" in types:
-        return "gpt_oss"
-    if "TopKRouter" in types:
-        router = next(_args(s) for s in layer if s.type == "TopKRouter")
-        shared = sum(s.type == "Linear" for s in layer) > (4 if "LatentAttention" in types else 2)
-        return "glm_moe" if router["score_function"] == "sigmoid" and shared else "moe"
-    return "dense"
-
-
-def _architecture(
-    kind: str,
-    qk_norm: bool,
-    qkv_bias: bool,
-    o_bias: bool,
-    window: int | None,
-    metadata: Mapping[str, Any] | None,
-) -> str:
-    """The family whose features these are (the imported one when it still fits); whether it expresses
-    everything else is for ``check_same_steps`` to say."""
-    candidates: list[str] = []
-    if kind == "glm_moe":
-        candidates = ["Glm4MoeForCausalLM"]
-    elif kind == "gpt_oss":
-        candidates = ["GptOssForCausalLM"]
-    elif kind == "shared_moe":
-        candidates = ["Qwen2MoeForCausalLM"]
-    elif kind == "moe":
-        candidates = ["Qwen3MoeForCausalLM"] if qk_norm else ["MixtralForCausalLM"]
-    elif qk_norm:
-        candidates = ["Qwen3ForCausalLM"]
-    elif window is not None:
-        candidates = ["MistralForCausalLM"]
-    elif qkv_bias and not o_bias:
-        candidates = ["Qwen2ForCausalLM"]
-    else:
-        candidates = ["LlamaForCausalLM", "MistralForCausalLM"]
-    wanted = (metadata or {}).get("architectures")
-    if isinstance(wanted, list) and wanted and wanted[0] in candidates:
-        return str(wanted[0])
-    return candidates[0]
 
 
 def check_same_steps(plan: Plan, rebuilt: Plan, architecture: str) -> dict[str, str]:

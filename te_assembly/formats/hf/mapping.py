@@ -4,22 +4,30 @@ import, export and the PEFT adapter format (``formats/adapters.py``) all map thr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_assembly.formats.hf.config import KEPT_FIELDS, YARN_FIELDS, HFSpec, parse_config
-from te_assembly.formats.hf.families import HONOURED
-from te_assembly.formats.hf.layout import check_same_steps, model_config, spec_of_plan
-from te_assembly.formats.hf.names import Rule, renamed, rules
+from te_assembly.formats.hf.families import FAMILIES
+from te_assembly.formats.hf.layout import (
+    UnexportableError,
+    check_same_steps,
+    families_of,
+    model_config,
+    spec_of_plan,
+)
+from te_assembly.formats.hf.names import Rule, chosen_layout, renamed
+from te_assembly.formats.hf.tensors import rules
 
 if TYPE_CHECKING:
     from te_assembly.analysis.plan import Plan
 
 
 def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
-    """The ``config.json`` of ``spec``: the family's own fields, each one ``config.py`` reads back."""
-    family = spec.family
+    """The ``config.json`` of ``spec``: the fields every family writes, then the family's own
+    (``Family.config``), each one ``config.py`` reads back."""
+    family = FAMILIES[spec.architecture]
     # The family and the dtype are the model's own now; the rest of the import's metadata is kept.
     written = {"architectures", "model_type", "dtype", "torch_dtype"}
     keep = {k: v for k, v in spec.metadata.items() if k in KEPT_FIELDS and k not in written}
@@ -44,64 +52,7 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
         "dtype": dtype,
         **keep,
     }
-    if family.qkv_bias == "attention_bias":
-        out["attention_bias"] = spec.qkv_bias
-    if family.qkv_bias == "qkv_bias":
-        out["qkv_bias"] = spec.qkv_bias
-    if family.architecture == "LlamaForCausalLM":
-        out["mlp_bias"] = spec.mlp_bias
-    if family.sliding == "window":
-        out["sliding_window"] = spec.sliding_window
-    if family.sliding == "qwen":
-        out["use_sliding_window"] = False
-    if family.sliding == "layer_types":
-        windows = spec.layer_windows or (None,) * spec.layers
-        out["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in windows]
-        out["sliding_window"] = next((w for w in windows if w is not None), None)
-    if family.mlp != "dense":
-        out[family.experts_field] = spec.experts
-        out["num_experts_per_tok"] = spec.top_k
-        if "router_aux_loss_coef" in HONOURED[family.architecture]:
-            out["router_aux_loss_coef"] = spec.aux_loss_coeff
-        if family.norm_topk_field is not None:
-            out[family.norm_topk_field] = not spec.pre_softmax
-        out[family.ffn_field] = spec.ffn
-        if family.sliding == "qwen":  # Qwen2/3-MoE: every layer a mixture of experts, said explicitly
-            out["decoder_sparse_step"] = 1
-            out["mlp_only_layers"] = []
-    if family.mlp == "shared_moe":
-        out["shared_expert_intermediate_size"] = spec.shared_ffn
-    if family.mlp == "gpt_oss":
-        out.update(swiglu_limit=spec.clamp["swiglu_limit"], swiglu_alpha=spec.clamp["swiglu_alpha"])
-    if family.mlp == "glm_moe":
-        router = spec.router
-        out.update(
-            intermediate_size=spec.dense_ffn,
-            n_shared_experts=spec.shared_ffn // spec.ffn,
-            first_k_dense_replace=spec.first_dense,
-            n_group=router["num_groups"],
-            topk_group=router["group_topk"],
-            norm_topk_prob=router["sigmoid_renormalise"],
-            routed_scaling_factor=router["scaling_factor"],
-            num_nextn_predict_layers=0,  # what is written has no multi-token prediction layers
-        )
-    if family.attention == "mla":
-        mla = spec.mla
-        out.update(
-            attention_bias=mla["attention_bias"],
-            q_lora_rank=mla["q_lora_rank"],
-            kv_lora_rank=mla["kv_lora_rank"],
-            qk_nope_head_dim=mla["qk_nope_dim"],
-            qk_rope_head_dim=mla["qk_rope_dim"],
-            v_head_dim=mla["v_head_dim"],
-            rope_interleave=mla["rope_interleaved"],
-        )
-    elif family.mlp == "glm_moe":
-        out.update(
-            attention_bias=spec.qkv_bias,
-            use_qk_norm=spec.qk_norm,
-            partial_rotary_factor=(spec.rotary_dim or spec.head_dim) / spec.head_dim,
-        )
+    out.update(family.config(spec))
     return out
 
 
@@ -126,18 +77,38 @@ def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
     return out
 
 
-def mapping_of_plan(plan: Plan, metadata: Mapping[str, Any] | None = None) -> tuple[HFSpec, list[Rule]]:
-    """The spec ``plan`` expresses and its rules under its own step names (``UnexportableError`` for a
-    plan no family expresses: one with adapters among them; ``formats/adapters.py`` maps those)."""
+def mapping_of_plan(
+    plan: Plan, metadata: Mapping[str, Any] | None = None, available: Collection[str] | None = None
+) -> tuple[HFSpec, list[Rule]]:
+    """The spec ``plan`` expresses and its rules under its own step names: the first family (the
+    imported one first) whose model, written out and rebuilt, has ``plan``'s very steps
+    (``UnexportableError``, the first family's reason, for a plan no family expresses: one with adapters
+    among them; ``formats/adapters.py`` maps those). ``available``: the Hugging Face tensor names at
+    hand (a state dict being mapped back): a family whose names they are not is passed over while
+    another fits (a Llama-shaped Phi-3 is Phi-3 for Phi-3's tensors)."""
     from te_assembly.analysis.pipeline import load
 
-    read = spec_of_plan(plan, metadata)
-    # Through config.json and back: what the family cannot say (a Mistral's q/k/v biases) is dropped
-    # here, so the comparison below names the step instead of an export that silently loses it.
-    spec = parse_config(hf_config(read, "float32"), Path("config.json"))
-    rebuilt = load(model_config(spec, plan.name)).checked_plan()
-    names = check_same_steps(plan, rebuilt, spec.architecture)
-    return spec, renamed(rules(spec), names)
+    refused: UnexportableError | None = None
+    fitting: tuple[HFSpec, list[Rule]] | None = None
+    for family in families_of(plan, metadata):
+        read = spec_of_plan(plan, family, metadata)
+        # Through config.json and back: what the family cannot say (a Mistral's q/k/v biases) is
+        # dropped here, so the comparison below names the step instead of an export that loses it.
+        spec = parse_config(hf_config(read, "float32"), Path("config.json"))
+        rebuilt = load(model_config(spec, plan.name)).checked_plan()
+        try:
+            names = check_same_steps(plan, rebuilt, spec.architecture)
+        except UnexportableError as exc:
+            refused = refused or exc  # the first family's reason, the likeliest one
+            continue
+        found = (spec, renamed(rules(spec), names))
+        if available is None or all(chosen_layout(r, available) is not None for r in found[1]):
+            return found
+        fitting = fitting or found
+    if fitting is not None:
+        return fitting
+    assert refused is not None  # families_of names at least one family or refuses
+    raise refused
 
 
 def rules_of_plan(plan: Plan) -> list[Rule]:

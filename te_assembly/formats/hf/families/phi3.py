@@ -1,0 +1,70 @@
+"""Phi-3 (``Phi3ForCausalLM``, Phi-3 and Phi-4-mini): Llama's layer with q | k | v and gate | up each
+stored as one fused tensor (``qkv_proj``, ``gate_up_proj``: te_assembly's own packed layout, so each is
+read whole), partial rotary (``partial_rotary_factor``), an optional window on every layer; its
+dropouts held to 0.0. LongRoPE (``rope_scaling.rope_type: longrope``, the 128k models) is refused by the
+RoPE reader, which does not implement it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from te_assembly.formats.hf.families.attention import PackedAttention, partial_rotary, rotary_factor
+from te_assembly.formats.hf.families.base import Layer, one
+from te_assembly.formats.hf.families.mistral import window_of
+from te_assembly.formats.hf.families.mlp import DenseMLP
+from te_assembly.formats.hf.names import Rule
+
+if TYPE_CHECKING:
+    from te_assembly.formats.hf.reader import ConfigReader
+    from te_assembly.formats.hf.spec import HFSpec
+
+
+def _zero(v: Any) -> bool:
+    return v in (0, 0.0)
+
+
+class Phi3(PackedAttention, DenseMLP):
+    architecture = "Phi3ForCausalLM"
+    model_type = "phi3"
+    own_fields = (
+        "sliding_window",
+        "partial_rotary_factor",
+        "original_max_position_embeddings",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attention_bias",
+    )
+    checked = {
+        "resid_pdrop": (_zero, "0.0 (te_assembly's layers have no residual dropout)"),
+        "embd_pdrop": (_zero, "0.0 (no dropout on the embeddings)"),
+        "attention_bias": (lambda v: v is False, "false (Phi-3's qkv_proj and o_proj have no bias)"),
+    }
+
+    def window(self, r: ConfigReader, data: Mapping[str, Any]) -> int | None:
+        return window_of(r, data)
+
+    def rotary_dim(self, r: ConfigReader, data: Mapping[str, Any], head_dim: int) -> int | None:
+        return partial_rotary(r, data, head_dim)
+
+    def attention_rules(self, spec: HFSpec, te: str, attn: str) -> Iterator[Rule]:
+        rows = (spec.heads + 2 * spec.kv_heads) * spec.head_dim
+        yield one(f"{te}qkv.basic_ops.0.weight", f"{attn}qkv_proj.weight", rows)
+        yield one(f"{te}proj.basic_ops.0.weight", f"{attn}o_proj.weight", spec.hidden)
+
+    def mlp_rules(self, spec: HFSpec, te: str, hf: str) -> Iterator[Rule]:
+        yield one(f"{te}fc1.basic_ops.0.weight", f"{hf}mlp.gate_up_proj.weight", 2 * spec.ffn)
+        yield one(f"{te}fc2.basic_ops.0.weight", f"{hf}mlp.down_proj.weight", spec.hidden)
+
+    def config(self, spec: HFSpec) -> dict[str, Any]:
+        # Phi3Config's default pad_token_id (32000) is an embedding row transformers keeps without a
+        # gradient, and past a smaller vocabulary: without the checkpoint's own, none is written.
+        unknown = {} if "pad_token_id" in spec.metadata else {"pad_token_id": None}
+        return {**super().config(spec), **unknown}
+
+    def attention_config(self, spec: HFSpec) -> dict[str, Any]:
+        return {"sliding_window": spec.sliding_window, "partial_rotary_factor": rotary_factor(spec)}
+
+    def attention_matches(self, layer: Layer) -> bool:
+        qk_norm, _, qkv_bias, o_bias = self.features(layer)
+        return not qk_norm and not qkv_bias and not o_bias

@@ -1,0 +1,66 @@
+"""A checkpoint's architecture in te_assembly's terms: what its ``config.json`` says (``config.py``
+reads it, its family's file says what each field means), written as a te_assembly model (``layout.py``)
+and back (``mapping.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    """A checkpoint's architecture in te_assembly's terms (``layout.py`` writes it as YAML)."""
+
+    architecture: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    tied: bool
+    rope: dict[str, Any]
+    """``rope_theta``, ``rope_type`` and, for the scaled types, ``factor`` etc. (hf_*_layer's dims)."""
+    sliding_window: int | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    experts: int = 0
+    top_k: int = 0
+    pre_softmax: bool = False
+    aux_loss_coeff: float = 0.0
+    shared_ffn: int = 0
+    rotary_dim: int | None = None
+    """Partial rotary (GLM-4.5's ``partial_rotary_factor * head_dim``); None: the whole head."""
+    first_dense: int = 0
+    """The first layers with a dense MLP of ``dense_ffn`` (GLM-4.5's ``first_k_dense_replace``)."""
+    dense_ffn: int = 0
+    mtp_layers: int = 0
+    """The multi-token prediction layers ``config.json`` declares after ``layers``
+    (``num_nextn_predict_layers``; transformers' default is 1, and it saves none of their tensors)."""
+    dropped_layers: int = 0
+    """Of those, the ones the import leaves out by request when the checkpoint holds them
+    (``import_hf.ignore_fields=[num_nextn_predict_layers]``)."""
+    mla: dict[str, Any] = field(default_factory=dict)
+    """DeepSeek-V3's latent attention (``LatentAttention``): ``q_lora_rank``, ``kv_lora_rank``,
+    ``qk_nope_dim``, ``qk_rope_dim``, ``v_head_dim``, ``rope_interleaved``, ``attention_bias``; empty for
+    the families with packed q | k | v heads."""
+    layer_windows: tuple[int | None, ...] = ()
+    """Each layer's sliding window when they differ (GPT-OSS's ``layer_types``); empty: every layer has
+    ``sliding_window``."""
+    clamp: dict[str, float] = field(default_factory=dict)
+    """GPT-OSS's experts: ``swiglu_limit`` and ``swiglu_alpha``."""
+    router: dict[str, Any] = field(default_factory=dict)
+    """The family's own TopKRouter arguments beyond experts and top_k (GLM-4.5's sigmoid scores, expert
+    bias, groups and scaling), as the router step takes them."""
+    init_std: float = 0.02
+    dtype: str = "float32"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The checkpoint's own metadata fields (token ids, max_position_embeddings...), kept for export."""
+
+
+__all__ = ["HFSpec"]
