@@ -264,6 +264,8 @@ class HFReport:
     seq_len: int
     tolerance: float
     comparison: Comparison
+    notes: tuple[str, ...] = ()
+    """What the import left out of ``config.json``'s model (``HFSpec.notes``)."""
 
     @property
     def passed(self) -> bool:
@@ -318,6 +320,7 @@ def verify_hf(
         settings.seq_len,
         HF_TOLERANCE[target.dtype_name],
         result,
+        tuple(spec.notes()),
     )
 
 

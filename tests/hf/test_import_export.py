@@ -279,3 +279,20 @@ def test_a_declared_mtp_layer_is_read_from_the_tensors_the_checkpoint_holds(
     te_assembly.import_hf(folder, tmp_path / "kept", ignore_fields=["num_nextn_predict_layers"])
     report = verify_hf(folder, target, ignore_fields=["num_nextn_predict_layers"])
     assert report.passed
+
+
+def test_a_declared_mtp_layer_without_tensors_is_said_in_one_line(tmp_path: Path) -> None:
+    """import-hf and verify hf= say, once, that config.json's MTP layer is not in the checkpoint (as
+    transformers saves and loads it); a checkpoint that declares none gets no such line."""
+    from tests.conftest import user_cli
+
+    make("deepseek_v3", tmp_path / "mtp", changes={"num_nextn_predict_layers": 1})
+    make("deepseek_v3", tmp_path / "plain")
+    line = "config.json declares 1 multi-token prediction layer(s) (num_nextn_predict_layers)"
+    for folder, expected in (("mtp", 1), ("plain", 0)):
+        imported = user_cli(tmp_path, "import-hf", folder, f"{folder}_te")
+        verified = user_cli(tmp_path, "verify", f"hf={folder}", "dtype=float64")
+        for done in (imported, verified):
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert done.stdout.count(line) == expected, done.stdout
+            assert done.stdout.count("multi-token") == expected

@@ -118,7 +118,7 @@ def test_the_readme_lora_commands_on_a_checkpoint_with_its_own_tokenizer(tmp_pat
     import shlex
 
     from te_assembly.data.tokenizer import train_bpe
-    from te_assembly.formats.pretrained import recorded_tokenizer
+    from te_assembly.formats.tokenizer_record import recorded_tokenizer
     from tests.docs_text import block_after
 
     source = make("llama", tmp_path / "hf", changes={"vocab_size": 300})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -30,11 +31,6 @@ RUN_DIR = True
 
 
 def main(analysis: Analysis, console: Console) -> int:
-    from te_assembly.data.chat import has_chat_template
-    from te_assembly.jobs.eval.job import evaluate
-    from te_assembly.jobs.generate.job import model_folder
-    from te_assembly.jobs.window import DEFAULT, window
-
     settings: EvalSettings = analysis.section("eval")
     if settings.source is None:
         raise ConfigError(
@@ -54,6 +50,24 @@ def main(analysis: Analysis, console: Console) -> int:
     target = Target.from_settings(common, None)
     if settings.tasks:
         return _tasks(analysis, settings, target, job, console)
+    return _perplexity(analysis, settings, data, target, job, console)
+
+
+def _perplexity(
+    analysis: Analysis,
+    settings: EvalSettings,
+    data: DataSettings,
+    target: Target,
+    job: job_dir.JobDir,
+    console: Console,
+) -> int:
+    """The loss, perplexity and bits per byte on ``data``, with a progress bar, into ``eval.json``."""
+    from te_assembly.data.chat import has_chat_template
+    from te_assembly.jobs.eval.job import evaluate
+    from te_assembly.jobs.generate.job import model_folder
+    from te_assembly.jobs.window import DEFAULT, window
+
+    assert settings.source is not None  # main refuses a missing one
     # Decided (and refused past the model's context) before the model loads.
     source = settings.source
     given = Path(source).expanduser()
@@ -73,6 +87,24 @@ def main(analysis: Analysis, console: Console) -> int:
             markup=False,
             soft_wrap=True,
         )
+    bar, on_event = _progress(console)
+    with bar:
+        result = evaluate(source, target, data, settings, on_event=on_event)
+    bpb = f"{result.bits_per_byte:.4f}" if result.bits_per_byte is not None else "n/a (bytes unknown)"
+    console.print(
+        f"loss {result.loss:.4f} nats/token, perplexity {result.perplexity:.3f}, bits per byte {bpb} "
+        f"({result.tokens:,} tokens in {result.windows:,} windows)",
+        markup=False,
+    )
+    out = job_dir.claim(job)
+    job_dir.write_config(out, analysis.resolved.as_config(), job)
+    written = write_text_atomic(out / "eval.json", json.dumps(result.as_json(), indent=1))
+    console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
+    return 0
+
+
+def _progress(console: Console) -> tuple[Progress, Callable[[object], None]]:
+    """A bar of the windows scored, and what moves it (the job's ``Advanced`` events)."""
     bar = Progress(
         TextColumn("scoring"),
         BarColumn(),
@@ -88,19 +120,7 @@ def main(analysis: Analysis, console: Console) -> int:
         if isinstance(event, Advanced) and event.task == "eval":
             bar.update(task, completed=event.done, total=event.total, description=event.description)
 
-    with bar:
-        result = evaluate(source, target, data, settings, on_event=on_event)
-    bpb = f"{result.bits_per_byte:.4f}" if result.bits_per_byte is not None else "n/a (bytes unknown)"
-    console.print(
-        f"loss {result.loss:.4f} nats/token, perplexity {result.perplexity:.3f}, bits per byte {bpb} "
-        f"({result.tokens:,} tokens in {result.windows:,} windows)",
-        markup=False,
-    )
-    out = job_dir.claim(job)
-    job_dir.write_config(out, analysis.resolved.as_config(), job)
-    written = write_text_atomic(out / "eval.json", json.dumps(result.as_json(), indent=1))
-    console.print(f"wrote {printable(str(written))}", markup=False, soft_wrap=True)
-    return 0
+    return bar, on_event
 
 
 def _tasks(

@@ -31,36 +31,12 @@ def _tokenizer_words(tokenizer: object) -> str:
 
 
 def main(analysis: Analysis, console: Console) -> int:
-    from te_assembly.jobs.generate.job import (
-        Text,
-        generation_defaults,
-        load_source,
-        model_folder,
-        read_prompt,
-        tokenizer_for,
-    )
-    from te_assembly.jobs.window import window
+    from te_assembly.jobs.generate.job import Text, load_source, read_prompt, tokenizer_for
 
     session = start(analysis, console)
-    settings: GenerateSettings = session.section("generate")
-    if settings.interactive and not settings.chat:
-        raise ArgumentError("generate.interactive=true is a conversation: set generate.chat=true too")
-    if settings.interactive and settings.source is None and settings.prompt is not None:
-        # A conversation takes no prompt: its one word is the model (``generate SOURCE ...interactive``).
-        settings = dataclasses.replace(settings, source=settings.prompt, prompt=None)
-    if settings.chat and settings.source is None and settings.tokenizer is None:
-        raise ArgumentError(
-            "generate.chat needs a model with a chat template: set generate.source (or SOURCE)"
-        )
+    settings, taken = _settings(analysis, session.section("generate"))
     target = session.target
     source = Path(settings.source).expanduser() if settings.source is not None else None
-    given = [k.removeprefix("generate.") for k in command_line_keys(analysis.resolved.overrides)]
-    settings, taken = generation_defaults(source, settings, given)
-    if source is not None:  # decided, and refused past the model's context, before the model loads
-        name = model_folder(source).name
-        settings = dataclasses.replace(
-            settings, context=window(settings.context, source, "generate.context", name)
-        )
     prompt = "" if settings.interactive else read_prompt(settings)
     if settings.source is not None:
         model = load_source(settings.source, target)
@@ -71,19 +47,7 @@ def main(analysis: Analysis, console: Console) -> int:
             f"a fresh {session.plan.name} (random weights, seed {target.seed}: set generate.source to a run)"
         )
     tokenizer = tokenizer_for(source, settings)
-    how = (
-        "greedy"
-        if settings.temperature == 0
-        else (f"temperature {settings.temperature:g}, top_k {settings.top_k}, top_p {settings.top_p}")
-    )
-    console.print(
-        f"{printable(model.plan.name)} {printable(where)}; {printable(_tokenizer_words(tokenizer))}; {how}; "
-        f"up to {settings.max_new_tokens} tokens"
-        + (f" ({', '.join(taken)} from generation_config.json)" if taken else "")
-        + ("; chat template" if settings.chat else ""),
-        markup=False,
-        soft_wrap=True,
-    )
+    console.print(_heading(model.plan.name, where, tokenizer, settings, taken), markup=False, soft_wrap=True)
     console.rule(style="dim")
     out = console.file
 
@@ -116,6 +80,48 @@ def main(analysis: Analysis, console: Console) -> int:
     if out is not sys.stdout:
         out.flush()
     return 0
+
+
+def _heading(name: str, where: str, tokenizer: object, settings: GenerateSettings, taken: list[str]) -> str:
+    """What generates, from where, with which tokenizer, how tokens are chosen."""
+    how = (
+        "greedy"
+        if settings.temperature == 0
+        else (f"temperature {settings.temperature:g}, top_k {settings.top_k}, top_p {settings.top_p}")
+    )
+    return (
+        f"{printable(name)} {printable(where)}; {printable(_tokenizer_words(tokenizer))}; {how}; "
+        f"up to {settings.max_new_tokens} tokens"
+        + (f" ({', '.join(taken)} from generation_config.json)" if taken else "")
+        + ("; chat template" if settings.chat else "")
+    )
+
+
+def _settings(analysis: Analysis, settings: GenerateSettings) -> tuple[GenerateSettings, list[str]]:
+    """The settings, checked together, with the model's generation defaults where the command line
+    gave none (and which those were) and the context decided (and refused past the model's) before the
+    model loads."""
+    from te_assembly.jobs.generate.job import generation_defaults, model_folder
+    from te_assembly.jobs.window import window
+
+    if settings.interactive and not settings.chat:
+        raise ArgumentError("generate.interactive=true is a conversation: set generate.chat=true too")
+    if settings.interactive and settings.source is None and settings.prompt is not None:
+        # A conversation takes no prompt: its one word is the model (``generate SOURCE ...interactive``).
+        settings = dataclasses.replace(settings, source=settings.prompt, prompt=None)
+    if settings.chat and settings.source is None and settings.tokenizer is None:
+        raise ArgumentError(
+            "generate.chat needs a model with a chat template: set generate.source (or SOURCE)"
+        )
+    source = Path(settings.source).expanduser() if settings.source is not None else None
+    given = [k.removeprefix("generate.") for k in command_line_keys(analysis.resolved.overrides)]
+    settings, taken = generation_defaults(source, settings, given)
+    if source is not None:
+        name = model_folder(source).name
+        settings = dataclasses.replace(
+            settings, context=window(settings.context, source, "generate.context", name)
+        )
+    return settings, taken
 
 
 def _ending(result: Generated, settings: GenerateSettings) -> str:

@@ -70,7 +70,6 @@ def main(analysis: Analysis, console: Console) -> int:
     from te_assembly.formats.hf.config import FAMILIES
     from te_assembly.formats.hf.convert import import_hf, model_name, read_spec
     from te_assembly.formats.hf.hub import hub_folder, local_name
-    from te_assembly.formats.pretrained import read_config
 
     source = hub_folder(settings.source)  # a Hub name: fetched (or found in the cache) first
     dest = Path(settings.to).expanduser() if settings.to else Path.cwd() / f"{local_name(settings.source)}_te"
@@ -93,6 +92,16 @@ def main(analysis: Analysis, console: Console) -> int:
         markup=False,
         soft_wrap=True,
     )
+    for note in spec.notes():
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
+    _next_steps(console, out, name, settings)
+    return 0
+
+
+def _next_steps(console: Console, out: Path, name: str, settings: ImportSettings) -> None:
+    """Where the model's YAML is, and the commands that check, load and compare it."""
+    from te_assembly.formats.pretrained import read_config
+
     shown = printable(str(out))
     console.print(f"the model as YAML: {shown}/model/{name}.yaml", markup=False, soft_wrap=True)
     if settings.adapter is not None:
@@ -114,4 +123,3 @@ def main(analysis: Analysis, console: Console) -> int:
         markup=False,
         soft_wrap=True,
     )
-    return 0

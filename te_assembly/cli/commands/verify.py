@@ -127,6 +127,8 @@ def _verify_hf(analysis: Analysis, common: CommonSettings, run: RunSettings, con
         common.hf, Target.from_settings(common, None), run, ignore_fields=importing.ignore_fields
     )
     console.print(hf_table(report))
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
     job = job_dir.current("verify")
     out = job_dir.claim(job)
     job_dir.write_config(out, analysis.resolved.as_config(), job)

@@ -35,6 +35,7 @@ import contextvars
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -87,6 +88,39 @@ class Rope:
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {self.type!r}")
+
+    @classmethod
+    def from_args(
+        cls,
+        rotary_base: float = 10000.0,
+        rope_type: str = "default",
+        rope_factor: float = 1.0,
+        rope_low_freq_factor: float = 1.0,
+        rope_high_freq_factor: float = 4.0,
+        rope_original_max_positions: int = 8192,
+        rope_beta_fast: float = 32.0,
+        rope_beta_slow: float = 1.0,
+        rope_mscale: float | None = None,
+        rope_mscale_all_dim: float | None = None,
+        rope_attention_factor: float | None = None,
+        rope_truncate: bool = True,
+    ) -> Rope:
+        """The rotary arguments as the catalog names them (``rotary_base``, ``rope_*``: the attention
+        modules' keyword arguments, flat in a model's YAML), as one object."""
+        return cls(
+            rotary_base,
+            rope_type,
+            rope_factor,
+            rope_low_freq_factor,
+            rope_high_freq_factor,
+            rope_original_max_positions,
+            rope_beta_fast,
+            rope_beta_slow,
+            rope_mscale,
+            rope_mscale_all_dim,
+            rope_attention_factor,
+            rope_truncate,
+        )
 
     @property
     def scale(self) -> float:
@@ -177,18 +211,6 @@ class Attention(torch.nn.Module):
         num_kv_heads: int | None = None,
         causal: bool = True,
         rotary: bool = False,
-        rotary_base: float = 10000.0,
-        rope_type: str = "default",
-        rope_factor: float = 1.0,
-        rope_low_freq_factor: float = 1.0,
-        rope_high_freq_factor: float = 4.0,
-        rope_original_max_positions: int = 8192,
-        rope_beta_fast: float = 32.0,
-        rope_beta_slow: float = 1.0,
-        rope_mscale: float | None = None,
-        rope_mscale_all_dim: float | None = None,
-        rope_attention_factor: float | None = None,
-        rope_truncate: bool = True,
         rotary_dim: int | None = None,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
@@ -196,7 +218,9 @@ class Attention(torch.nn.Module):
         sinks: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **rope: Any,
     ) -> None:
+        """``rope``: the rotary arguments (``rotary_base``, ``rope_type`` and its knobs), one ``Rope``."""
         super().__init__()
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or kv_heads <= 0 or head_dim <= 0 or num_heads % kv_heads:
@@ -221,21 +245,8 @@ class Attention(torch.nn.Module):
             )
         self.sliding_window = sliding_window
         self.rotary = rotary
-        self.rotary_base = rotary_base
-        self.rope = Rope(
-            rotary_base,
-            rope_type,
-            rope_factor,
-            rope_low_freq_factor,
-            rope_high_freq_factor,
-            rope_original_max_positions,
-            rope_beta_fast,
-            rope_beta_slow,
-            rope_mscale,
-            rope_mscale_all_dim,
-            rope_attention_factor,
-            rope_truncate,
-        )
+        self.rope = Rope.from_args(**rope)
+        self.rotary_base = self.rope.base
         self.qk_norm = qk_norm
         self.qk_norm_eps = qk_norm_eps
         if qk_norm:

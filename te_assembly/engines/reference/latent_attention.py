@@ -44,22 +44,12 @@ class LatentAttention(torch.nn.Module):
         kv_lora_rank: int,
         kv_norm_eps: float = 1e-6,
         causal: bool = True,
-        rotary_base: float = 10000.0,
-        rope_type: str = "default",
-        rope_factor: float = 1.0,
-        rope_low_freq_factor: float = 1.0,
-        rope_high_freq_factor: float = 4.0,
-        rope_original_max_positions: int = 8192,
-        rope_beta_fast: float = 32.0,
-        rope_beta_slow: float = 1.0,
-        rope_mscale: float | None = None,
-        rope_mscale_all_dim: float | None = None,
-        rope_attention_factor: float | None = None,
-        rope_truncate: bool = True,
         rope_interleaved: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **rope: Any,
     ) -> None:
+        """``rope``: the rotary arguments (``rotary_base``, ``rope_type`` and its knobs), one ``Rope``."""
         super().__init__()
         sizes = (num_heads, qk_nope_dim, qk_rope_dim, v_head_dim, kv_lora_rank)
         if min(sizes) <= 0 or qk_rope_dim % 2:
@@ -72,20 +62,7 @@ class LatentAttention(torch.nn.Module):
         self.rotary_dim = qk_rope_dim
         self.causal = causal
         self.rope_interleaved = rope_interleaved
-        self.rope = Rope(
-            rotary_base,
-            rope_type,
-            rope_factor,
-            rope_low_freq_factor,
-            rope_high_freq_factor,
-            rope_original_max_positions,
-            rope_beta_fast,
-            rope_beta_slow,
-            rope_mscale,
-            rope_mscale_all_dim,
-            rope_attention_factor,
-            rope_truncate,
-        )
+        self.rope = Rope.from_args(**rope)
         self.kv_norm_weight = torch.nn.Parameter(torch.ones(kv_lora_rank, device=device, dtype=dtype))
         self.kv_b_weight = init_weight(num_heads * (qk_nope_dim + v_head_dim), kv_lora_rank, device, dtype)
 

@@ -228,22 +228,7 @@ def _same_rope(r: ConfigReader, data: Mapping[str, Any]) -> None:
 def _rope(r: ConfigReader, data: Mapping[str, Any], family: Family) -> dict[str, Any]:
     """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``."""
     _same_rope(r, data)
-    params = data.get("rope_parameters")
-    key = "rope_parameters"
-    if isinstance(params, Mapping) and "rope_theta" in params and "rope_theta" in data:
-        if params["rope_theta"] != data["rope_theta"]:  # transformers reads the one inside
-            r.refuse(
-                "rope_theta",
-                f"rope_theta = {shown(data['rope_theta'])} and rope_parameters.rope_theta = "
-                f"{shown(params['rope_theta'])} disagree",
-                "keep one of them (transformers 5 writes it inside rope_parameters)",
-                code="hf-bad-value",
-            )
-    if params is None:
-        key = "rope_scaling"
-        params = data.get("rope_scaling") or {}
-        if isinstance(params, dict):
-            params = {**params, **({"rope_theta": data["rope_theta"]} if "rope_theta" in data else {})}
+    key, params = _rope_params(r, data)
     if not isinstance(params, dict):
         r.refuse(key, f"{key} = {shown(params)}: expected a mapping", code="hf-bad-value")
         return {"rope_theta": 10000.0, "rope_type": "default"}
@@ -260,22 +245,9 @@ def _rope(r: ConfigReader, data: Mapping[str, Any], family: Family) -> dict[str,
         theta_key, params.get("rope_theta", 10000.0), becomes=("Attention", "rotary_base")
     )
     out: dict[str, Any] = {"rope_theta": theta, "rope_type": rope_type}
-    allowed = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
-    if rope_type == "yarn":
-        allowed.add("truncate")
-    if rope_type in ("linear", "llama3"):
-        out["rope_factor"] = _positive(r, key, params, "factor", "rope_factor")
-        allowed.add("factor")
-    if rope_type == "llama3":
-        out["rope_low_freq_factor"] = _positive(r, key, params, "low_freq_factor", "rope_low_freq_factor")
-        out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor", "rope_high_freq_factor")
-        out["rope_original_max_positions"] = _original_context(r, key, params)
-        allowed |= {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-        if out["rope_low_freq_factor"] >= out["rope_high_freq_factor"]:
-            r.refuse(key, f"{key}: llama3 needs low_freq_factor < high_freq_factor", code="hf-bad-value")
-    if rope_type == "yarn":
-        out.update(_yarn(r, key, params, data))
-        allowed |= set(YARN_FIELDS) | {"factor", "original_max_position_embeddings"}
+    allowed = {"rope_theta", "rope_type", "type", "partial_rotary_factor"} | _scaling(
+        r, key, params, data, out
+    )
     partial = "partial_rotary_factor" in family.fields  # a family that reads it (GLM-4.5) says so
     if not partial and params.get("partial_rotary_factor", 1.0) not in (1, 1.0):
         r.refuse(
@@ -288,6 +260,48 @@ def _rope(r: ConfigReader, data: Mapping[str, Any], family: Family) -> dict[str,
             code="hf-unknown-field",
         )
     return out
+
+
+def _rope_params(r: ConfigReader, data: Mapping[str, Any]) -> tuple[str, Any]:
+    """Where the RoPE settings are (``rope_parameters``, else ``rope_scaling`` with the top-level
+    ``rope_theta``) and what they are; a ``rope_theta`` both inside and at the top must agree."""
+    params = data.get("rope_parameters")
+    if isinstance(params, Mapping) and "rope_theta" in params and "rope_theta" in data:
+        if params["rope_theta"] != data["rope_theta"]:  # transformers reads the one inside
+            r.refuse(
+                "rope_theta",
+                f"rope_theta = {shown(data['rope_theta'])} and rope_parameters.rope_theta = "
+                f"{shown(params['rope_theta'])} disagree",
+                "keep one of them (transformers 5 writes it inside rope_parameters)",
+                code="hf-bad-value",
+            )
+    if params is not None:
+        return "rope_parameters", params
+    params = data.get("rope_scaling") or {}
+    if isinstance(params, dict):
+        params = {**params, **({"rope_theta": data["rope_theta"]} if "rope_theta" in data else {})}
+    return "rope_scaling", params
+
+
+def _scaling(
+    r: ConfigReader, key: str, params: Mapping[str, Any], data: Mapping[str, Any], out: dict[str, Any]
+) -> set[str]:
+    """The scaling's knobs of ``out["rope_type"]`` read into ``out``; the fields it reads."""
+    rope_type, allowed = out["rope_type"], set()
+    if rope_type in ("linear", "llama3"):
+        out["rope_factor"] = _positive(r, key, params, "factor", "rope_factor")
+        allowed.add("factor")
+    if rope_type == "llama3":
+        out["rope_low_freq_factor"] = _positive(r, key, params, "low_freq_factor", "rope_low_freq_factor")
+        out["rope_high_freq_factor"] = _positive(r, key, params, "high_freq_factor", "rope_high_freq_factor")
+        out["rope_original_max_positions"] = _original_context(r, key, params)
+        allowed |= {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+        if out["rope_low_freq_factor"] >= out["rope_high_freq_factor"]:
+            r.refuse(key, f"{key}: llama3 needs low_freq_factor < high_freq_factor", code="hf-bad-value")
+    if rope_type == "yarn":
+        out.update(_yarn(r, key, params, data))
+        allowed |= {*YARN_FIELDS, "factor", "original_max_position_embeddings", "truncate"}
+    return allowed
 
 
 YARN_FIELDS = {

@@ -213,40 +213,14 @@ def import_hf(
     analysis, model = analysis_of(spec, model_id)
     plan = analysis.checked_plan()
     dtype = getattr(torch, spec.dtype)
-    from te_assembly.engines.memory import check_fits, estimate
-
-    # The converted weights are held once in memory before they are written (the shards stay mapped).
-    check_fits(
-        estimate(plan, dtype),
-        torch.device("cpu"),
-        f"importing {spec.architecture} from {folder}",
-        "free memory first",
-    )
+    _check_import_fits(plan, dtype, f"importing {spec.architecture} from {folder}")
     with HFCheckpoint(folder) as checkpoint:
         chosen = _tensor_plan(spec, plan, checkpoint)
         weights = dict(_stream(chosen, checkpoint, dtype, progress))
-    from te_assembly.config.locations import configs_dir
     from te_assembly.formats.model_record import model_record
 
-    # Each block goes with the model under the model's own name: DEST is complete on its own, and an
-    # edit to it never shadows (or is shadowed by) the shipped block it started as.
-    files: dict[str, str] = {}
-    for op in model["ops"]:
-        shipped = op.get("block")
-        if shipped is None:
-            continue
-        block = f"{model_id}_{op['name'].removesuffix('s')}"  # layers: <id>_layer; dense_layers too
-        block_text = (configs_dir() / "block" / f"{shipped}.yaml").read_text(encoding="utf-8")
-        block_text = re.sub(rf"(?m)^name: {shipped}$", f"name: {block}", block_text)
-        op["block"] = block
-        files[f"block/{block}.yaml"] = (
-            f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n{block_text}"
-        )
-    files = {
-        f"model/{model_id}.yaml": _model_yaml(model, folder),
-        **files,
-        **companions,
-    }
+    files = {f"model/{model_id}.yaml": "", **_own_blocks(model, model_id), **companions}
+    files[f"model/{model_id}.yaml"] = _model_yaml(model, folder)  # its blocks renamed by _own_blocks
     lora = None
     if adapter is not None:
         from te_assembly.formats.adapters import from_peft_tensors, peft_adapter_plan, read_peft
@@ -261,6 +235,35 @@ def import_hf(
         config["hf_ignored_fields"] = sorted(set(ignore_fields))
     sources = [folder, *([Path(adapter).expanduser()] if adapter is not None else [])]
     return write_pretrained(out, weights, config, overwrite=overwrite, files=files, sources=sources)
+
+
+def _check_import_fits(plan: Plan, dtype: torch.dtype, what: str) -> None:
+    """The converted weights are held once in memory before they are written (the shards stay mapped):
+    ``ResourceError`` before any is read when they cannot be."""
+    from te_assembly.engines.memory import check_fits, estimate
+
+    check_fits(estimate(plan, dtype), torch.device("cpu"), what, "free memory first")
+
+
+def _own_blocks(model: dict[str, Any], model_id: str) -> dict[str, str]:
+    """Each shipped block the model uses, copied under the model's own name (and the model's steps
+    pointed at the copies): the directory is complete on its own, and an edit to it never shadows (or is
+    shadowed by) the shipped block it started as."""
+    from te_assembly.config.locations import configs_dir
+
+    files: dict[str, str] = {}
+    for op in model["ops"]:
+        shipped = op.get("block")
+        if shipped is None:
+            continue
+        block = f"{model_id}_{op['name'].removesuffix('s')}"  # layers: <id>_layer; dense_layers too
+        block_text = (configs_dir() / "block" / f"{shipped}.yaml").read_text(encoding="utf-8")
+        block_text = re.sub(rf"(?m)^name: {shipped}$", f"name: {block}", block_text)
+        op["block"] = block
+        files[f"block/{block}.yaml"] = (
+            f"# {block}: a copy of te_assembly's {shipped} block, for this model.\n{block_text}"
+        )
+    return files
 
 
 def _model_yaml(model: Mapping[str, Any], source: Path) -> str:

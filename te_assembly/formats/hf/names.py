@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ def _split_step(name: str, names: Mapping[str, str]) -> tuple[str, str]:
 def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """te_assembly-named ``tensors`` (a state dict, gradients...) as the Hub names and lays them out.
     Tensors no rule names are left out; a rule whose tensor is missing is skipped."""
+    import torch  # the names alone (what validation and the families read) need none
+
     out: dict[str, torch.Tensor] = {}
     stacked: dict[str, dict[int, torch.Tensor]] = {}
     # The pieces of each stored tensor (or expert slice), by offset: one, or a part's interleaved rows
@@ -102,6 +106,8 @@ def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> d
 
 def gather(layout: tuple[Part, ...], source: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The te_assembly tensor ``layout``'s parts make, each read from ``source`` (stacked by rows)."""
+    import torch
+
     pieces = [p.take(source[p.name] if p.index is None else source[p.name][p.index]) for p in layout]
     return pieces[0].contiguous() if len(pieces) == 1 else torch.cat(pieces, dim=0)
 

@@ -62,5 +62,20 @@ class HFSpec:
     metadata: dict[str, Any] = field(default_factory=dict)
     """The checkpoint's own metadata fields (token ids, max_position_embeddings...), kept for export."""
 
+    def notes(self) -> list[str]:
+        """What the import leaves out of ``config.json``'s model, one line each (the CLI says them)."""
+        if not self.mtp_layers:
+            return []
+        if self.dropped_layers:
+            return [
+                f"left out the {self.dropped_layers} multi-token prediction layer(s) the checkpoint holds "
+                "(import_hf.ignore_fields=[num_nextn_predict_layers])"
+            ]
+        return [
+            f"config.json declares {self.mtp_layers} multi-token prediction layer(s) "
+            "(num_nextn_predict_layers) and the checkpoint holds none of their tensors, as transformers "
+            "saves it: the model is the one transformers loads, without them"
+        ]
+
 
 __all__ = ["HFSpec"]

@@ -215,7 +215,7 @@ def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettin
     """``data`` tokenized with the tokenizer ``source`` was trained with: its ``tokenizer.json`` unless
     ``data.tokenizer`` names one (held to the recorded fingerprint either way)."""
     from te_assembly.data.chat import model_tokenizer
-    from te_assembly.formats.pretrained import check_tokenizer
+    from te_assembly.formats.tokenizer_record import check_tokenizer
     from te_assembly.jobs.generate.job import tokenizer_for
     from te_assembly.jobs.generate.settings import GenerateSettings
 

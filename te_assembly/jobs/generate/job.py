@@ -28,7 +28,7 @@ from te_assembly.errors import ArgumentError, CheckpointError, DataError
 from te_assembly.files.directory import recover
 from te_assembly.files.read import LIMITS, InputFileError, read_text
 from te_assembly.formats.companions import GENERATION_CONFIG, SOURCE_CONFIG, companion_json
-from te_assembly.formats.pretrained import check_tokenizer
+from te_assembly.formats.tokenizer_record import check_tokenizer
 from te_assembly.jobs.events import OnEvent, ignore
 from te_assembly.jobs.generate.decode import decode
 from te_assembly.jobs.generate.settings import GenerateSettings

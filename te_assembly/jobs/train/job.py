@@ -155,7 +155,7 @@ def _language(
         progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
     )
     if settings.init_from is not None:
-        from te_assembly.formats.pretrained import check_tokenizer
+        from te_assembly.formats.tokenizer_record import check_tokenizer
 
         check_tokenizer(Path(settings.init_from).expanduser(), language.corpus.tokenizer, "train.init_from")
     return language, data
