@@ -5,6 +5,9 @@ Configs never import arbitrary Python objects: only names listed here are accept
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from te_assembly.catalog.costs import ATTENTION, LATENT_ATTENTION, MOVES, linear
 from te_assembly.catalog.spec import Formula, ModuleSpec, MultipleOf, Param, Width
 
@@ -68,6 +71,18 @@ _ROPE: tuple[Param, ...] = (
     ),
 )
 """How the rotary frequencies are made, as Attention and LatentAttention both take them."""
+
+
+def _qk_norm_shapes(a: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """``qk_norm``'s scales: one per feature of a head, or of all the query (key) heads."""
+    if a.get("qk_norm_over", "head") == "projection":
+        kv_heads = a.get("num_kv_heads") or a["num_heads"]
+        return {
+            "q_norm_weight": (a["num_heads"] * a["head_dim"],),
+            "k_norm_weight": (kv_heads * a["head_dim"],),
+        }
+    return {"q_norm_weight": (a["head_dim"],), "k_norm_weight": (a["head_dim"],)}
+
 
 MODULES: tuple[ModuleSpec, ...] = (
     ModuleSpec(
@@ -164,6 +179,15 @@ MODULES: tuple[ModuleSpec, ...] = (
             ),
             Param("qk_norm_eps", float, 1e-6, bounds=(0.0, 1.0), doc="qk_norm's epsilon."),
             Param(
+                "qk_norm_over",
+                str,
+                "head",
+                choices=("head", "projection"),
+                doc="qk_norm over each head's head_dim features (Qwen3), or over all the queries' and all "
+                "the keys' features at once, num_heads * head_dim and num_kv_heads * head_dim scales "
+                "(OLMo 2's q_norm and k_norm of the whole projection).",
+            ),
+            Param(
                 "sliding_window",
                 (int, type(None)),
                 None,
@@ -180,11 +204,7 @@ MODULES: tuple[ModuleSpec, ...] = (
             ),
         ),
         param_shapes=lambda a: {
-            **(
-                {"q_norm_weight": (a["head_dim"],), "k_norm_weight": (a["head_dim"],)}
-                if a.get("qk_norm")
-                else {}
-            ),
+            **(_qk_norm_shapes(a) if a.get("qk_norm") else {}),
             **({"sinks": (a["num_heads"],)} if a.get("sinks") else {}),
         },
         width=Width(

@@ -195,6 +195,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # here), a window shorter than the test sequences, as transformers writes the config.
     "phi3": ("Phi3Config", {**PHI3_TOKENS, "partial_rotary_factor": 0.5, "sliding_window": 6}),
     "phi3-plain": ("Phi3Config", PHI3_TOKENS),
+    # OLMo 2: norms after attention and the MLP, q/k norms over the whole projection (grouped heads).
+    "olmo2": ("Olmo2Config", {"pad_token_id": None, "eos_token_id": 2}),
 }
 FAMILIES = (
     "llama",
@@ -208,6 +210,7 @@ FAMILIES = (
     "deepseek_v3",
     "gpt_oss",
     "phi3",
+    "olmo2",
 )
 """One variant per family, the architectures of the issue."""
 

@@ -214,6 +214,7 @@ class Attention(torch.nn.Module):
         rotary_dim: int | None = None,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
+        qk_norm_over: str = "head",
         sliding_window: int | None = None,
         sinks: bool = False,
         device: torch.device | str | None = None,
@@ -249,9 +250,14 @@ class Attention(torch.nn.Module):
         self.rotary_base = self.rope.base
         self.qk_norm = qk_norm
         self.qk_norm_eps = qk_norm_eps
+        if qk_norm_over not in ("head", "projection"):
+            raise ValueError(f"qk_norm_over is head or projection, got {qk_norm_over!r}")
+        self.qk_norm_over = qk_norm_over
         if qk_norm:
-            self.q_norm_weight = torch.nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
-            self.k_norm_weight = torch.nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
+            whole = qk_norm_over == "projection"
+            q_width, k_width = (num_heads * head_dim, kv_heads * head_dim) if whole else (head_dim, head_dim)
+            self.q_norm_weight = torch.nn.Parameter(torch.ones(q_width, device=device, dtype=dtype))
+            self.k_norm_weight = torch.nn.Parameter(torch.ones(k_width, device=device, dtype=dtype))
         self.has_sinks = sinks
         if sinks:
             self.sinks = torch.nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
@@ -265,7 +271,7 @@ class Attention(torch.nn.Module):
             f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
             f"causal={self.causal}, rotary={self.rotary}"
             + (f", rope_type={self.rope.type}" if self.rotary and self.rope.type != "default" else "")
-            + (", qk_norm=True" if self.qk_norm else "")
+            + (f", qk_norm={self.qk_norm_over}" if self.qk_norm else "")
             + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
             + (", sinks=True" if self.has_sinks else "")
         )
@@ -283,8 +289,11 @@ class Attention(torch.nn.Module):
         batch, seq, _ = qkv.shape
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = qkv.split((h * d, g * d, g * d), dim=-1)
+        if self.qk_norm and self.qk_norm_over == "projection":  # over all heads' features at once
+            q = rms_norm(q, self.q_norm_weight, self.qk_norm_eps)
+            k = rms_norm(k, self.k_norm_weight, self.qk_norm_eps)
         q, k, v = q.view(batch, seq, h, d), k.view(batch, seq, g, d), v.view(batch, seq, g, d)
-        if self.qk_norm:
+        if self.qk_norm and self.qk_norm_over == "head":
             q = rms_norm(q, self.q_norm_weight, self.qk_norm_eps)
             k = rms_norm(k, self.k_norm_weight, self.qk_norm_eps)
         if self.rotary and rotate:

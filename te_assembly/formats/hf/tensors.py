@@ -22,7 +22,6 @@ def rules(spec: HFSpec) -> list[Rule]:
         dense = n < spec.first_dense
         te = f"steps.dense_layers.{n}." if dense else f"steps.layers.{n - spec.first_dense}."
         hf = f"model.layers.{n}."
-        out.append(one(f"{te}attn_norm.weight", f"{hf}input_layernorm.weight", spec.hidden))
         out.extend(family.layer_rules(spec, te, hf, dense))
     out.append(one("steps.final_norm.weight", "model.norm.weight", spec.hidden))
     if not spec.tied:

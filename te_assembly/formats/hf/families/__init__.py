@@ -24,6 +24,7 @@ from te_assembly.formats.hf.families.gpt_oss import GptOss
 from te_assembly.formats.hf.families.llama import Llama
 from te_assembly.formats.hf.families.mistral import Mistral
 from te_assembly.formats.hf.families.mixtral import Mixtral
+from te_assembly.formats.hf.families.olmo2 import Olmo2
 from te_assembly.formats.hf.families.phi3 import Phi3
 from te_assembly.formats.hf.families.qwen2 import Qwen2
 from te_assembly.formats.hf.families.qwen2_moe import Qwen2Moe
@@ -42,6 +43,7 @@ REGISTRY: tuple[Family, ...] = (
     DeepseekV3(),
     GptOss(),
     Phi3(),
+    Olmo2(),
 )
 """Every family, in the order an export tries them (the first whose kind a model's layer is, unless the
 model was imported from another that still fits it)."""

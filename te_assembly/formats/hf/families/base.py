@@ -127,6 +127,9 @@ class Family:
 
     # tensors, both ways
     def layer_rules(self, spec: HFSpec, te: str, hf: str, dense: bool) -> Iterator[Rule]:
+        """One decoder layer's tensors: pre-norm attention and MLP (a family whose norms sit
+        elsewhere says so in its own)."""
+        yield one(f"{te}attn_norm.weight", f"{hf}input_layernorm.weight", spec.hidden)
         yield from self.attention_rules(spec, te, f"{hf}self_attn.")
         yield one(f"{te}mlp_norm.weight", f"{hf}post_attention_layernorm.weight", spec.hidden)
         if dense:
