@@ -161,6 +161,13 @@ def test_eval_tasks_from_the_command_line_and_lm_evals_own(models: dict[str, Pat
     assert written["results"]["tiny_ppl"]["word_perplexity,none"] == pytest.approx(
         api["results"]["tiny_ppl"]["word_perplexity,none"], rel=1e-9
     )
+    readme = block_after("README.md", "**Benchmarks**", "bash").strip()
+    (root / "tasks" / "my_task.yaml").write_text(
+        (root / "tasks" / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: my_task")
+    )
+    done = user_cli(root, *shlex.split(readme)[3:], env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "my_task" in done.stdout and "acc" in done.stdout
     words = shlex.split(harness_line)
     assert words[0] == "te-assembly-lm-eval"
     script = Path(sys.executable).parent / "te-assembly-lm-eval"
