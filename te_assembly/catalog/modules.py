@@ -122,6 +122,14 @@ MODULES: tuple[ModuleSpec, ...] = (
             Param("num_embeddings", int, doc="Vocabulary size: ids are 0 .. num_embeddings - 1."),
             Param("embedding_dim", int, doc="Features per token."),
             Param("init_std", float, 0.02, bounds=(0.0, None), doc="Weights start as N(0, init_std^2)."),
+            Param(
+                "padding_idx",
+                (int, type(None)),
+                None,
+                bounds=(0, None),
+                doc="An id whose row gets no gradient and starts at zero (torch.nn.Embedding's padding_idx: "
+                "a Hugging Face model's pad_token_id); null: none.",
+            ),
         ),
         width=Width(in_arg="num_embeddings", out_arg="embedding_dim"),
         param_shapes=lambda a: {"weight": (a["num_embeddings"], a["embedding_dim"])},

@@ -54,6 +54,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "llama-head-dim": ("LlamaConfig", {"head_dim": 12}),
+    # A pad id inside the vocabulary (Phi-3's and OLMo 2's published configs have one): transformers'
+    # embedding gives its row no gradient, and the test ids hold it.
+    "llama-pad": ("LlamaConfig", {"pad_token_id": 12}),
     # YaRN as Qwen2.5's long-context recipe and DeepSeek-V3 write it: the factor over a short original
     # context, so the ramp and the attention factor both matter at 11 positions.
     "qwen2-rope-yarn": (

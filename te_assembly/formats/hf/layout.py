@@ -74,6 +74,7 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
                     "num_embeddings": "${model.dims.vocab}",
                     "embedding_dim": "${model.dims.hidden}",
                     "init_std": spec.init_std,
+                    **_padding(spec),
                 },
             },
             *dense,
@@ -86,6 +87,15 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
             head,
         ],
     }
+
+
+def _padding(spec: HFSpec) -> dict[str, int]:
+    """The embedding's ``padding_idx``: ``pad_token_id``, whose row transformers' ``nn.Embedding`` gives
+    no gradient (every family builds its embedding so), when it is an id of the vocabulary."""
+    pad = spec.metadata.get("pad_token_id")
+    if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < spec.vocab:
+        return {"padding_idx": pad}
+    return {}
 
 
 def _layers_step(spec: HFSpec, layer: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +202,9 @@ def spec_of_plan(plan: Plan, family: Family, metadata: Mapping[str, Any] | None 
             plan, groups[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
         ) from None
     embed_args = args_of(embed)
+    metadata = dict(metadata or {})
+    if embed_args.get("padding_idx") is not None:  # the id whose row gets no gradient, said as Hub does
+        metadata["pad_token_id"] = embed_args["padding_idx"]
     return HFSpec(
         architecture=family.architecture,
         vocab=embed_args["num_embeddings"],
@@ -202,7 +215,7 @@ def spec_of_plan(plan: Plan, family: Family, metadata: Mapping[str, Any] | None 
         first_dense=first_dense,
         dense_ffn=dense_ffn,
         init_std=float(embed_args["init_std"]),
-        metadata=dict(metadata or {}),
+        metadata=metadata,
         **own,
     )
 
