@@ -321,6 +321,43 @@ HUB_CONFIGS: dict[str, dict[str, Any]] = {
         "use_sliding_window": False,
         "vocab_size": 151936,
     },
+    # microsoft/Phi-3-mini-4k-instruct's config.json as published (remote-code era: auto_map, the
+    # dropouts, a 2047-token window); the copy in NVIDIA/TensorRT-LLM's Phi-3 tests
+    # (tests/unittest/_torch/modeling/test_modeling_phi3.py), the Hub being out of reach here.
+    "microsoft/Phi-3-mini-4k-instruct": {
+        "_name_or_path": "Phi-3-mini-4k-instruct",
+        "architectures": ["Phi3ForCausalLM"],
+        "attention_dropout": 0.0,
+        "auto_map": {
+            "AutoConfig": "configuration_phi3.Phi3Config",
+            "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM",
+        },
+        "bos_token_id": 1,
+        "embd_pdrop": 0.0,
+        "eos_token_id": 32000,
+        "hidden_act": "silu",
+        "hidden_size": 3072,
+        "initializer_range": 0.02,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 4096,
+        "model_type": "phi3",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 32,
+        "original_max_position_embeddings": 4096,
+        "pad_token_id": 32000,
+        "resid_pdrop": 0.0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 10000.0,
+        "sliding_window": 2047,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.2",
+        "use_cache": True,
+        "attention_bias": False,
+        "vocab_size": 32064,
+    },
 }
 
 OLD_STYLE_FIELDS: dict[str, Any] = {

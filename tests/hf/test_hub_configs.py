@@ -42,6 +42,7 @@ EXPECTED = {
     "mistralai/Mixtral-8x7B-v0.1": {"experts": 8, "top_k": 2, "pre_softmax": False},
     "Qwen/Qwen1.5-MoE-A2.7B": {"experts": 60, "top_k": 4, "shared_ffn": 5632, "pre_softmax": True},
     "Qwen/Qwen3-30B-A3B": {"experts": 128, "top_k": 8, "pre_softmax": False, "qk_norm": True},
+    "microsoft/Phi-3-mini-4k-instruct": {"sliding_window": 2047, "rotary_dim": None, "vocab": 32064},
 }
 
 
