@@ -70,18 +70,13 @@ def evaluate_tasks(
     settings = settings if settings is not None else EvalSettings()
     lm_eval = harness()
     manager = task_manager(settings)
-    if isinstance(model, AssembledModel):
-        lm = TEAssemblyLM(model, batch_size=settings.batch, max_gen_toks=settings.max_gen_toks)
-    else:
-        chosen = target if isinstance(target, str) else None
-        lm = TEAssemblyLM(
-            str(Path(model).expanduser()),
-            engine=chosen or target.engine,  # type: ignore[union-attr]
-            device=None if chosen else str(target.device),  # type: ignore[union-attr]
-            dtype=None if chosen else _dtype_name(target),
-            batch_size=settings.batch,
-            max_gen_toks=settings.max_gen_toks,
-        )
+    source = None
+    if not isinstance(model, AssembledModel):  # loaded as every other job loads a source
+        from te_assembly.jobs.generate.job import load_source
+
+        source = str(Path(model).expanduser())
+        model = load_source(source, target)
+    lm = TEAssemblyLM(model, source=source, batch_size=settings.batch, max_gen_toks=settings.max_gen_toks)
     result: dict[str, Any] = lm_eval.simple_evaluate(
         model=lm,
         tasks=list(settings.tasks),
@@ -91,12 +86,6 @@ def evaluate_tasks(
         log_samples=samples,
     )
     return result
-
-
-def _dtype_name(target: Any) -> str:
-    from te_assembly.engines.target import DTYPES
-
-    return next(name for name, dtype in DTYPES.items() if dtype == target.dtype)
 
 
 __all__ = ["INSTALL", "evaluate_tasks", "harness", "task_manager"]
