@@ -16,7 +16,8 @@ import torch
 
 from te_assembly.analysis.plan import Plan
 from te_assembly.diagnostics import error
-from te_assembly.engines.memory import available_bytes, format_bytes, step_activation_bytes
+from te_assembly.engines.base import AssembledModel
+from te_assembly.engines.memory import available_bytes, format_bytes, fused_attention, step_activation_bytes
 from te_assembly.errors import ConfigError, ResourceError
 from te_assembly.formats.companions import SOURCE_CONFIG, companion_json
 
@@ -53,6 +54,15 @@ def window(given: int | None, source: Path | None, key: str, model: str, at_most
     return given
 
 
+def check_model_window_fits(model: AssembledModel, rows: int, positions: int, key: str) -> None:
+    """``check_window_fits`` for a built ``model``, on the device and in the dtype of its parameters,
+    its attention fused where it runs in TE's own kernels (the TE engine) or SDPA's."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    fused = fused_attention(model.engine, "te", device, dtype)
+    check_window_fits(model.plan, rows, positions, device, dtype, key, fused)
+
+
 def check_window_fits(
     plan: Plan,
     rows: int,
@@ -76,4 +86,4 @@ def check_window_fits(
         )
 
 
-__all__ = ["DEFAULT", "check_window_fits", "model_context", "window"]
+__all__ = ["DEFAULT", "check_model_window_fits", "check_window_fits", "model_context", "window"]

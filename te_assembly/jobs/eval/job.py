@@ -26,14 +26,15 @@ from te_assembly.data.cache import prepare
 from te_assembly.data.corpus import bits_per_byte, bytes_per_token
 from te_assembly.data.settings import DataSettings
 from te_assembly.engines.base import AssembledModel, loss_precision
-from te_assembly.engines.memory import fused_attention
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, DataError
 from te_assembly.jobs.eval.settings import EvalSettings
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
-from te_assembly.jobs.window import DEFAULT, check_window_fits, window
+from te_assembly.jobs.window import DEFAULT, check_model_window_fits, window
 
 IGNORE = -100
+FIT_KEYS = "eval.seq_len or eval.batch"
+"""What to lower when a batch of windows would not fit."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def evaluate(
         kept = np.asarray(ids)
         ids = kept[kept != corpus.tokenizer.eot_id]
         per_token = per_token * len(kept) / len(ids) if per_token is not None and len(ids) else per_token
-    _check_fits(model, settings.batch, min(seq_len, max(len(ids) - 1, 1)))
+    check_model_window_fits(model, settings.batch, min(seq_len, max(len(ids) - 1, 1)), FIT_KEYS)
     total, count, made = score(model, ids, seq_len, settings.stride, settings.batch, on_event)
     loss = total / count
     return Evaluated(
@@ -181,7 +182,7 @@ def _evaluate_answers(
 
     assert settings.seq_len is not None  # decided by ``evaluate``
     corpus = ChatCorpus.prepare(data, settings.seq_len)
-    _check_fits(model, settings.batch, settings.seq_len)
+    check_model_window_fits(model, settings.batch, settings.seq_len, FIT_KEYS)
     examples = corpus.val if settings.split == "val" else corpus.train + corpus.val
     if not examples:
         raise DataError(f"{corpus.meta['sources']} has no conversation with an answer to score")
@@ -202,13 +203,6 @@ def _evaluate_answers(
     return Evaluated(
         loss, math.exp(min(loss, 700.0)), None, count, len(examples), settings.seq_len, settings.seq_len
     )
-
-
-def _check_fits(model: AssembledModel, rows: int, positions: int) -> None:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    fused = fused_attention(model.engine, "te", device, dtype)  # TE's own kernels when it is TE
-    check_window_fits(model.plan, rows, positions, device, dtype, "eval.seq_len or eval.batch", fused)
 
 
 def _with_model_tokenizer(data: DataSettings, source: Path | None) -> DataSettings:

@@ -30,14 +30,13 @@ from torch.nn import functional as F
 from te_assembly.data.chat import special_tokens
 from te_assembly.data.tokenizer import Tokenizer
 from te_assembly.engines.base import AssembledModel, loss_precision
-from te_assembly.engines.memory import fused_attention
 from te_assembly.engines.reference.kv_cache import cache_layouts
 from te_assembly.engines.target import DTYPES, Target
 from te_assembly.errors import ArgumentError
 from te_assembly.jobs.generate.decode import decode
 from te_assembly.jobs.generate.job import load_source, model_folder, next_token, stop_ids_of, tokenizer_for
 from te_assembly.jobs.generate.settings import GenerateSettings
-from te_assembly.jobs.window import DEFAULT, check_window_fits, model_context
+from te_assembly.jobs.window import DEFAULT, check_model_window_fits, model_context
 
 LOG = logging.getLogger(__name__)
 
@@ -101,7 +100,6 @@ class TEAssemblyLM(TemplateLM):  # type: ignore[misc]
         self._max_gen_toks = int(max_gen_toks)
         self.batch = _batch_size(batch_size, max_batch_size)
         self._device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
-        self.dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
         # A model whose attention looks ahead cannot take right-padded rows: each runs alone.
         self.causal = all(a.causal for a in cache_layouts(self.model))
         self.model.eval()
@@ -186,15 +184,7 @@ class TEAssemblyLM(TemplateLM):  # type: ignore[misc]
 
     def _logprobs(self, rows: list[list[int]]) -> torch.Tensor:
         longest = max(len(r) for r in rows)
-        check_window_fits(
-            self.model.plan,
-            len(rows),
-            longest,
-            self._device,
-            self.dtype,
-            "batch_size or max_length",
-            fused_attention(self.model.engine, "te", self._device, self.dtype),
-        )
+        check_model_window_fits(self.model, len(rows), longest, "batch_size or max_length")
         ids = torch.tensor([r + [0] * (longest - len(r)) for r in rows], device=self._device)
         return F.log_softmax(loss_precision(self.model(ids).y), dim=-1)
 
