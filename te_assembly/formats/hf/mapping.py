@@ -49,6 +49,9 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
         "max_position_embeddings": keep.pop("max_position_embeddings", 4096),
         "rope_theta": spec.rope["rope_theta"],
         "rope_scaling": _rope_scaling(spec),
+        # The embedding's padding row (``layout._padding``), said even when there is none: some families'
+        # configs default to one (Phi-3's 32000, OLMo 2's 1) that transformers would give no gradient.
+        "pad_token_id": spec.metadata.get("pad_token_id"),
         "dtype": dtype,
         **keep,
     }

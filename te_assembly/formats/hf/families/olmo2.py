@@ -40,11 +40,8 @@ class Olmo2(PackedAttention, DenseMLP):
         yield from dense_mlp_rules(te, f"{hf}mlp.", spec.ffn, spec.hidden, bias=False)
         yield one(f"{te}mlp_post_norm.weight", f"{hf}post_feedforward_layernorm.weight", spec.hidden)
 
-    def config(self, spec: HFSpec) -> dict[str, Any]:
-        # Olmo2Config's default pad_token_id (1) is an embedding row transformers keeps without a
-        # gradient: without the checkpoint's own, none is written.
-        unknown = {} if "pad_token_id" in spec.metadata else {"pad_token_id": None}
-        return {"attention_bias": spec.qkv_bias, **unknown}
+    def attention_config(self, spec: HFSpec) -> dict[str, Any]:
+        return {"attention_bias": spec.qkv_bias}
 
     def attention_matches(self, layer: Layer) -> bool:
         return layer.args("Attention").get("qk_norm_over") == "projection"

@@ -56,12 +56,6 @@ class Phi3(PackedAttention, DenseMLP):
         yield one(f"{te}fc1.basic_ops.0.weight", f"{hf}mlp.gate_up_proj.weight", 2 * spec.ffn)
         yield one(f"{te}fc2.basic_ops.0.weight", f"{hf}mlp.down_proj.weight", spec.hidden)
 
-    def config(self, spec: HFSpec) -> dict[str, Any]:
-        # Phi3Config's default pad_token_id (32000) is an embedding row transformers keeps without a
-        # gradient, and past a smaller vocabulary: without the checkpoint's own, none is written.
-        unknown = {} if "pad_token_id" in spec.metadata else {"pad_token_id": None}
-        return {**super().config(spec), **unknown}
-
     def attention_config(self, spec: HFSpec) -> dict[str, Any]:
         return {"sliding_window": spec.sliding_window, "partial_rotary_factor": rotary_factor(spec)}
 
