@@ -67,7 +67,6 @@ def main(analysis: Analysis, console: Console) -> int:
             ]
         )
     from te_assembly.cli.report import tensor_progress
-    from te_assembly.formats.hf.config import FAMILIES
     from te_assembly.formats.hf.convert import import_hf, model_name, read_spec
     from te_assembly.formats.hf.hub import hub_folder, local_name
 
@@ -86,7 +85,7 @@ def main(analysis: Analysis, console: Console) -> int:
         )
     name = settings.name or model_name(dest)
     console.print(
-        f"imported {FAMILIES[spec.architecture].architecture} ({spec.layers} layers, hidden {spec.hidden}, "
+        f"imported {spec.architecture} ({spec.layers} layers, hidden {spec.hidden}, "
         f"vocab {spec.vocab}{f', {spec.experts} experts top-{spec.top_k}' if spec.experts else ''}) "
         f"into {printable(str(out))}",
         markup=False,
