@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from te_assembly.analysis.plan import Plan, PlannedStep
-from te_assembly.catalog import OPS
+from te_assembly.catalog import MODULE_ALLOWLIST, OPS
 from te_assembly.catalog.devices import ACCELERATORS
 from te_assembly.catalog.fusions import FUSIONS, Fusion, Member
 from te_assembly.diagnostics import Diagnostic, warning
@@ -177,6 +177,18 @@ def near_miss_warnings(plan: Plan, results: Sequence[FuserFusions]) -> list[Diag
                     hint,
                 )
             )
+    return out
+
+
+def without_te_kernel(plan: Plan) -> dict[tuple[str, str], list[str]]:
+    """(module type, what TE lacks) -> the steps that run the reference module in the TE engine
+    because TE's class has no kernel for an argument they set (``ModuleSpec.te_lacks``)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for step in plan.steps:
+        module = MODULE_ALLOWLIST.get(step.type) if step.kind == "module" else None
+        missing = module.te_missing(step.args) if module is not None else []
+        if missing:
+            out.setdefault((step.type, ", ".join(missing)), []).append(step.name)
     return out
 
 
@@ -408,4 +420,5 @@ __all__ = [
     "basic_ops",
     "near_miss_warnings",
     "predict",
+    "without_te_kernel",
 ]

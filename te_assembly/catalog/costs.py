@@ -109,11 +109,12 @@ def _attention_flops(args: Args, work: Work) -> int:
 def _attention_saved(args: Args, work: Work) -> int:
     # q, k and v after the rotary embedding, counted as [rows, heads, head_dim] each (an upper bound
     # where key/value heads are shared); the probabilities, one per head per key of the sequence,
-    # unless a fused kernel keeps a log-sum-exp instead. Sinks are written out (no fused kernel has
-    # them), and keep the logits beside the probabilities.
+    # unless a fused kernel keeps a log-sum-exp instead. Sinks and soft-capping are written out (no
+    # fused kernel has them): sinks keep the logits beside the probabilities, the cap its tanh too.
     heads, head_dim = int(args["num_heads"]), int(args["head_dim"])
-    fused = work.fused and not args.get("sinks")
-    per_head = 1 if fused else work.seq_len * (2 if args.get("sinks") else 1)
+    sinks, capped = bool(args.get("sinks")), args.get("logit_softcap") is not None
+    fused = work.fused and not (sinks or capped)
+    per_head = 1 if fused else work.seq_len * (1 + sinks + 2 * capped)
     return work.rows * heads * (3 * head_dim + per_head)
 
 
@@ -121,7 +122,7 @@ ATTENTION = Cost(
     flops=_attention_flops,
     saved=_attention_saved,
     note="4 * num_heads * head_dim per (query, key) pair the causal mask and sliding_window leave "
-    "(q k^T and p v); sinks add no GEMM",
+    "(q k^T and p v); sinks and soft-capping add no GEMM",
 )
 
 

@@ -203,6 +203,30 @@ MODULES: tuple[ModuleSpec, ...] = (
                 "window_size=(w - 1, 0)); null: every earlier position.",
             ),
             Param(
+                "qk_norm_zero_centered",
+                bool,
+                False,
+                doc="qk_norm's scales are stored as offsets from one: the norm multiplies by (1 + w), and "
+                "w starts at zero (Gemma 3's q_norm and k_norm; TE RMSNorm's zero_centered_gamma).",
+            ),
+            Param(
+                "softmax_scale",
+                (float, type(None)),
+                None,
+                bounds=(0.0, None),
+                doc="What q k^T is multiplied by before the softmax; null: 1 / sqrt(head_dim) (Gemma's "
+                "query_pre_attn_scalar ** -0.5).",
+            ),
+            Param(
+                "logit_softcap",
+                (float, type(None)),
+                None,
+                bounds=(1e-6, None),
+                doc="Soft-capping of the attention logits, cap * tanh(logits / cap), before the mask and "
+                "softmax (Gemma 2's attn_logit_softcapping); null: none. TE's DotProductAttention has no "
+                "soft-capping: the TE engine runs such a step with the reference attention.",
+            ),
+            Param(
                 "sinks",
                 bool,
                 False,
@@ -220,6 +244,7 @@ MODULES: tuple[ModuleSpec, ...] = (
             out_formula=Formula("num_heads * head_dim"),
         ),
         te_class="te_assembly.engines.te.attention:TEAttention",
+        te_lacks=(("logit_softcap", "soft-capping of the attention logits"),),
         cost=ATTENTION,
         te_runs_on_cpu=False,
         multiples=(

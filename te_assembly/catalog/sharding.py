@@ -78,6 +78,7 @@ SHARDING: dict[str, Sharding] = {
     "ScaledSwiGLU": _GATED,
     "ClampedSwiGLU": _GATED,
     "ScaledClampedQGeGLU": _GATED,
+    "Softcap": _ELEMENTWISE,
     "MakeExtraOutput": _ELEMENTWISE,
     "AddExtraInput": _ELEMENTWISE,
     "ConstantScale": _ELEMENTWISE,

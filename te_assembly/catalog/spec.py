@@ -394,6 +394,9 @@ class ModuleSpec(_Arguments):
     """``module:Class`` the TE engine builds with ``kernels=te`` (TE's own kernels); None: ``torch_class``."""
     te_runs_on_cpu: bool = True
     """False when ``te_class`` needs a CUDA GPU (TE's attention)."""
+    te_lacks: tuple[tuple[str, str], ...] = ()
+    """(argument, what it asks for) that ``te_class`` has no kernel for: a step that sets one (not null
+    or false) runs ``torch_class`` in the TE engine too, and the fusion report says why."""
     arg_rules: tuple[tuple[str, str, str], ...] = ()
     """As ``OpSpec.arg_rules``."""
     multiples: tuple[MultipleOf, ...] = ()
@@ -406,3 +409,14 @@ class ModuleSpec(_Arguments):
     """As ``OpSpec.tie_param``."""
     cost: Cost = FREE
     """As ``OpSpec.cost``."""
+
+    def te_missing(self, args: Mapping[str, Any]) -> list[str]:
+        """What of ``args`` ``te_class`` has no kernel for (``te_lacks``), in words."""
+        return [what for name, what in self.te_lacks if args.get(name) not in (None, False)]
+
+    def te_path(self, args: Mapping[str, Any], kernels: str) -> str | None:
+        """``te_class`` where the TE engine builds it for ``args`` under ``kernels``; None: ``torch_class``
+        (``kernels=reference``, no TE class, or a twist TE has no kernel for)."""
+        if kernels != "te" or self.te_class is None or self.te_missing(args):
+            return None
+        return self.te_class

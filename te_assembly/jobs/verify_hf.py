@@ -1,8 +1,9 @@
 """te_assembly against ``transformers``' own implementation of the same checkpoint: logits, the
 next-token cross-entropy loss and the gradient of every parameter, on the same token ids.
 
-``transformers`` keeps float32 islands inside a float64 model (its RMSNorm and MoE routers compute in
-float32 whatever the model's dtype, and its causal-LM loss casts the logits to float32), so a float64
+``transformers`` keeps float32 islands inside a float64 model (its RMSNorms, Gemma's (1 + w) ones too,
+MoE routers and eager attention's softmax compute in float32 whatever the model's dtype, and its
+causal-LM loss casts the logits to float32), so a float64
 comparison would only ever agree to float32 rounding. ``float64_islands_removed`` gives those modules
 their own formula in the input's dtype, instance by instance and only for the comparison, and the loss
 of both models is the same cross-entropy of their logits; float32 comparisons run ``transformers``
@@ -156,6 +157,45 @@ def _grouped_router_forward(
     return logits, weights * self.routed_scaling_factor, indices
 
 
+def _zero_centered_norm_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return hidden_states * torch.rsqrt(variance + self.eps) * (1.0 + self.weight)
+
+
+def zero_centered_norms() -> set[str]:
+    """transformers' (1 + w) RMSNorm classes (Gemma's), as the families declare them
+    (``Family.norm_islands``): ``_zero_centered_norm_forward`` restates their formula."""
+    from te_assembly.formats.hf.families import REGISTRY
+
+    return {name for family in REGISTRY for name in family.norm_islands}
+
+
+@contextmanager
+def _eager_softmax_in_input_dtype(model: torch.nn.Module) -> Iterator[bool]:
+    """Within: transformers' eager attention (Gemma 2's: its soft-capping has no SDPA kernel) takes its
+    softmax in a float64 input's dtype instead of the float32 it asks for. It calls
+    ``nn.functional.softmax(..., dtype=torch.float32)``, looked up at each call, so the function is
+    swapped for the comparison's forward only; other calls pass through unchanged."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "eager":
+        yield False
+        return
+    original = torch.nn.functional.softmax
+
+    def softmax(
+        input: torch.Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        if dtype == torch.float32 and input.dtype == torch.float64:
+            dtype = None
+        return original(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+
+    torch.nn.functional.softmax = softmax  # type: ignore[assignment]
+    try:
+        yield True
+    finally:
+        torch.nn.functional.softmax = original
+
+
 def grouped_routers() -> set[str]:
     """transformers' routers whose formula ``_grouped_router_forward`` restates: those the families
     declare (``Family.router_islands``)."""
@@ -166,13 +206,17 @@ def grouped_routers() -> set[str]:
 
 @contextmanager
 def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
-    """Within: each RMSNorm and top-k router of ``model`` computes in its input's dtype (yields the
-    patched modules' class names). Only modules whose formula is the one written here are patched."""
+    """Within: each RMSNorm and top-k router of ``model``, and its eager attention's softmax, compute
+    in the input's dtype (yields the patched modules' class names, and ``eager softmax``). Only modules
+    whose formula is the one written here are patched."""
     patched: list[tuple[torch.nn.Module, Any]] = []
-    grouped = grouped_routers()
+    grouped, centered = grouped_routers(), zero_centered_norms()
     for module in model.modules():
         name = type(module).__name__
-        if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+        if name in centered and hasattr(module, "eps"):
+            patched.append((module, module.forward))
+            module.forward = types.MethodType(_zero_centered_norm_forward, module)  # type: ignore[method-assign]
+        elif name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
             patched.append((module, module.forward))
             module.forward = types.MethodType(_rms_norm_forward, module)  # type: ignore[method-assign]
         elif (
@@ -187,7 +231,8 @@ def float64_islands_removed(model: torch.nn.Module) -> Iterator[list[str]]:
             patched.append((module, module.forward))
             module.forward = types.MethodType(_grouped_router_forward, module)  # type: ignore[method-assign]
     try:
-        yield sorted({type(m).__name__ for m, _ in patched})
+        with _eager_softmax_in_input_dtype(model) as eager:
+            yield sorted({type(m).__name__ for m, _ in patched} | ({"eager softmax"} if eager else set()))
     finally:
         for module, forward in patched:
             module.forward = forward  # type: ignore[method-assign]

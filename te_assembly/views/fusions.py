@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from te_assembly.analysis.fusions import FuserFusions, FusionTarget, predict
+from te_assembly.analysis.fusions import FuserFusions, FusionTarget, predict, without_te_kernel
 from te_assembly.analysis.plan import Plan
 from te_assembly.diagnostics import printable
 from te_assembly.views.outline import Expand, Outline, use_of
@@ -37,6 +37,10 @@ def fusion_table(plan: Plan, target: FusionTarget, expand: Expand | None = None)
         table.add_row(shown, direction, name, Text(printable(steps)), Text(printable(status)))
     if not rows:
         table.add_row("-", "-", "-", "-", "no pattern of TE's fused ops matches these fusers")
+    for (type_, missing), names in without_te_kernel(plan).items():
+        local = sorted({view.local(plan.step(name).index, name) for name in names})
+        status = f"TE has no kernel for {missing}: the reference {type_} runs in the TE engine"
+        table.add_row("-", "-", type_, Text(printable(", ".join(local))), Text(printable(status)))
     return table
 
 

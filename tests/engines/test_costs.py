@@ -24,7 +24,7 @@ from te_assembly.engines.data import sample_public_inputs, sample_x
 from te_assembly.engines.memory import activation_bytes, estimate
 from te_assembly.engines.reference.attention import Attention, twice_differentiable
 from te_assembly.engines.reference.latent_attention import LatentAttention
-from te_assembly.engines.reference.sinks import causal_mask
+from te_assembly.engines.reference.written_out import causal_mask
 from te_assembly.engines.target import Target
 from te_assembly.jobs.bench.flops import forward_flops
 
@@ -82,10 +82,18 @@ def test_attention_pairs_are_those_the_mask_lets_through(causal: bool, window: i
     assert Work(3 * SEQ, SEQ, every_pair=True).pairs(causal, window) == 3 * SEQ * SEQ
 
 
-@pytest.mark.parametrize("extra", [{}, {"sliding_window": 7}, {"sinks": True, "sliding_window": 7}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"sliding_window": 7},
+        {"sinks": True, "sliding_window": 7},
+        {"logit_softcap": 5.0, "softmax_scale": 0.3, "sliding_window": 7},
+    ],
+)
 def test_attention_with_windows_and_sinks_is_counted(extra: dict[str, Any]) -> None:
     """The math backend multiplies every pair: its count times the share of pairs the mask keeps is the
-    catalog's count, for plain, windowed and sink attention."""
+    catalog's count, for plain, windowed, sink and soft-capped attention."""
     args = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "causal": True, **extra}
     module = Attention(4, 8, 2, **extra)
     with twice_differentiable(), FlopCounterMode(display=False) as counter:

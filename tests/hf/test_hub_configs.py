@@ -43,6 +43,23 @@ EXPECTED = {
     "Qwen/Qwen1.5-MoE-A2.7B": {"experts": 60, "top_k": 4, "shared_ffn": 5632, "pre_softmax": True},
     "Qwen/Qwen3-30B-A3B": {"experts": 128, "top_k": 8, "pre_softmax": False, "qk_norm": True},
     "microsoft/Phi-3-mini-4k-instruct": {"sliding_window": 2047, "rotary_dim": None, "vocab": 32064},
+    "google/gemma-2-2b-it": {
+        "layer_windows": (4096, None) * 13,
+        "softmax_scale": 256**-0.5,
+        "attn_softcap": 50.0,
+        "final_softcap": 30.0,
+        "embed_scale": 2304**0.5,
+        "tied": True,  # Gemma ties by transformers' default, unwritten
+    },
+    "google/gemma-3-1b-it": {
+        "layer_windows": ((512,) * 5 + (None,)) * 4 + (512, 512),
+        "rope": {"rope_theta": 1000000, "rope_type": "default"},
+        "local_rope": {"rope_theta": 10000, "rope_type": "default"},
+        "qk_norm": True,
+        "attn_softcap": None,
+        "final_softcap": None,
+    },
+    "allenai/OLMo-2-1124-7B": {"qk_norm": True, "tied": False, "vocab": 100352},
 }
 
 

@@ -200,6 +200,36 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3-plain": ("Phi3Config", PHI3_TOKENS),
     # OLMo 2: norms after attention and the MLP, q/k norms over the whole projection (grouped heads).
     "olmo2": ("Olmo2Config", {"pad_token_id": None, "eos_token_id": 2}),
+    # Gemma 2: sliding (window 5, shorter than the test sequences) and full layers alternating, caps as
+    # low as the random model's small logits need for the tanh to bend them (its attention logits are
+    # about 0.03, its vocabulary logits 0.4), a query_pre_attn_scalar that is not head_dim.
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 8,
+            "query_pre_attn_scalar": 10,
+            "sliding_window": 5,
+            "attn_logit_softcapping": 0.1,
+            "final_logit_softcapping": 0.5,
+        },
+    ),
+    # Gemma 3: per-head q/k norms, sliding and full layers each turned by its own RoPE (the full ones
+    # with linear scaling, as the 4B's), written by transformers 5 in rope_parameters by layer type.
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 8,
+            "query_pre_attn_scalar": 8,
+            "sliding_window": 5,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+            },
+        },
+    ),
 }
 FAMILIES = (
     "llama",
@@ -214,6 +244,8 @@ FAMILIES = (
     "gpt_oss",
     "phi3",
     "olmo2",
+    "gemma2",
+    "gemma3",
 )
 """One variant per family, the architectures of the issue."""
 

@@ -113,10 +113,12 @@ HF_CASES = [
     # YaRN (Qwen2.5's long context, DeepSeek-V3, GPT-OSS) with GLM-4.5's partial rotary: TE's fused RoPE
     # turns the first rotary_dim features, the attention factor is applied after it
     {"rope_type": "yarn", "rope_factor": 4.0, "rope_original_max_positions": 16, "rotary_dim": 32},
+    # Gemma 3: (1 + w) q/k norms, query_pre_attn_scalar's softmax scale (TE's softmax_scale), a window
+    {"qk_norm": True, "qk_norm_zero_centered": True, "softmax_scale": 0.1, "sliding_window": 16},
 ]
 
 
-@pytest.mark.parametrize("knobs", HF_CASES, ids=["llama3", "qk_norm", "window", "yarn-partial"])
+@pytest.mark.parametrize("knobs", HF_CASES, ids=["llama3", "qk_norm", "window", "yarn-partial", "gemma3"])
 def test_te_attention_matches_the_reference_with_hugging_face_knobs(knobs: dict[str, object]) -> None:
     from te_assembly.engines.reference.attention import Attention
     from te_assembly.engines.te.attention import TEAttention

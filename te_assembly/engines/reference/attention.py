@@ -44,7 +44,7 @@ from te_assembly.catalog.modules import ROPE_TYPES
 from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.engines.reference.ops.base import compute_dtype
 from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
-from te_assembly.engines.reference.sinks import attend_with_sinks, causal_mask
+from te_assembly.engines.reference.written_out import attend_written_out, causal_mask
 
 _TWICE = contextvars.ContextVar("te_assembly_twice_differentiable", default=False)
 
@@ -215,6 +215,9 @@ class Attention(torch.nn.Module):
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
         qk_norm_over: str = "head",
+        qk_norm_zero_centered: bool = False,
+        softmax_scale: float | None = None,
+        logit_softcap: float | None = None,
         sliding_window: int | None = None,
         sinks: bool = False,
         device: torch.device | str | None = None,
@@ -253,11 +256,17 @@ class Attention(torch.nn.Module):
         if qk_norm_over not in ("head", "projection"):
             raise ValueError(f"qk_norm_over is head or projection, got {qk_norm_over!r}")
         self.qk_norm_over = qk_norm_over
+        self.qk_norm_zero_centered = qk_norm_zero_centered
         if qk_norm:
             whole = qk_norm_over == "projection"
             q_width, k_width = (num_heads * head_dim, kv_heads * head_dim) if whole else (head_dim, head_dim)
-            self.q_norm_weight = torch.nn.Parameter(torch.ones(q_width, device=device, dtype=dtype))
-            self.k_norm_weight = torch.nn.Parameter(torch.ones(k_width, device=device, dtype=dtype))
+            start = torch.zeros if qk_norm_zero_centered else torch.ones  # the scale starts at one
+            self.q_norm_weight = torch.nn.Parameter(start(q_width, device=device, dtype=dtype))
+            self.k_norm_weight = torch.nn.Parameter(start(k_width, device=device, dtype=dtype))
+        if logit_softcap is not None and logit_softcap <= 0:
+            raise ValueError(f"Attention logit_softcap must be positive, got {logit_softcap}")
+        self.softmax_scale = softmax_scale
+        self.logit_softcap = logit_softcap
         self.has_sinks = sinks
         if sinks:
             self.sinks = torch.nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
@@ -273,6 +282,8 @@ class Attention(torch.nn.Module):
             + (f", rope_type={self.rope.type}" if self.rotary and self.rope.type != "default" else "")
             + (f", qk_norm={self.qk_norm_over}" if self.qk_norm else "")
             + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
+            + (f", softmax_scale={self.softmax_scale:g}" if self.softmax_scale is not None else "")
+            + (f", logit_softcap={self.logit_softcap:g}" if self.logit_softcap is not None else "")
             + (", sinks=True" if self.has_sinks else "")
         )
 
@@ -290,16 +301,34 @@ class Attention(torch.nn.Module):
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = qkv.split((h * d, g * d, g * d), dim=-1)
         if self.qk_norm and self.qk_norm_over == "projection":  # over all heads' features at once
-            q = rms_norm(q, self.q_norm_weight, self.qk_norm_eps)
-            k = rms_norm(k, self.k_norm_weight, self.qk_norm_eps)
+            q, k = self._norms(q, k)
         q, k, v = q.view(batch, seq, h, d), k.view(batch, seq, g, d), v.view(batch, seq, g, d)
         if self.qk_norm and self.qk_norm_over == "head":
-            q = rms_norm(q, self.q_norm_weight, self.qk_norm_eps)
-            k = rms_norm(k, self.k_norm_weight, self.qk_norm_eps)
+            q, k = self._norms(q, k)
         if self.rotary and rotate:
             cos, sin = rotary_tables(seq, self.rotary_dim, self.rope, qkv.device, qkv.dtype)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v
+
+    def _norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q_scale: torch.Tensor = self.q_norm_weight
+        k_scale: torch.Tensor = self.k_norm_weight
+        if self.qk_norm_zero_centered:
+            q_scale, k_scale = 1 + q_scale, 1 + k_scale
+        return rms_norm(q, q_scale, self.qk_norm_eps), rms_norm(k, k_scale, self.qk_norm_eps)
+
+    @property
+    def written_out(self) -> bool:
+        """Whether it needs the written-out formula (``written_out.py``): sinks or soft-capped logits,
+        which SDPA has no argument for."""
+        return self.has_sinks or self.logit_softcap is not None
+
+    def attend_written_out(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``attend_written_out`` with this step's scale, cap and sinks."""
+        sinks = self.sinks if self.has_sinks else None
+        return attend_written_out(q, k, v, mask, self.softmax_scale, self.logit_softcap, sinks)
 
     @property
     def cached(self) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -326,19 +355,19 @@ class Attention(torch.nn.Module):
         # without a copy of the keys and values per query head)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = self.num_heads != self.num_kv_heads
-        if self.has_sinks:
+        if self.written_out:
             mask = causal_mask(seq, self.sliding_window, q.device) if self.causal else None
-            out = attend_with_sinks(q, k, v, mask, self.sinks)
+            out = self.attend_written_out(q, k, v, mask)
             return out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim).to(out_dtype)
         with sdpa_kernel(SDPBackend.MATH) if _TWICE.get() else contextlib.nullcontext():
             if self.sliding_window is not None and self.sliding_window < seq:
                 mask = causal_mask(seq, self.sliding_window, q.device)
                 out = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, enable_gqa=gqa
+                    q, k, v, attn_mask=mask, enable_gqa=gqa, scale=self.softmax_scale
                 )
             else:
                 out = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=self.causal, enable_gqa=gqa
+                    q, k, v, is_causal=self.causal, enable_gqa=gqa, scale=self.softmax_scale
                 )
         return out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim).to(out_dtype)
 

@@ -25,7 +25,6 @@ import torch
 from te_assembly.engines.memory import format_bytes
 from te_assembly.engines.reference.ops.base import compute_dtype
 from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
-from te_assembly.engines.reference.sinks import attend_with_sinks
 from te_assembly.errors import ArgumentError
 
 
@@ -38,6 +37,9 @@ class Attention(Protocol):
     causal: bool
     sliding_window: int | None
     has_sinks: bool
+
+    @property
+    def softmax_scale(self) -> float | None: ...
 
     @property
     def rope(self) -> Any: ...
@@ -177,11 +179,11 @@ def attend(layout: Any, qkv: torch.Tensor, cache: KVCache, rotary: bool) -> torc
     # Query head i reads key/value head i // group (enable_gqa: the grouping of repeat_interleave,
     # without copying the cache for every group each token).
     gqa = layout.num_heads != layout.num_kv_heads
-    if layout.has_sinks:
-        out = attend_with_sinks(q.transpose(1, 2), keys, values, mask, layout.sinks)
+    if getattr(layout, "written_out", False):
+        out = layout.attend_written_out(q.transpose(1, 2), keys, values, mask)
     else:
         out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=gqa
+            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=gqa, scale=layout.softmax_scale
         )
     return out.transpose(1, 2).reshape(batch, new, layout.num_heads * layout.head_dim).to(out_dtype)
 

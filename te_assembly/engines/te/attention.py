@@ -42,7 +42,8 @@ class TEAttention(torch.nn.Module):
         **options: Any,
     ) -> None:
         """``options``: the reference module's other arguments (``rotary_base``, ``rope_type`` and its
-        knobs, ``qk_norm``, ``qk_norm_eps``, ``sliding_window``), read by it alone."""
+        knobs, ``qk_norm``, ``qk_norm_eps``, ``sliding_window``, ``softmax_scale``), read by it alone; the
+        catalog builds the reference module for what TE has no kernel for (``logit_softcap``)."""
         super().__init__()
         dev = torch.device(device) if device is not None else torch.device("cuda")
         if dev.type != "cuda" or not torch.cuda.is_available():
@@ -78,6 +79,7 @@ class TEAttention(torch.nn.Module):
                 # TE's window counts the positions before the query: w - 1 of them, and none after.
                 window_size=None if layout.sliding_window is None else (layout.sliding_window - 1, 0),
                 softmax_type="learnable" if layout.has_sinks else "vanilla",
+                softmax_scale=layout.softmax_scale,  # None: TE's 1 / sqrt(head_dim), the reference's too
             )
         # A plain attribute, not a submodule (class docstring).
         self.__dict__["_te_attention"] = attention

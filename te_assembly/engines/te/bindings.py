@@ -71,7 +71,7 @@ def gpu_only_steps(plan: Plan, kernels: str) -> list[str]:
     for step in plan.steps:
         if step.kind == "module":
             module = MODULE_ALLOWLIST[step.type]
-            if module.te_class is not None and not module.te_runs_on_cpu:
+            if module.te_path(step.args, kernels) is not None and not module.te_runs_on_cpu:
                 out.append(f"{step.name} ({step.type})")
             continue
         spec = OPS[step.type]

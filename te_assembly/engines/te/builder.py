@@ -121,7 +121,7 @@ def _construct(step: PlannedStep, kernels: str, device: torch.device, dtype: tor
     if step.kind == "module":
         module = MODULE_ALLOWLIST[step.type]
         # TE's own module (attention) with TE's kernels; the reference module with kernels=reference.
-        path = module.te_class if kernels == "te" and module.te_class is not None else module.torch_class
+        path = module.te_path(step.args, kernels) or module.torch_class
         cls = _class(path)
         return cls(**_with_placement(cls, step.args, device, dtype))
     spec = OPS[step.type]

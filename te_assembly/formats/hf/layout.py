@@ -17,7 +17,7 @@ from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.errors import ArgumentError
 from te_assembly.formats.hf.config import HFSpec
 from te_assembly.formats.hf.families import FAMILIES, REGISTRY, Family
-from te_assembly.formats.hf.families.attention import ROPE_KNOBS
+from te_assembly.formats.hf.families.attention import ROPE_KNOBS, rope_dims_of
 from te_assembly.formats.hf.families.base import Layer, args_of
 
 
@@ -45,6 +45,7 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
     dims: dict[str, Any] = {"vocab": spec.vocab, "layers": spec.layers - spec.first_dense, **layer}
     if "uses" in layers:
         del dims["layers"]  # one use per layer, each with its window
+    dims.update({f"local_{k}": v for k, v in _local_rope(spec).items()})
     dense: list[dict[str, Any]] = []
     if spec.first_dense:
         # The first layers are dense (GLM-4.5's first_k_dense_replace): their own block step, before the
@@ -60,6 +61,11 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
                 "dims": {**shared, "ffn": "${model.dims.dense_ffn}", "mlp_bias": False},
             }
         )
+    norm_args: dict[str, Any] = {"normalized_shape": "${model.dims.hidden}", "eps": "${model.dims.eps}"}
+    if spec.zero_centered:
+        norm_args["zero_centered_gamma"] = True
+    scaled = [{"name": "embed_scale", "op": "ConstantScale", "args": {"scale": spec.embed_scale}}]
+    capped = [{"name": "logit_softcap", "op": "Softcap", "args": {"cap": spec.final_softcap}}]
     return {
         "name": name,
         "description": description or f"{spec.architecture} as te_assembly blocks ({block_of(spec)}).",
@@ -77,16 +83,22 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
                     **_padding(spec),
                 },
             },
+            *(scaled if spec.embed_scale is not None else []),
             *dense,
             layers,
-            {
-                "name": "final_norm",
-                "op": "RMSNorm",
-                "args": {"normalized_shape": "${model.dims.hidden}", "eps": "${model.dims.eps}"},
-            },
+            {"name": "final_norm", "op": "RMSNorm", "args": norm_args},
             head,
+            *(capped if spec.final_softcap is not None else []),
         ],
     }
+
+
+def _local_rope(spec: HFSpec) -> dict[str, Any]:
+    """The rotary dims of the sliding-window layers that differ from the others' (Gemma 3's)."""
+    if not spec.local_rope:
+        return {}
+    mine, theirs = rope_dims_of(spec.local_rope), rope_dims_of(spec.rope)
+    return {k: v for k, v in mine.items() if theirs.get(k) != v}
 
 
 def _padding(spec: HFSpec) -> dict[str, int]:
@@ -109,7 +121,11 @@ def _layers_step(spec: HFSpec, layer: dict[str, Any]) -> dict[str, Any]:
         return step
     step["dims"] = {key: f"${{model.dims.{key}}}" for key in layer if key != "sliding_window"}
     window = "${model.dims.sliding_window}"
-    step["uses"] = [{"dims": {"sliding_window": window if w is not None else None}} for w in windows]
+    local = {k: f"${{model.dims.local_{k}}}" for k in _local_rope(spec)}
+    step["uses"] = [
+        {"dims": {"sliding_window": window, **local} if w is not None else {"sliding_window": None}}
+        for w in windows
+    ]
     return step
 
 
@@ -125,25 +141,44 @@ def _effective(step: PlannedStep) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in unread}
 
 
-def _layer_groups(plan: Plan) -> tuple[PlannedStep, list[list[PlannedStep]], PlannedStep]:
-    """Embedding, the layers (by ``<use>.<N>.`` prefix), head."""
-    steps = list(plan.steps)
-    if len(steps) < 4 or steps[0].type != "Embedding":
-        raise UnexportableError(plan, steps[0] if steps else None, "the first step must be an Embedding")
-    layers: dict[str, list[PlannedStep]] = {}
-    for step in steps[1:-2]:
-        match = re.match(r"^(.+\.\d+)\.[^.]+$", step.name)
-        if match is None:
-            raise UnexportableError(
-                plan,
-                step,
-                "between the embedding and the final norm a Hugging Face "
-                "model has decoder layers only (block uses, named <use>.<N>.<step>)",
-            )
-        layers.setdefault(match.group(1), []).append(step)
-    if not layers:
-        raise UnexportableError(plan, steps[1], "the model has no decoder layers")
-    return steps[0], list(layers.values()), steps[-1]
+LAYER_STEP = re.compile(r"^(.+\.\d+)\.[^.]+$")
+"""A decoder layer's step: ``<use>.<N>.<step>``."""
+
+
+class Outline:
+    """A model's steps as a Hugging Face causal LM has them: the embedding, what follows it before the
+    first layer (Gemma's scaling), the decoder layers (by ``<use>.<N>.`` prefix), the final norm, the
+    head and what follows it (Gemma 2's soft-capping)."""
+
+    def __init__(self, plan: Plan) -> None:
+        steps = list(plan.steps)
+        if len(steps) < 4 or steps[0].type != "Embedding":
+            raise UnexportableError(plan, steps[0] if steps else None, "the first step must be an Embedding")
+        at = [i for i, step in enumerate(steps) if LAYER_STEP.match(step.name)]
+        if not at:
+            raise UnexportableError(plan, steps[1], "the model has no decoder layers")
+        self.embed, self.before = steps[0], steps[1 : at[0]]
+        self.layers: dict[str, list[PlannedStep]] = {}
+        for step in steps[at[0] : at[-1] + 1]:
+            match = LAYER_STEP.match(step.name)
+            if match is None:
+                raise UnexportableError(
+                    plan,
+                    step,
+                    "between the embedding and the final norm a Hugging Face model has decoder layers "
+                    "only (block uses, named <use>.<N>.<step>)",
+                )
+            self.layers.setdefault(match.group(1), []).append(step)
+        after = steps[at[-1] + 1 :]
+        norms, heads = [s for s in after if s.type == "RMSNorm"], [s for s in after if s.type == "Linear"]
+        if len(after) < 2 or not norms or not heads:
+            raise UnexportableError(plan, after[0] if after else steps[-1], "a final RMSNorm and head end it")
+        self.norm, self.head, self.after = norms[0], heads[0], after
+
+    def only(self, steps: list[PlannedStep], type_: str, arg: str) -> Any:
+        """``arg`` of the step of ``type_`` among ``steps`` (None without one)."""
+        found = [args_of(s)[arg] for s in steps if s.type == type_]
+        return found[0] if found else None
 
 
 class UnexportableError(ArgumentError):
@@ -158,7 +193,7 @@ class UnexportableError(ArgumentError):
 def families_of(plan: Plan, metadata: Mapping[str, Any] | None = None) -> list[Family]:
     """The families whose kind ``plan``'s layers are, the imported one first when it is among them,
     then in ``REGISTRY``'s order (``UnexportableError`` when none is)."""
-    _, groups, _ = _layer_groups(plan)
+    groups = list(Outline(plan).layers.values())
     layer = _first_routed(plan, [Layer(group) for group in groups])[0]
     try:
         candidates = [f for f in REGISTRY if f.expresses(layer)]
@@ -186,7 +221,8 @@ def spec_of_plan(plan: Plan, family: Family, metadata: Mapping[str, Any] | None 
     """The ``HFSpec`` a model's plan expresses as ``family`` (one of ``families_of``'s); whether the
     family expresses every argument is for ``check_same_steps`` to say. ``metadata``: an imported
     checkpoint's own fields, kept."""
-    embed, groups, head = _layer_groups(plan)
+    outline = Outline(plan)
+    groups = list(outline.layers.values())
     layers = [Layer(group) for group in groups]
     layer, first_dense = _first_routed(plan, layers)
     try:
@@ -201,7 +237,7 @@ def spec_of_plan(plan: Plan, family: Family, metadata: Mapping[str, Any] | None 
         raise UnexportableError(
             plan, groups[0][0], f"its layer is not a Hugging Face decoder layer ({exc})"
         ) from None
-    embed_args = args_of(embed)
+    embed_args = args_of(outline.embed)
     metadata = dict(metadata or {})
     if embed_args.get("padding_idx") is not None:  # the id whose row gets no gradient, said as Hub does
         metadata["pad_token_id"] = embed_args["padding_idx"]
@@ -211,7 +247,10 @@ def spec_of_plan(plan: Plan, family: Family, metadata: Mapping[str, Any] | None 
         hidden=embed_args["embedding_dim"],
         layers=len(layers),
         eps=eps,
-        tied=head.tie_weight is not None,
+        tied=outline.head.tie_weight is not None,
+        embed_scale=outline.only(outline.before, "ConstantScale", "scale"),
+        zero_centered=bool(args_of(outline.norm)["zero_centered_gamma"]),
+        final_softcap=outline.only(outline.after, "Softcap", "cap"),
         first_dense=first_dense,
         dense_ffn=dense_ffn,
         init_std=float(embed_args["init_std"]),

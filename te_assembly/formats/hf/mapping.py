@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_assembly.formats.hf.config import KEPT_FIELDS, YARN_FIELDS, HFSpec, parse_config
+from te_assembly.formats.hf.config import KEPT_FIELDS, HFSpec, parse_config
 from te_assembly.formats.hf.families import FAMILIES
 from te_assembly.formats.hf.layout import (
     UnexportableError,
@@ -18,6 +18,7 @@ from te_assembly.formats.hf.layout import (
     spec_of_plan,
 )
 from te_assembly.formats.hf.names import Rule, chosen_layout, renamed
+from te_assembly.formats.hf.rope import scaling_of
 from te_assembly.formats.hf.tensors import rules
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
         "initializer_range": spec.init_std,
         "max_position_embeddings": keep.pop("max_position_embeddings", 4096),
         "rope_theta": spec.rope["rope_theta"],
-        "rope_scaling": _rope_scaling(spec),
+        "rope_scaling": scaling_of(spec.rope),
         # The embedding's padding row (``layout._padding``), said even when there is none: some families'
         # configs default to one (Phi-3's 32000, OLMo 2's 1) that transformers would give no gradient.
         "pad_token_id": spec.metadata.get("pad_token_id"),
@@ -56,27 +57,6 @@ def hf_config(spec: HFSpec, dtype: str) -> dict[str, Any]:
         **keep,
     }
     out.update(family.config(spec))
-    return out
-
-
-def _rope_scaling(spec: HFSpec) -> dict[str, Any] | None:
-    rope = spec.rope
-    if rope["rope_type"] == "default":
-        return None
-    out: dict[str, Any] = {"rope_type": rope["rope_type"], "factor": rope["rope_factor"]}
-    if rope["rope_type"] == "llama3":
-        out.update(
-            low_freq_factor=rope["rope_low_freq_factor"],
-            high_freq_factor=rope["rope_high_freq_factor"],
-            original_max_position_embeddings=rope["rope_original_max_positions"],
-        )
-    if rope["rope_type"] == "yarn":
-        out["original_max_position_embeddings"] = rope["rope_original_max_positions"]
-        for name, dim in YARN_FIELDS.items():
-            if rope.get(dim) is not None:
-                out[name] = rope[dim]
-        if not rope["rope_truncate"]:  # transformers' default is true: written only when it is not
-            out["truncate"] = False
     return out
 
 

@@ -52,6 +52,20 @@ class HFSpec:
     layer_windows: tuple[int | None, ...] = ()
     """Each layer's sliding window when they differ (GPT-OSS's ``layer_types``); empty: every layer has
     ``sliding_window``."""
+    local_rope: dict[str, Any] = field(default_factory=dict)
+    """The RoPE of the sliding-window layers when it is not ``rope`` (Gemma 3's ``rope_local_base_freq``);
+    empty: every layer turns by ``rope``."""
+    softmax_scale: float | None = None
+    """What attention multiplies q k^T by (Gemma's ``query_pre_attn_scalar ** -0.5``); None: 1 /
+    sqrt(head_dim)."""
+    attn_softcap: float | None = None
+    """Soft-capping of the attention logits (Gemma 2's ``attn_logit_softcapping``)."""
+    final_softcap: float | None = None
+    """Soft-capping of the vocabulary logits (Gemma 2's ``final_logit_softcapping``)."""
+    embed_scale: float | None = None
+    """What the embeddings are multiplied by before the first layer (Gemma's sqrt(hidden_size))."""
+    zero_centered: bool = False
+    """Every RMSNorm scales by (1 + w), its stored weight w starting at zero (Gemma's norms)."""
     clamp: dict[str, float] = field(default_factory=dict)
     """GPT-OSS's experts: ``swiglu_limit`` and ``swiglu_alpha``."""
     router: dict[str, Any] = field(default_factory=dict)

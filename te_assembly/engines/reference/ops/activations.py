@@ -148,3 +148,25 @@ class ScaledClampedQGeGLU(ClampedSwiGLU):
         scales = extra_inputs[0].reshape(x.shape[:-1]).to(x.dtype).to(dtype)
         out = clamped_glu(x.to(dtype), self.limit, self.alpha, self.glu_linear_offset)
         return (out * scales[..., None]).to(x.dtype), ()
+
+
+class Softcap(ReferenceOp):
+    """y = cap * tanh(x / cap): every value squashed into (-cap, cap), nearly unchanged near zero
+    (Gemma 2's final_logit_softcapping)."""
+
+    def __init__(
+        self, cap: float, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__()
+        if cap <= 0:
+            raise ValueError(f"Softcap's cap must be positive, got {cap}")
+        self.cap = cap
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap:g}"
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        x_c = x.to(compute_dtype(x.dtype))
+        return (torch.tanh(x_c / self.cap) * self.cap).to(x.dtype), ()

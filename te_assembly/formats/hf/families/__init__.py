@@ -19,6 +19,8 @@ from te_assembly.formats.hf.families.fields import (
     REMOTE_CODE_FIELDS,
     is_metadata,
 )
+from te_assembly.formats.hf.families.gemma2 import Gemma2
+from te_assembly.formats.hf.families.gemma3 import Gemma3
 from te_assembly.formats.hf.families.glm4_moe import Glm4Moe
 from te_assembly.formats.hf.families.gpt_oss import GptOss
 from te_assembly.formats.hf.families.llama import Llama
@@ -44,6 +46,8 @@ REGISTRY: tuple[Family, ...] = (
     GptOss(),
     Phi3(),
     Olmo2(),
+    Gemma2(),
+    Gemma3(),
 )
 """Every family, in the order an export tries them (the first whose kind a model's layer is, unless the
 model was imported from another that still fits it)."""

@@ -45,14 +45,19 @@ ROPE_KNOBS = {
 
 
 def rope_dims(spec: HFSpec) -> dict[str, Any]:
+    return rope_dims_of(spec.rope)
+
+
+def rope_dims_of(rope: Mapping[str, Any]) -> dict[str, Any]:
+    """The blocks' rotary dims of a ``HFSpec.rope``."""
     return {
-        "rope_theta": spec.rope["rope_theta"],
-        "rope_type": spec.rope["rope_type"],
-        "rope_factor": spec.rope.get("rope_factor", 1.0),
-        "rope_low_freq_factor": spec.rope.get("rope_low_freq_factor", 1.0),
-        "rope_high_freq_factor": spec.rope.get("rope_high_freq_factor", 4.0),
-        "rope_original_max_positions": spec.rope.get("rope_original_max_positions", 8192),
-        **{k: v for k, v in spec.rope.items() if k in YARN_DIMS},
+        "rope_theta": rope["rope_theta"],
+        "rope_type": rope["rope_type"],
+        "rope_factor": rope.get("rope_factor", 1.0),
+        "rope_low_freq_factor": rope.get("rope_low_freq_factor", 1.0),
+        "rope_high_freq_factor": rope.get("rope_high_freq_factor", 4.0),
+        "rope_original_max_positions": rope.get("rope_original_max_positions", 8192),
+        **{k: v for k, v in rope.items() if k in YARN_DIMS},
     }
 
 
@@ -200,6 +205,42 @@ def partial_rotary(r: ConfigReader, data: Mapping[str, Any], head_dim: int) -> i
     return None
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def layer_windows(r: ConfigReader, data: Mapping[str, Any], every: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: full attention) from ``layer_types``, or, where it is absent,
+    transformers' default: every ``every``-th layer full, the others sliding (GPT-OSS and Gemma 2: 2,
+    Gemma 3: its ``sliding_window_pattern``); ``sliding_window`` is read when a layer slides."""
+    layers = r.integer("num_hidden_layers")
+    types = data.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (n + 1) % every else "full_attention" for n in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
+        r.refuse(
+            "layer_types",
+            f"layer_types = {shown(types)}: expected {layers} entries, each one of " + ", ".join(LAYER_TYPES),
+            code="hf-bad-value",
+        )
+        types = ["full_attention"] * layers
+    window = r.integer("sliding_window") if "sliding_attention" in types else None
+    return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def layer_types_config(spec: HFSpec) -> dict[str, Any]:
+    """``layer_types`` and ``sliding_window`` of a model whose layers' windows differ."""
+    windows = spec.layer_windows or (spec.sliding_window,) * spec.layers
+    return {
+        "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows],
+        "sliding_window": next((w for w in windows if w is not None), None),
+    }
+
+
+def windows_of(layers: list[Layer]) -> tuple[int | None, ...]:
+    """Each decoder layer's sliding window, read off its attention step."""
+    return tuple(group.args("Attention")["sliding_window"] for group in layers)
+
+
 def rotary_factor(spec: HFSpec) -> float:
     """``partial_rotary_factor`` of ``spec``: the share of each head's features that turn."""
     return (spec.rotary_dim or spec.head_dim) / spec.head_dim
@@ -344,6 +385,7 @@ class LatentAttentionPart(Family):
 
 __all__ = [
     "ATTENTION_DIMS",
+    "LAYER_TYPES",
     "MLA_DIMS",
     "MLA_FIELDS",
     "ROPE_DIMS",
@@ -352,8 +394,12 @@ __all__ = [
     "LatentAttentionPart",
     "PackedAttention",
     "attention_bias_both",
+    "layer_types_config",
+    "layer_windows",
     "partial_rotary",
     "rope_dims",
+    "rope_dims_of",
     "rope_of",
     "rotary_factor",
+    "windows_of",
 ]

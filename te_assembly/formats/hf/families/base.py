@@ -91,6 +91,11 @@ class Family:
     router_islands: ClassVar[tuple[str, ...]] = ()
     """transformers' router classes of this family that compute in float32 inside a float64 model
     (``verify`` restates them in the input's dtype)."""
+    tied_by_default: ClassVar[bool] = False
+    """``tie_word_embeddings`` when ``config.json`` does not say (its config class's default)."""
+    norm_islands: ClassVar[tuple[str, ...]] = ()
+    """transformers' (1 + w) RMSNorm classes of this family, float32 inside a float64 model (``verify``
+    restates them in the input's dtype)."""
     attention_dims_names: ClassVar[tuple[str, ...]] = ()
     attention_linears: ClassVar[int] = 2
     rotary_pairs: ClassVar[bool] = True
@@ -101,6 +106,12 @@ class Family:
         return (*COMMON_FIELDS, *self.own_fields)
 
     # config.json -> HFSpec
+    def read_rope(self, r: ConfigReader, data: Mapping[str, Any]) -> dict[str, Any]:
+        """``HFSpec.rope``: its RoPE as ``rope_parameters`` or ``rope_theta`` + ``rope_scaling`` say."""
+        from te_assembly.formats.hf.rope import read_rope
+
+        return read_rope(r, data, partial="partial_rotary_factor" in self.fields)
+
     def read(self, r: ConfigReader, data: Mapping[str, Any], shape: Shape) -> dict[str, Any]:
         """The ``HFSpec`` fields of its attention and MLP (and of anything else it has)."""
         return {**self.read_attention(r, data, shape), **self.read_mlp(r, data, shape)}

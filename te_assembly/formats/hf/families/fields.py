@@ -124,6 +124,7 @@ GENERATION_DEFAULTS = (
     "exponential_decay_length_penalty",
     "suppress_tokens",
     "begin_suppress_tokens",
+    "cache_implementation",
 )
 """Sampling defaults older ``transformers`` wrote into ``config.json`` (``generation_config.json``
 holds them now): they choose tokens, never the logits."""

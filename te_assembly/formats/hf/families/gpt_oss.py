@@ -7,8 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from te_assembly.formats.hf.families.attention import PackedAttention, attention_bias_both
-from te_assembly.formats.hf.families.base import Layer, Shape, args_of, one
+from te_assembly.formats.hf.families.attention import (
+    PackedAttention,
+    attention_bias_both,
+    layer_types_config,
+    layer_windows,
+    windows_of,
+)
+from te_assembly.formats.hf.families.base import Layer, Shape, one
 from te_assembly.formats.hf.families.mlp import RoutedExperts
 from te_assembly.formats.hf.names import Part, Rule
 from te_assembly.formats.hf.reader import shown
@@ -16,8 +22,6 @@ from te_assembly.formats.hf.reader import shown
 if TYPE_CHECKING:
     from te_assembly.formats.hf.reader import ConfigReader
     from te_assembly.formats.hf.spec import HFSpec
-
-LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 class GptOss(PackedAttention, RoutedExperts):
@@ -52,22 +56,7 @@ class GptOss(PackedAttention, RoutedExperts):
     def _layers(self, r: ConfigReader, data: Mapping[str, Any]) -> dict[str, Any]:
         """Each layer's window from ``layer_types`` (transformers' default: sliding, full, sliding...),
         the experts' clamp (``swiglu_limit``, ``swiglu_alpha``)."""
-        layers = r.integer("num_hidden_layers")
-        window = data.get("sliding_window")
-        types = data.get("layer_types")
-        if types is None:
-            types = ["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(layers)]
-        if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
-            r.refuse(
-                "layer_types",
-                f"layer_types = {shown(types)}: expected {layers} entries, each one of "
-                + ", ".join(LAYER_TYPES),
-                code="hf-bad-value",
-            )
-            types = ["full_attention"] * layers
-        if "sliding_attention" in types:
-            window = r.integer("sliding_window")
-        windows = tuple(window if t == "sliding_attention" else None for t in types)
+        windows = layer_windows(r, data, every=2)
         # OpenAI's own names, kept in the Hub's config.json beside transformers' (the same numbers)
         given = data.get("rope_parameters") or data.get("rope_scaling")
         rope: Mapping[str, Any] = given if isinstance(given, Mapping) else {}  # _rope refuses any other
@@ -122,12 +111,7 @@ class GptOss(PackedAttention, RoutedExperts):
             yield Rule(f"{te}fc2.bias{e}", ((Part(f"{experts}down_proj_bias", spec.hidden, e),),))
 
     def attention_config(self, spec: HFSpec) -> dict[str, Any]:
-        windows = spec.layer_windows or (None,) * spec.layers
-        return {
-            "attention_bias": spec.qkv_bias,
-            "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows],
-            "sliding_window": next((w for w in windows if w is not None), None),
-        }
+        return {"attention_bias": spec.qkv_bias, **layer_types_config(spec)}
 
     def mlp_config(self, spec: HFSpec) -> dict[str, Any]:
         clamp = spec.clamp
@@ -145,12 +129,8 @@ class GptOss(PackedAttention, RoutedExperts):
 
     def mlp_from_plan(self, layer: Layer, layers: list[Layer]) -> dict[str, Any]:
         act = layer.args("ScaledClampedQGeGLU")
-        windows = tuple(
-            next(args_of(s) for s in group.steps if s.type == "Attention")["sliding_window"]
-            for group in layers
-        )
         return {
             **super().mlp_from_plan(layer, layers),
-            "layer_windows": windows,
+            "layer_windows": windows_of(layers),
             "clamp": {"swiglu_limit": act["limit"], "swiglu_alpha": act["alpha"]},
         }
