@@ -163,7 +163,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     plan = te_assembly.load("dense_lm").checked_plan()
     dims = {k: int(v) for k, v in plan.dims.items()}
-    settings = TrainSettings(steps=args.steps, eval_every=0, plot=False, tensorboard=False).for_task(True)
+    settings = TrainSettings(steps=args.steps, eval_every=0, plot=False, loggers=[]).for_task(True)
     seq_len, sequences = settings.positions, settings.tokens // settings.positions
     corpus = Corpus(prepare(DataSettings()), seq_len)
     print(

@@ -147,7 +147,7 @@ def _coerce(spec: FieldSpec, value: Any) -> Any:
     if float in types_ and int not in types_ and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if spec.items is not None and spec.single_as_list and not isinstance(value, (list, tuple)):
-        return [value]
+        return None if value is None and spec.nullable else [value]  # null stays null
     return value
 
 

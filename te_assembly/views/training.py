@@ -4,6 +4,7 @@ events and result."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,26 @@ def result_lines(result: Any) -> list[str]:
         result.plot,
     )
     lines += [f"wrote {p}" for p in files if p is not None]
-    if result.tensorboard_dir is not None:
-        logdir = Path(result.out_dir).parent
-        lines.append(f"TensorBoard events in {result.tensorboard_dir} (tensorboard --logdir {logdir})")
+    out = Path(result.out_dir)
+    if "tensorboard" in result.trackers:
+        lines.append(f"TensorBoard events in {out / 'tensorboard'} (tensorboard --logdir {out.parent})")
+    if "wandb" in result.trackers:
+        lines.append(f"W&B run in {out / 'wandb'} (offline runs: wandb sync {out / 'wandb'}/offline-run-*)")
+    if "mlflow" in result.trackers:
+        where = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{out / 'mlflow.db'}"
+        lines.append(f"MLflow run in {where} (mlflow ui --backend-store-uri {where})")
     return lines
 
 
-__all__ = ["data_words", "evaluation_line", "kept_lines", "result_lines", "run_lines"]
+def step_line(record: Any) -> str:
+    """One step as a plain line, for output that is not a terminal (a log file, CI)."""
+    width = len(str(record.end))
+    elapsed = int(record.elapsed_s)
+    clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
+    return (
+        f"step {record.step:>{width}}/{record.end}  loss {record.loss:.4g}  lr {record.lr:.3g}  "
+        f"grad_norm {record.grad_norm:.3g}  {record.tokens_per_s:,.0f} tok/s  {clock}"
+    )
+
+
+__all__ = ["data_words", "evaluation_line", "kept_lines", "result_lines", "run_lines", "step_line"]

@@ -155,7 +155,7 @@ def test_te_engine_checkpoints_each_fuser_and_refuses_compile() -> None:
 
 def test_training_with_checkpointing_gives_the_plain_run(tmp_path: Path) -> None:
     plan = _plan()
-    kw = {"steps": 3, "batch_tokens": 64, "seq_len": 16, "plot": False, "tensorboard": False}
+    kw = {"steps": 3, "batch_tokens": 64, "seq_len": 16, "plot": False, "loggers": []}
     plain = train(plan, Target.of("reference", dtype=F64), TrainSettings(out_dir=str(tmp_path / "a"), **kw))
     recomputed = train(
         plan,

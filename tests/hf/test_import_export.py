@@ -180,7 +180,7 @@ def test_trained_import_round_trips(variant: str, tmp_path: Path) -> None:
         warmup_steps=0,
         checkpoint_every=0,
         plot=False,
-        tensorboard=False,
+        loggers=[],
         out_dir=str(tmp_path / "run"),
         init_from=str(pretrained),
         batch_tokens=64,

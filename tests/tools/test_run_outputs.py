@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from te_assembly.jobs.train.metrics import tensorboard_writer_class
+from te_assembly.jobs.train.trackers import KINDS
 from te_assembly.jobs.train.schedule import lr_at
 from te_assembly.jobs.train.settings import TrainSettings
 from tests.conftest import REPO_ROOT
@@ -104,9 +104,9 @@ def test_metrics_records_every_step(tmp_path: Path) -> None:
     events = (
         list((run / "tensorboard").glob("events.out.tfevents.*")) if (run / "tensorboard").exists() else []
     )
-    if tensorboard_writer_class() is None:
-        assert events == []  # not installed: nothing, and no error (train.tensorboard=null)
-        refused = user_cli(tmp_path, [*args, "train.tensorboard=true"])
+    if not KINDS["tensorboard"].installed:
+        assert events == []  # not installed: nothing, and no error (train.loggers=null)
+        refused = user_cli(tmp_path, [*args, "train.loggers=[tensorboard]"])
         assert refused.returncode != 0 and "tensorboard" in refused.stderr
         return
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

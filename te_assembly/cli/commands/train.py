@@ -20,7 +20,7 @@ from te_assembly.jobs.train.job import train
 from te_assembly.jobs.train.result import Started, StepRecord, Stopped, TrainResult
 from te_assembly.jobs.train.run_dir import RunPlace
 from te_assembly.jobs.train.settings import TrainSettings
-from te_assembly.views.training import evaluation_line, kept_lines, result_lines, run_lines
+from te_assembly.views.training import evaluation_line, kept_lines, result_lines, run_lines, step_line
 
 SECTIONS = {**COMMON_SECTIONS, "train": TrainSettings, "data": DataSettings}
 RUN_DIR = True
@@ -48,7 +48,8 @@ def _place() -> RunPlace:
 
 def _train(session: Session, settings: TrainSettings, console: Console, target: Target) -> int:
     plan, data = session.plan, session.section("data")
-    progress = Progress(*COLUMNS, console=console)  # shown once the lines that say what runs are out
+    # shown once the lines that say what runs are out; a log (no terminal) gets step_line's instead
+    progress = Progress(*COLUMNS, console=console, disable=not console.is_terminal)
     bar = progress.add_task("train", total=settings.steps, loss="-", tps="-")
     tokenizing: list[Any] = []
 
@@ -63,6 +64,8 @@ def _train(session: Session, settings: TrainSettings, console: Console, target: 
         elif isinstance(event, StepRecord):
             loss, tps = f"{event.loss:.4g}", f"{event.tokens_per_s:,.0f}"
             progress.update(bar, completed=event.step, loss=loss, tps=tps)
+            if not console.is_terminal and (event.step % settings.log_every == 0 or event.step == event.end):
+                console.print(step_line(event), markup=False, soft_wrap=True)  # a log file's bar
             if event.evaluation is not None:
                 progress.console.print(evaluation_line(event.step, event.evaluation), markup=False)
         elif isinstance(event, Stopped):

@@ -28,11 +28,10 @@ from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ConfigError
 from te_assembly.formats.checkpoint import newest_good, remove_stale_temp, scan
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
-from te_assembly.jobs.train import stopping
+from te_assembly.jobs.train import stopping, trackers
 from te_assembly.jobs.train.lm_task import LanguageTask
 from te_assembly.jobs.train.lock import RunLock, check_unlocked
 from te_assembly.jobs.train.loop import Loop, RunFiles, Stepper
-from te_assembly.jobs.train.metrics import check_tensorboard
 from te_assembly.jobs.train.result import Started, Stopped, TrainResult
 from te_assembly.jobs.train.resume import decided_by_main, earlier_evaluations, restore, resume_from
 from te_assembly.jobs.train.run_dir import RunPlace, choose, out_dir_of, previous_run
@@ -106,15 +105,16 @@ def train(
     alone writes.
 
     Besides checkpoints, the run directory gets ``metrics.jsonl`` (one record per step, as it goes),
-    TensorBoard events under ``tensorboard/`` when ``tensorboard`` is installed (``MissingToolError``
-    before anything starts if ``settings.tensorboard`` is true and it is not), ``config.yaml`` and, when
+    the trackers of ``settings.loggers`` (``trackers.py``: TensorBoard events under ``tensorboard/`` where
+    it is installed by default; ``MissingToolError`` before anything starts for a named one that is not),
+    ``config.yaml`` and, when
     ``settings.plot``, ``loss_curve.png`` (drawn from the result by ``views/loss_curve.py``)."""
     target = as_target(target)
     settings = settings.for_task(plan.takes_token_ids)
     check_can_train(plan, settings, target)
     par = target.parallel
     main = par is None or par.is_main
-    tensorboard = check_tensorboard(settings.tensorboard) if main else False
+    loggers = trackers.resolve(settings.loggers) if main else ()
     # The data is read (every problem with it found) before a run directory is chosen or made: a run
     # that cannot start leaves nothing behind.
     language, data = _language(plan, target, settings, data, on_event)
@@ -127,7 +127,7 @@ def train(
     on_event(Started(out_dir, tuple(notes)))
     try:
         with stopping.signals_stop(), RunLock(out_dir) if main else contextlib.nullcontext():
-            return _locked(plan, target, settings, out_dir, language, data, config, tensorboard, on_event)
+            return _locked(plan, target, settings, out_dir, language, data, config, loggers, on_event)
     except KeyboardInterrupt:
         if par is None or par.is_main:
             good, _, _ = newest_good(scan(out_dir))
@@ -203,7 +203,7 @@ def _locked(
     language: LanguageTask | None,
     data: DataSettings | None,
     config: Mapping[str, Any] | None,
-    tensorboard: bool,
+    loggers: tuple[str, ...],
     on_event: OnEvent,
 ) -> TrainResult:
     par = target.parallel
@@ -244,7 +244,7 @@ def _locked(
     tokenizer = language.corpus.tokenizer if language is not None else None
     companions = _companions(settings) if resume_path is None else {}
     files = (
-        RunFiles(out_dir, config, start, tensorboard, bool(earlier_run), tokenizer, companions)
+        RunFiles(out_dir, config, start, loggers, bool(earlier_run), tokenizer, companions, plan.name)
         if main
         else None
     )
@@ -368,8 +368,7 @@ def _result(
         result.metrics_file = files.metrics.path
         result.config_file = files.config_file
         result.tokenizer_file = files.tokenizer_file
-        if files.metrics.use_tensorboard:
-            result.tensorboard_dir = files.metrics.tensorboard_dir
+        result.trackers = files.metrics.tracker_names
     if plot:
         display.views().draw_run(result)  # the picture is a view (views/loss_curve.py)
     return result

@@ -144,16 +144,24 @@ class RunFiles:
         out_dir: Path,
         config: Mapping[str, Any] | None,
         start: int,
-        tensorboard: bool,
+        loggers: Sequence[str],
         hold: bool,
         tokenizer: Any = None,
         companions: Mapping[str, str] | None = None,
+        model: str = "",
     ) -> None:
         self.out_dir, self.config, self.tokenizer = out_dir, config, tokenizer
         self.companions = dict(companions or {})
         self.config_file: Path | None = None
         self.tokenizer_file: Path | None = None
-        self.metrics = MetricsLog(out_dir, start_step=start, tensorboard=tensorboard, hold=hold)
+        self.metrics = MetricsLog(
+            out_dir,
+            start_step=start,
+            trackers=loggers,
+            hold=hold,
+            name=f"{model}/{out_dir.name}" if model else out_dir.name,
+            params=config,
+        )
         self.held = hold
         if not hold:
             self._write_config()

@@ -1,5 +1,5 @@
-"""Per-step training metrics: ``metrics.jsonl`` (one JSON object per line) and, when the ``tensorboard``
-package is installed, TensorBoard event files under ``tensorboard/``.
+"""Per-step training metrics: ``metrics.jsonl`` (one JSON object per line) and the trackers of
+``train.loggers`` (``trackers.py``: TensorBoard where it is installed by default; W&B, MLflow).
 
 Each record: ``step``, ``loss``, ``terms`` (every loss term by name: the regression error and each
 aux loss), ``lr``, ``grad_norm`` (the whole model's gradient, before the optimizer step), ``tokens_per_s``,
@@ -10,9 +10,9 @@ steps it is evaluated (``train.eval_every``, and the last) also hold ``val_loss`
 
 Written as the run goes, one line per step, flushed: a crash keeps every step before it. A resumed run
 first drops the lines after the checkpoint it resumes from (the steps it is about to redo), so each step
-appears once; TensorBoard is told the same (``purge_step``). A run started with ``train.overwrite=true``
-holds its records until its first checkpoint replaces the earlier run (whose files stay whole until
-then, ``run_dir.py``).
+appears once; TensorBoard is told the same (``purge_step``), W&B and MLflow continue their run. A run
+started with ``train.overwrite=true`` holds its records until its first checkpoint replaces the earlier
+run (whose files stay whole until then, ``run_dir.py``).
 """
 
 from __future__ import annotations
@@ -20,41 +20,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from te_assembly.errors import MissingToolError
 from te_assembly.files.file_types import check_regular
 from te_assembly.files.write import write_error, write_text_atomic
+from te_assembly.jobs.train.trackers import RunInfo, Tracker, open_all
 
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-INSTALL_HINT = "pip install 'te_assembly[tensorboard]'"
-
-
-def tensorboard_writer_class() -> Any:
-    """``torch.utils.tensorboard.SummaryWriter``, or None when the ``tensorboard`` package is missing."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter
-
-
-def check_tensorboard(wanted: bool | None) -> bool:
-    """Whether to write TensorBoard events: ``None`` when installed, ``True`` or ``MissingToolError``,
-    ``False`` never."""
-    if wanted is False:
-        return False
-    if tensorboard_writer_class() is not None:
-        return True
-    if wanted:
-        raise MissingToolError(
-            f"train.tensorboard=true, but the tensorboard package is not installed: {INSTALL_HINT} (or "
-            "train.tensorboard=null to write TensorBoard events only where it is installed)"
-        )
-    return False
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -89,17 +63,26 @@ def _clean(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class MetricsLog:
-    """``metrics.jsonl`` (and TensorBoard) of one run directory; only the process that writes the run's
-    files (rank 0) opens one."""
+    """``metrics.jsonl`` (and the trackers) of one run directory; only the process that writes the run's
+    files (rank 0) opens one. ``trackers``: names of ``trackers.KINDS``, resolved (``trackers.resolve``)."""
 
-    def __init__(self, out_dir: Path, *, start_step: int, tensorboard: bool, hold: bool = False) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        start_step: int,
+        trackers: Sequence[str] = (),
+        hold: bool = False,
+        name: str = "",
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
         self.path = out_dir / METRICS_FILE
-        self.tensorboard_dir = out_dir / TENSORBOARD_DIR
+        self.run = RunInfo(out_dir, start_step, name or out_dir.name, dict(params or {}))
         self.start_step = start_step
-        self.use_tensorboard = tensorboard
+        self.tracker_names = tuple(trackers)
         self._held: list[dict[str, Any]] | None = [] if hold else None
         self._file: Any = None
-        self._writer: Any = None
+        self._trackers: list[Tracker] = []
         if not hold:
             self._open()
 
@@ -108,23 +91,12 @@ class MetricsLog:
         kept = [r for r in read_records(self.path) if r["step"] <= self.start_step] if self.start_step else []
         text = "".join(json.dumps(r) + "\n" for r in kept)
         write_text_atomic(self.path, text)
-        if not self.start_step:
-            self._clear_tensorboard()  # a run without checkpoints left these: it is being started over
         try:
             check_regular(self.path, "metrics file")
             self._file = open(self.path, "a", encoding="utf-8")  # held open for the run
         except OSError as exc:
             raise write_error(self.path, exc) from None
-        if self.use_tensorboard:
-            writer = tensorboard_writer_class()
-            purge = {"purge_step": self.start_step + 1} if self.start_step else {}
-            self._writer = writer(log_dir=str(self.tensorboard_dir), **purge)
-
-    def _clear_tensorboard(self) -> None:
-        if self.tensorboard_dir.is_dir():
-            for events in self.tensorboard_dir.glob("events.out.tfevents.*"):
-                with contextlib.suppress(OSError):
-                    events.unlink()
+        self._trackers = open_all(self.tracker_names, self.run)
 
     def commit(self) -> None:
         """Start writing (after ``train.overwrite=true``'s first checkpoint): the held records first."""
@@ -147,23 +119,22 @@ class MetricsLog:
             self._file.flush()
         except OSError as exc:
             raise write_error(self.path, exc) from None
-        if self._writer is not None:
-            step = int(record["step"])
-            for tag, value in _scalars(record):
-                self._writer.add_scalar(tag, value, step, walltime=record.get("wall_time"))
-            self._writer.flush()
+        scalars = dict(_scalars(record))
+        for tracker in self._trackers:
+            tracker.log(int(record["step"]), scalars, record.get("wall_time"))
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close()
 
 
 def _scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
-    """TensorBoard tags: ``loss``, ``loss/<term>``, ``lr``, ``grad_norm``, ``tokens_per_s``..."""
+    """The trackers' tags: ``loss``, ``loss/<term>``, ``lr``, ``grad_norm``, ``tokens_per_s``,
+    ``validation/loss``..."""
     for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s"):
         value = record.get(key)
         if isinstance(value, (int, float)):
@@ -177,12 +148,4 @@ def _scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
             yield f"loss/{name}", float(value)
 
 
-__all__ = [
-    "INSTALL_HINT",
-    "METRICS_FILE",
-    "TENSORBOARD_DIR",
-    "MetricsLog",
-    "check_tensorboard",
-    "read_records",
-    "tensorboard_writer_class",
-]
+__all__ = ["METRICS_FILE", "MetricsLog", "read_records"]

@@ -81,7 +81,8 @@ class TrainResult:
     checkpoints: list[Path] = field(default_factory=list)
     metrics_file: Path | None = None
     """``metrics.jsonl``: one record per step (``metrics.py``)."""
-    tensorboard_dir: Path | None = None
+    trackers: tuple[str, ...] = ()
+    """Where its per-step scalars went besides ``metrics_file`` (``train.loggers``)."""
     config_file: Path | None = None
     plot: Path | None = None
     """``loss_curve.png``, once drawn (``views/loss_curve.py``; ``train.plot``)."""

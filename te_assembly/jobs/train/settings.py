@@ -13,6 +13,7 @@ from typing import Any
 
 from te_assembly.diagnostics import error
 from te_assembly.errors import ConfigError
+from te_assembly.fields import FieldSpec
 from te_assembly.sections import read_section, setting
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -99,10 +100,17 @@ class TrainSettings:
         "engine: each fuser; a model without blocks: the whole forward); all, every step",
     )
     plot: bool = setting(True, doc="write loss_curve.png")
-    tensorboard: bool | None = setting(
+    loggers: list[str] | None = setting(
         None,
-        doc="TensorBoard events in <run dir>/tensorboard (null: when tensorboard is installed; true: "
-        "required, an error without it; false: never)",
+        items=FieldSpec(str, choices=("tensorboard", "wandb", "mlflow")),
+        single_as_list=True,
+        doc="where per-step scalars go besides metrics.jsonl: tensorboard (<run dir>/tensorboard), wandb "
+        "(<run dir>/wandb; WANDB_MODE=offline keeps it there), mlflow (<run dir>/mlflow.db, or "
+        "MLFLOW_TRACKING_URI); each named one must be installed (null: tensorboard where installed; []: "
+        "none)",
+    )
+    log_every: int = setting(
+        1, minimum=1, doc="when output is not a terminal: one plain line every this many steps (and the last)"
     )
     stop_after: int | None = setting(
         None, minimum=1, doc="stop (with a checkpoint) after this step, as if interrupted"
