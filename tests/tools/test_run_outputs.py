@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from te_assembly.jobs.train.trackers import KINDS
 from te_assembly.jobs.train.schedule import lr_at
 from te_assembly.jobs.train.settings import TrainSettings
+from te_assembly.jobs.train.trackers import KINDS
 from tests.conftest import REPO_ROOT
 from tests.conftest import user_cli as shared_user_cli
 

@@ -12,17 +12,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from te_assembly.analysis.analyze import COMMON_SECTIONS, Analysis, command_line_keys
+from te_assembly.cli import job_dir
 from te_assembly.cli.commands.session import start
 from te_assembly.diagnostics import printable
 from te_assembly.errors import ArgumentError
 from te_assembly.jobs.generate.settings import GenerateSettings
 
 if TYPE_CHECKING:
+    from te_assembly.data.tokenizer import Tokenizer
+    from te_assembly.engines.base import AssembledModel
+    from te_assembly.engines.target import Target
     from te_assembly.jobs.generate.job import Generated
 
 SECTIONS = {**COMMON_SECTIONS, "generate": GenerateSettings}
+RUN_DIR = True  # generate.prompts_file writes generations.jsonl there; a single prompt leaves none
+
+
+BAR = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
 
 def _tokenizer_words(tokenizer: object) -> str:
@@ -37,7 +46,10 @@ def main(analysis: Analysis, console: Console) -> int:
     settings, taken = _settings(analysis, session.section("generate"))
     target = session.target
     source = Path(settings.source).expanduser() if settings.source is not None else None
-    prompt = "" if settings.interactive else read_prompt(settings)
+    if settings.prompts_file is not None:
+        job = job_dir.current("generate")
+        job_dir.check_claimable(job)  # where it writes, before the model is loaded
+    prompt = "" if settings.interactive or settings.prompts_file else read_prompt(settings)
     if settings.source is not None:
         model = load_source(settings.source, target)
         where = f"from {settings.source}"
@@ -48,6 +60,8 @@ def main(analysis: Analysis, console: Console) -> int:
         )
     tokenizer = tokenizer_for(source, settings)
     console.print(_heading(model.plan.name, where, tokenizer, settings, taken), markup=False, soft_wrap=True)
+    if settings.prompts_file is not None:
+        return _many(analysis, job, model, target, settings, tokenizer, source, console)
     console.rule(style="dim")
     out = console.file
 
@@ -82,6 +96,42 @@ def main(analysis: Analysis, console: Console) -> int:
     return 0
 
 
+def _many(
+    analysis: Analysis,
+    job: job_dir.JobDir,
+    model: AssembledModel,
+    target: Target,
+    settings: GenerateSettings,
+    tokenizer: Tokenizer,
+    source: Path | None,
+    console: Console,
+) -> int:
+    """``generate.prompts_file``: every prompt in batches, a progress bar, ``generations.jsonl``."""
+    from te_assembly.jobs.events import Advanced
+    from te_assembly.jobs.generate.batch import generate_file
+
+    out = job_dir.claim(job)
+    job_dir.write_config(out, analysis.resolved.as_config(), job)
+    with Progress(*BAR, console=console, disable=not console.is_terminal) as progress:
+        bar = progress.add_task("generate", total=None)
+
+        def advanced(event: object) -> None:
+            if isinstance(event, Advanced):
+                progress.update(bar, completed=event.done, total=event.total)
+
+        done = generate_file(
+            model, target, settings, out, tokenizer=tokenizer, source=source, on_event=advanced
+        )
+    console.print(
+        f"wrote {printable(str(done.path))}: {done.prompts} prompts, {done.tokens} tokens in "
+        f"{done.seconds:.2f} s ({done.tokens / max(done.seconds, 1e-9):.1f} tokens/s, batches of "
+        f"{settings.batch_size})",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
 def _heading(name: str, where: str, tokenizer: object, settings: GenerateSettings, taken: list[str]) -> str:
     """What generates, from where, with which tokenizer, how tokens are chosen."""
     how = (
@@ -104,6 +154,15 @@ def _settings(analysis: Analysis, settings: GenerateSettings) -> tuple[GenerateS
     from te_assembly.jobs.generate.job import generation_defaults, model_folder
     from te_assembly.jobs.window import window
 
+    many = settings.prompts_file is not None
+    if many and settings.source is None and settings.prompt is not None:
+        # The prompts are the file's: the one word is the model (``generate SOURCE ...prompts_file``).
+        settings = dataclasses.replace(settings, source=settings.prompt, prompt=None)
+    if many and (settings.prompt is not None or settings.prompt_file is not None or settings.interactive):
+        raise ArgumentError(
+            "generate.prompts_file decodes the prompts of a file: give it without a prompt, "
+            "generate.prompt_file or generate.interactive"
+        )
     if settings.interactive and not settings.chat:
         raise ArgumentError("generate.interactive=true is a conversation: set generate.chat=true too")
     if settings.interactive and settings.source is None and settings.prompt is not None:

@@ -14,6 +14,14 @@ class GenerateSettings:
 
     prompt: str | None = setting(None, doc="the text to continue (or prompt_file; null and no file: empty)")
     prompt_file: str | None = setting(None, nonempty=True, doc="read the prompt from this UTF-8 file")
+    prompts_file: str | None = setting(
+        None,
+        nonempty=True,
+        doc="many prompts, decoded in batches: a text file (one prompt a line) or JSON Lines (a string, "
+        "{prompt: ...} or {messages: [...]}, a conversation in the chat template, per line); one JSON "
+        "Lines record per prompt in the run directory's generations.jsonl",
+    )
+    batch_size: int = setting(8, minimum=1, doc="with prompts_file: prompts decoded together (left-padded)")
     source: str | None = setting(
         None,
         nonempty=True,
