@@ -231,6 +231,17 @@ class ChatCorpus:
         chosen = torch.randint(0, len(self.train), (sequences,), generator=generator).tolist()
         return self.rows([self.train[i] for i in chosen])
 
+    @property
+    def units(self) -> int:
+        """What one pass over the training split is made of (``train.epochs``): its conversations."""
+        return len(self.train)
+
+    unit_words = "conversations"
+
+    def rows_of(self, units: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, labels)`` of the training conversations ``units`` (``epoch_units``)."""
+        return self.rows([self.train[u] for u in units])
+
     def eval_batches(self, batches: int, sequences: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         examples = self.val[: batches * sequences]
         return [self.rows(examples[i : i + sequences]) for i in range(0, len(examples), sequences)]

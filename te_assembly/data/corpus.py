@@ -64,6 +64,20 @@ class Corpus:
         starts = torch.randint(0, len(ids) - self.seq_len, (sequences,), generator=generator).tolist()
         return self._windows(ids, starts)
 
+    @property
+    def units(self) -> int:
+        """What one pass over the training split is made of (``train.epochs``): its whole windows of
+        ``seq_len`` tokens, side by side."""
+        return (len(self.data.train) - 1) // self.seq_len
+
+    @property
+    def unit_words(self) -> str:
+        return f"windows of {self.seq_len} tokens"
+
+    def rows_of(self, units: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, labels)`` of the training windows ``units`` (``epoch_units``)."""
+        return self._windows(self.data.train, [u * self.seq_len for u in units])
+
     def eval_batches(self, batches: int, sequences: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Up to ``batches`` batches of consecutive validation windows (fewer when the split is short)."""
         ids = self.data.val

@@ -27,6 +27,7 @@ REQUIRED_ARGS: dict[str, dict[str, Any]] = {
     "LayerNorm": {"normalized_shape": 7},
     "RMSNorm": {"normalized_shape": 7},
     "ConstantScale": {"scale": 0.5},
+    "Softcap": {"cap": 3.0},
     "Dropout": {"p": 0.1},
     "TopKRouter": {"in_features": 4, "num_experts": 5, "top_k": 2},
     "Dispatch": {"num_experts": 5, "top_k": 2},

@@ -100,7 +100,8 @@ class ConfigReader:
             found = check_value(param.spec, float(value), f"config.json:{key}", key)
             if found:
                 self.refuse(key, f"{found[0].message} ({owner}'s {name})", code="hf-bad-value")
-                return float(param.default) if param.default is not None else 1.0
+                usable = isinstance(param.default, (int, float)) and not isinstance(param.default, bool)
+                return float(param.default) if usable else 1.0  # a stand-in: the import is refused
         return float(value)
 
     def flag(self, key: str, default: bool = False) -> bool:

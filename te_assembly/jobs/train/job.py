@@ -118,7 +118,23 @@ def train(
     # The data is read (every problem with it found) before a run directory is chosen or made: a run
     # that cannot start leaves nothing behind.
     language, data = _language(plan, target, settings, data, on_event)
+    if settings.epochs is not None:
+        if language is None:
+            raise ConfigError(
+                [
+                    error(
+                        "train.epochs",
+                        "not-a-language-model",
+                        f"train.epochs counts passes over a language model's data; {plan.name} regresses a "
+                        "teacher with fresh batches each step",
+                        "set train.steps instead",
+                    )
+                ]
+            )
+        settings = dataclasses.replace(settings, steps=language.steps_for(settings.epochs))
     settings, notes = decided_by_main(par, lambda: choose(settings, place))
+    if language is not None and language.epochs is not None:
+        notes.insert(0, epochs_words(settings, language))
     out_dir = out_dir_of(settings, _sources(settings, data))
     check_unlocked(out_dir)  # every rank probes (shared probes never collide); the run locks it later
     check_fresh_start(out_dir, settings)
@@ -133,6 +149,14 @@ def train(
             good, _, _ = newest_good(scan(out_dir))
             on_event(Stopped(out_dir, (good.path, good.step) if good is not None else None))
         raise
+
+
+def epochs_words(settings: TrainSettings, language: LanguageTask) -> str:
+    corpus = language.corpus
+    return (
+        f"train.epochs={settings.epochs:g}: {settings.steps} steps of {language.sequences} sequences over "
+        f"{corpus.units} {corpus.unit_words} (train.steps is not read)"
+    )
 
 
 def _language(

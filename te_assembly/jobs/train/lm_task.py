@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from te_assembly.analysis.plan import Plan
+from te_assembly.data.batch_seeds import epoch_units
 from te_assembly.data.cache import Progress, prepare
 from te_assembly.data.corpus import Corpus, bits_per_byte
 from te_assembly.data.settings import DataSettings
@@ -110,9 +111,24 @@ class LanguageTask:
             "tokenizer": meta["tokenizer"],
         }
 
+    epochs: float | None = None
+    """``train.epochs``: batches walk the training split pass after pass (``epoch_units``) instead of
+    drawing random windows."""
+
+    def steps_for(self, epochs: float) -> int:
+        """Optimizer steps of ``epochs`` passes over the training split (the last batch of a pass
+        spilling into the next), and from now on each batch walks the passes."""
+        self.epochs = epochs
+        return max(1, math.ceil(epochs * self.corpus.units / self.sequences))
+
     def batch(self, step: int, micro: int = 0, micros: int = 1) -> Batch:
         sequences = self.sequences // micros
-        x, labels = self.corpus.batch(self.target.seed, step, sequences, micro)
+        if self.epochs is not None:
+            first = (step - 1) * self.sequences + micro * sequences
+            units = epoch_units(self.target.seed, self.corpus.units, first, sequences)
+            x, labels = self.corpus.rows_of(units)
+        else:
+            x, labels = self.corpus.batch(self.target.seed, step, sequences, micro)
         x, labels = x.to(self.target.device), labels.to(self.target.device)
         if self.target.is_parallel:
             assert self.target.parallel is not None

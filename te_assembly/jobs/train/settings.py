@@ -34,6 +34,14 @@ class TrainSettings:
     """``train:``: the run (steps, batch, optimizer, schedule), its directory, checkpoints and resume."""
 
     steps: int = setting(200, minimum=1, doc="optimizer steps (the schedule spans them)")
+    epochs: float | None = setting(
+        None,
+        minimum=0,
+        exclusive_minimum=True,
+        doc="language models: passes over the training split instead of a step count (each sequence or "
+        "conversation once per pass, in a seeded order); the steps follow from it and train.steps is not "
+        "read (null: train.steps)",
+    )
     batch_tokens: int | None = setting(
         None,
         minimum=1,
@@ -195,12 +203,13 @@ NOT_RECORDED = (
     "resume",
     "overwrite",
     "resume_from",
-    "tensorboard",
+    "loggers",
+    "log_every",
     "inject_nan_at_step",
     "inject_nan_into",
 )
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""
-ADDED_LATER = {"grad_accum": 1, "clip_grad_norm": None, "z_loss": 0.0, "init_from": None}
+ADDED_LATER = {"grad_accum": 1, "clip_grad_norm": None, "z_loss": 0.0, "init_from": None, "epochs": None}
 """Run-defining settings newer than the checkpoint format, with their default: recorded only when set
 otherwise, so a run recorded before they existed (which ran with the default) still resumes."""

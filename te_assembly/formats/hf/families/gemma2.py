@@ -74,12 +74,13 @@ class Gemma2(PackedAttention, DenseMLP):
 
     def read(self, r: ConfigReader, data: Mapping[str, Any], shape: Shape) -> dict[str, Any]:
         scalar = r.number("query_pre_attn_scalar", 256)
+        caps = (
+            ("attn_softcap", "attn_logit_softcapping", ("Attention", "logit_softcap")),
+            ("final_softcap", "final_logit_softcapping", ("Softcap", "cap")),
+        )
         softcaps = {
-            name: r.number(key) if data.get(key) is not None else None
-            for name, key in (
-                ("attn_softcap", "attn_logit_softcapping"),
-                ("final_softcap", "final_logit_softcapping"),
-            )
+            name: r.number(key, becomes=becomes) if data.get(key) is not None else None
+            for name, key, becomes in caps
         }
         return {
             **super().read(r, data, shape),
