@@ -11,7 +11,7 @@ from te_assembly.errors import ConfigError
 from te_assembly.fields import FieldSpec
 from te_assembly.sections import read_section, setting, subsection
 
-FORMATS = ("auto", "text", "jsonl", "tokens", "chat")
+FORMATS = ("auto", "text", "jsonl", "tokens", "chat", "preference")
 TOKEN_DTYPES = ("uint16", "uint32")
 TEXT_SUFFIXES = [
     ".txt",
@@ -78,7 +78,8 @@ class DataSettings:
         choices=FORMATS,
         doc="auto: by suffix (.jsonl: JSON Lines, .bin: tokens, else text); chat: JSON Lines of "
         "conversations ({messages: [{role, content}]}) rendered with the chat template beside "
-        "data.tokenizer.path, the loss on the assistant's tokens only",
+        "data.tokenizer.path, the loss on the assistant's tokens only; preference: JSON Lines of {prompt, "
+        "chosen, rejected} (strings or message lists) for train.objective=dpo",
     )
     text_field: str = setting(
         "text", nonempty=True, doc="JSON Lines and datasets: the field (column) holding each document"

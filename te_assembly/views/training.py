@@ -94,9 +94,10 @@ def step_line(record: Any) -> str:
     width = len(str(record.end))
     elapsed = int(record.elapsed_s)
     clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
+    measures = "".join(f"  {name} {value:.4g}" for name, value in (record.measures or {}).items())
     return (
         f"step {record.step:>{width}}/{record.end}  loss {record.loss:.4g}  lr {record.lr:.3g}  "
-        f"grad_norm {record.grad_norm:.3g}  {record.tokens_per_s:,.0f} tok/s  {clock}"
+        f"grad_norm {record.grad_norm:.3g}  {record.tokens_per_s:,.0f} tok/s  {clock}{measures}"
     )
 
 

@@ -72,7 +72,7 @@ def test_train_epochs_on_a_model_without_data_is_refused() -> None:
 @pytest.fixture(scope="module")
 def user_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's folder: a tiny Llama made by transformers with a word-level tokenizer and a ChatML
-    template (``hf``), and conversations (``chat.jsonl``)."""
+    template (``hf``), conversations (``chat.jsonl``) and preference pairs (``pairs.jsonl``)."""
     pytest.importorskip("transformers", reason="a checkpoint made by transformers (dev extra)")
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -103,17 +103,23 @@ def user_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for n in range(24)
     ]
     (where / "chat.jsonl").write_text("\n".join(lines) + "\n")
+    turns = [json.loads(line)["messages"] for line in lines]
+    pairs = [
+        {"prompt": [turn[0]], "chosen": [turn[1]], "rejected": [{"role": "assistant", "content": "no"}]}
+        for turn in turns
+    ]
+    (where / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     return where
 
 
 def test_the_guides_commands_run_as_written(user_folder: Path) -> None:
-    imported, full, lora, export = (
+    imported, full, lora, export, dpo = (
         block_after("guides/fine-tuning.md", "One command each", "bash").strip().splitlines()
     )
     done = user_cli(user_folder, *shlex.split(imported.replace("path/to/checkpoint", "hf"))[3:])
     assert done.returncode == 0, done.stderr
     runs: dict[str, Path] = {}
-    for name, line in (("full", full), ("lora", lora)):
+    for name, line in (("full", full), ("lora", lora), ("dpo", dpo)):
         before = (
             set((user_folder / "outputs" / "mine").glob("*")) if (user_folder / "outputs").exists() else set()
         )
@@ -122,9 +128,11 @@ def test_the_guides_commands_run_as_written(user_folder: Path) -> None:
         (runs[name],) = set((user_folder / "outputs" / "mine").glob("*")) - before
         assert "train.epochs=1:" in done.stdout
         config = (runs[name] / "config.yaml").read_text()
-        assert ("lr: 2.0e-05" if name == "full" else "lr: 0.0002") in config
+        assert {"full": "lr: 2.0e-05", "lora": "lr: 0.0002", "dpo": "lr: 1.0e-06"}[name] in config
     export_line = re.sub(r"outputs/mine/<date>_<time>", f"outputs/mine/{runs['lora'].name}", export)
     done = user_cli(user_folder, *shlex.split(export_line)[3:])
     assert done.returncode == 0, done.stderr
     adapter = json.loads((user_folder / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 16 and adapter["lora_alpha"] == 32.0
+    first = json.loads((runs["dpo"] / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["terms"] == {"dpo": pytest.approx(math.log(2), rel=1e-6)}  # the policy is its reference

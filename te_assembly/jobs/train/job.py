@@ -29,6 +29,7 @@ from te_assembly.errors import ConfigError
 from te_assembly.formats.checkpoint import newest_good, remove_stale_temp, scan
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
 from te_assembly.jobs.train import stopping, trackers
+from te_assembly.jobs.train.dpo import PreferenceTask
 from te_assembly.jobs.train.lm_task import LanguageTask
 from te_assembly.jobs.train.lock import RunLock, check_unlocked
 from te_assembly.jobs.train.loop import Loop, RunFiles, Stepper
@@ -151,6 +152,40 @@ def train(
         raise
 
 
+def _load_start(model: torch.nn.Module, settings: TrainSettings) -> None:
+    """``train.init_from``'s weights into ``model`` (as built, from the seed, without one)."""
+    if settings.init_from is not None:
+        from te_assembly.formats.pretrained import load_pretrained_weights
+
+        load_pretrained_weights(model, settings.init_from)  # type: ignore[arg-type]
+
+
+def _objective_fits(settings: TrainSettings, data: DataSettings, target: Target) -> None:
+    """``train.objective=dpo`` and ``data.format=preference`` go together, on one process."""
+    dpo, pairs = settings.objective == "dpo", data.format == "preference"
+    problems = []
+    if dpo != pairs:
+        problems.append(
+            error(
+                "train.objective" if pairs else "data.format",
+                "conflicting-settings",
+                "train.objective=dpo trains on preference pairs: data.format=preference with it, and only "
+                "with it",
+                "train.objective=dpo data.format=preference",
+            )
+        )
+    if dpo and target.parallel is not None:
+        problems.append(
+            error(
+                "train.objective",
+                "conflicting-settings",
+                "train.objective=dpo runs on one process (not under torchrun) for now",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+
+
 def epochs_words(settings: TrainSettings, language: LanguageTask) -> str:
     corpus = language.corpus
     return (
@@ -169,6 +204,17 @@ def _language(
     data = data if data is not None else DataSettings()
     if settings.init_from is not None:
         data = _with_init_tokenizer(data, Path(settings.init_from).expanduser())
+    _objective_fits(settings, data, target)
+    if settings.objective == "dpo":
+        from te_assembly.data.preference import PreferenceCorpus
+
+        pairs = PreferenceCorpus.prepare(data, settings.positions)
+        task = PreferenceTask(plan, pairs, target, tokens=settings.tokens, dpo=settings.dpo)
+        if settings.init_from is not None:
+            from te_assembly.formats.tokenizer_record import check_tokenizer
+
+            check_tokenizer(Path(settings.init_from).expanduser(), pairs.tokenizer, "train.init_from")
+        return task, data
     language = LanguageTask.prepare(
         plan,
         data,
@@ -258,6 +304,8 @@ def _locked(
             notes.append(f"started from the weights of {settings.init_from}")
     if adapters:
         run["base"] = base_record(stepper.student, settings, par)
+    if isinstance(language, PreferenceTask):  # its reference: the starting weights, before a resume's
+        language.attach(stepper.student, adapters, lambda frozen: _load_start(frozen, settings))
     if resume_path is not None:
         start, losses = restore(par, resume_path, stepper.student, stepper.optimizer, run, settings, notes)
     elif settings.resume:

@@ -119,13 +119,19 @@ class LanguageTask:
         """Optimizer steps of ``epochs`` passes over the training split (the last batch of a pass
         spilling into the next), and from now on each batch walks the passes."""
         self.epochs = epochs
-        return max(1, math.ceil(epochs * self.corpus.units / self.sequences))
+        return max(1, math.ceil(epochs * self.corpus.units / self.units_per_step))
+
+    @property
+    def units_per_step(self) -> int:
+        """Units of the corpus a step takes (a preference pair is two rows)."""
+        return max(1, self.sequences // getattr(self.corpus, "rows_per_unit", 1))
 
     def batch(self, step: int, micro: int = 0, micros: int = 1) -> Batch:
         sequences = self.sequences // micros
         if self.epochs is not None:
-            first = (step - 1) * self.sequences + micro * sequences
-            units = epoch_units(self.target.seed, self.corpus.units, first, sequences)
+            per_micro = max(1, self.units_per_step // micros)
+            first = (step - 1) * self.units_per_step + micro * per_micro
+            units = epoch_units(self.target.seed, self.corpus.units, first, per_micro)
             x, labels = self.corpus.rows_of(units)
         else:
             x, labels = self.corpus.batch(self.target.seed, step, sequences, micro)

@@ -51,6 +51,8 @@ class Update:
     """The whole model's gradient norm before clipping."""
     seconds: float
     """From the batches being ready to the update done."""
+    measures: dict[str, float] = field(default_factory=dict)
+    """What the task measures beside the loss (DPO's rewards), the mean over micro-batches."""
 
 
 @dataclass
@@ -75,10 +77,12 @@ class Stepper:
         self.target.sync()
         began = time.perf_counter()
         inject = settings.inject_nan_at_step == step
-        value, summed = 0.0, dict[str, float]()
+        value, summed, measures = 0.0, dict[str, float](), dict[str, float]()
         for batch in batches:
             y, extras = self.model(batch.x, **batch.inputs)
             terms = self.task.terms(y, extras, batch, self.loss_names)
+            for name, measured in getattr(self.task, "measures", {}).items():
+                measures[name] = measures.get(name, 0.0) + measured / micros
             loss = objective.total(terms)
             if inject and settings.inject_nan_into == "loss":
                 loss = loss * float("nan")
@@ -104,7 +108,7 @@ class Stepper:
                     p.grad.mul_(scale)
         self.optimizer.step()
         self.target.sync()
-        return Update(value, summed, grad_norm, time.perf_counter() - began)
+        return Update(value, summed, grad_norm, time.perf_counter() - began, measures)
 
 
 def _check_loss(step: int, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
@@ -240,6 +244,7 @@ class Loop:
             time.time(),
             time.perf_counter() - began,
             evaluation,
+            done.measures,
         )
 
     def _checkpoint(self, settings: TrainSettings, step: int) -> None:

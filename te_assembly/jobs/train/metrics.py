@@ -146,6 +146,9 @@ def _scalars(record: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
     for name, value in (record.get("terms") or {}).items():
         if isinstance(value, (int, float)):
             yield f"loss/{name}", float(value)
+    for name, value in (record.get("measures") or {}).items():
+        if isinstance(value, (int, float)):
+            yield name, float(value)
 
 
 __all__ = ["METRICS_FILE", "MetricsLog", "read_records"]

@@ -39,6 +39,9 @@ class StepRecord:
     evaluation: dict[str, Any] | None = None
     """A language model's validation after this step (``val_loss``, ``val_perplexity``,
     ``val_bits_per_byte``), on the steps it is evaluated."""
+    measures: dict[str, float] = field(default_factory=dict)
+    """What the task measures beside the loss (DPO: ``rewards/chosen``, ``rewards/rejected``,
+    ``rewards/margin``, ``rewards/accuracy``)."""
 
     def metrics(self) -> dict[str, Any]:
         """The record ``metrics.jsonl`` keeps (``metrics.py``)."""
@@ -53,6 +56,7 @@ class StepRecord:
             "step_time_s": self.seconds,
             "wall_time": self.wall_time,
             "elapsed_s": self.elapsed_s,
+            **({"measures": dict(self.measures)} if self.measures else {}),
         }
 
 

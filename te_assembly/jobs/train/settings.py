@@ -14,7 +14,7 @@ from typing import Any
 from te_assembly.diagnostics import error
 from te_assembly.errors import ConfigError
 from te_assembly.fields import FieldSpec
-from te_assembly.sections import read_section, setting
+from te_assembly.sections import read_section, setting, subsection
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -27,6 +27,26 @@ LM_SEQUENCES, LM_SEQ_LEN = 32, 128
 
 # The teacher is seeded with seed + offset; seeds are < 2**63 and torch takes seeds below 2**64.
 _MAX_TEACHER_OFFSET = 2**63
+
+
+DPO_LOSSES = ("sigmoid", "ipo", "simpo")
+
+
+@dataclass(frozen=True)
+class DPOSettings:
+    """``train.dpo``: direct preference optimisation (``train.objective=dpo``)."""
+
+    beta: float = setting(
+        0.1, minimum=0, exclusive_minimum=True, doc="how far from the reference the policy may move"
+    )
+    loss: str = setting(
+        "sigmoid",
+        choices=DPO_LOSSES,
+        doc="sigmoid: DPO's -log sigmoid(beta * margin); ipo: IPO's (margin - 1 / (2 beta))^2 on mean "
+        "log-probabilities; simpo: SimPO's reference-free -log sigmoid(beta * (mean chosen - mean rejected "
+        "log-probability) - gamma)",
+    )
+    simpo_gamma: float = setting(0.5, minimum=0, doc="loss=simpo: the target margin gamma")
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,13 @@ class TrainSettings:
         doc="clip the gradients' total norm to this before each step (null: off)",
     )
     z_loss: float = setting(0.0, minimum=0, doc="language models: weight of the z-loss (logsumexp^2) term")
+    objective: str = setting(
+        "lm",
+        choices=("lm", "dpo"),
+        doc="language models: lm, next-token cross-entropy; dpo, preference tuning on data.format=preference "
+        "pairs against the starting weights (train.dpo)",
+    )
+    dpo: DPOSettings = subsection(DPOSettings, doc="train.objective=dpo's loss")
     eval_every: int = setting(
         50, minimum=0, doc="language models: validation loss every this many steps, and at the end (0: end)"
     )
@@ -210,6 +237,14 @@ NOT_RECORDED = (
 )
 """Where and how this invocation runs, not what the run is. Every other setting defines the run: a
 checkpoint records them and a resume must match (a new setting is run-defining unless listed)."""
-ADDED_LATER = {"grad_accum": 1, "clip_grad_norm": None, "z_loss": 0.0, "init_from": None, "epochs": None}
+ADDED_LATER = {
+    "grad_accum": 1,
+    "clip_grad_norm": None,
+    "z_loss": 0.0,
+    "init_from": None,
+    "epochs": None,
+    "objective": "lm",
+    "dpo": {"beta": 0.1, "loss": "sigmoid", "simpo_gamma": 0.5},
+}
 """Run-defining settings newer than the checkpoint format, with their default: recorded only when set
 otherwise, so a run recorded before they existed (which ran with the default) still resumes."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -13,6 +15,19 @@ from te_assembly.engines.reference.ops.base import ReferenceOp
 from te_assembly.engines.reference.ops.linear import init_weight
 
 Out = tuple[torch.Tensor, tuple[torch.Tensor, ...]]
+
+_OFF = contextvars.ContextVar("te_assembly_adapters_off", default=False)
+
+
+@contextlib.contextmanager
+def adapters_disabled() -> Iterator[None]:
+    """Inside: every adapter step passes its projection's output through unchanged, so the model is its
+    frozen base (DPO's reference, with no second copy of the weights; PEFT's ``disable_adapter``)."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
 
 
 class _Adapter(ReferenceOp):
@@ -75,6 +90,8 @@ class LoRA(_Adapter):
     def forward(self, y: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
         x = extra_inputs[0]
         _check_rows("LoRA", x, y, self.in_features)
+        if _OFF.get():
+            return y, ()
         return y + self.update(x).to(y.dtype), ()
 
 
@@ -114,6 +131,8 @@ class GroupedLoRA(_Adapter):
     def forward(self, y: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
         x, split_sizes = extra_inputs[0], extra_inputs[1]
         _check_rows("GroupedLoRA", x, y, self.in_features)
+        if _OFF.get():
+            return y, ()
         rows_x = x.reshape(-1, self.in_features)
         sizes = [int(s) for s in split_sizes.reshape(-1).tolist()]
         if len(sizes) != self.num_groups or sum(sizes) != rows_x.shape[0]:
