@@ -52,6 +52,11 @@ class LoraSettings:
         0.0, minimum=0.0, maximum=0.99, doc="dropout on each adapter's input in training"
     )
     rslora: bool = setting(False, doc="rank-stabilised LoRA: scale by alpha / sqrt(rank)")
+    dora: bool = setting(
+        False,
+        doc="weight-decomposed LoRA (PEFT's use_dora): each adapted weight row rescaled to a learned "
+        "magnitude; not beside experts (GroupedLinear)",
+    )
     targets: list[str] = setting(
         [ALL_LINEAR], items=FieldSpec(str, nonempty=True), single_as_list=True, doc=TARGETS_DOC
     )
@@ -260,6 +265,17 @@ def _branch(
         bound = step.get("extra_inputs") if isinstance(step.get("extra_inputs"), Mapping) else {}
         inputs["split_sizes"] = bound.get("split_sizes")
     lora = {"name": f"{name}_lora", "op": kind, "args": lora_args, "extra_inputs": inputs}
+    if settings.dora:
+        if kind == "GroupedLoRA":
+            message = (
+                f"lora.dora: step {pattern_of(name)!r} is experts (GroupedLinear); DoRA adapts Linear steps"
+            )
+            diags.append(
+                error(f"{SECTION}.dora", "lora-target", message, "leave the experts out of lora.targets")
+            )
+            return None
+        lora_args["dora"] = True
+        lora["tie_weight"] = name  # DoRA normalises the projection's own weight
     return keep, lora
 
 

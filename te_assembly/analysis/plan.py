@@ -193,11 +193,13 @@ class Plan:
     def adapter_params(self) -> frozenset[str]:
         """The adapters' parameters by name (``steps.layers.0.qkv_lora.lora_A0``). A plan with any is a
         frozen base with adapters: only these train, and a checkpoint holds only these."""
+        tied = self.tied_params  # DoRA's view of the projection's weight is the projection's
         return frozenset(
             f"steps.{step.name}.{name}"
             for step in self.steps
             if step.type in ADAPTER_TYPES
             for name in step.param_shapes
+            if f"steps.{step.name}.{name}" not in tied
         )
 
     @property

@@ -18,7 +18,20 @@ def check_ties(steps: Sequence[PlannedStep | None]) -> list[Diagnostic]:
     by_name = {s.name: s for s in steps if s is not None}
     out: list[Diagnostic] = []
     for step in steps:
-        if step is None or step.tie_weight is None:
+        if step is None:
+            continue
+        needs = getattr(step.spec, "tie_required", None)
+        if step.tie_weight is None and needs is not None and step.args.get(needs):
+            out.append(
+                error(
+                    f"model.ops[{step.index}].tie_weight",
+                    "cannot-tie",
+                    f"{step.type} step {step.name!r} has {needs}: true, which reads another step's weight as "
+                    f"its {step.spec.tie_param}: tie_weight names none",
+                    f"tie_weight: {_before(steps, step)} (the step it adapts)",
+                )
+            )
+        if step.tie_weight is None:
             continue
         path = f"model.ops[{step.index}].tie_weight"
         name = step.tie_weight
@@ -48,6 +61,11 @@ def check_ties(steps: Sequence[PlannedStep | None]) -> list[Diagnostic]:
         if problem is not None:
             out.append(error(path, "cannot-tie", problem[0], problem[1]))
     return out
+
+
+def _before(steps: Sequence[PlannedStep | None], step: PlannedStep) -> str:
+    earlier = [s for s in steps if s is not None and s.index == step.index - 1]
+    return earlier[0].name if earlier else "<step>"
 
 
 def _problem(step: PlannedStep, owner: PlannedStep) -> tuple[str, str] | None:

@@ -19,6 +19,10 @@ from te_assembly.catalog.costs import per_row_weights
 from te_assembly.catalog.spec import OpSpec, Param, Slot, Width
 
 _REF = "te_assembly.engines.reference.ops.adapters"
+BASE_WEIGHT = "base_weight"
+"""DoRA's view of the adapted projection's weight: tied to it, never a parameter of its own."""
+MAGNITUDE = "lora_magnitude"
+"""DoRA's magnitude of each output row of an adapted part (PEFT's ``lora_magnitude_vector``)."""
 
 
 def parts_of(args: Mapping[str, Any]) -> list[int]:
@@ -41,12 +45,23 @@ def scaling(args: Mapping[str, Any]) -> float:
     return float(args["alpha"]) / (rank**0.5 if args.get("rslora") else rank)
 
 
-def _lora_shapes(args: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+def _lora_matrices(args: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """A and B of every adapted part; with DoRA the projection's weight too (it multiplies x again)."""
     parts, rank = parts_of(args), int(args["rank"])
     shapes: dict[str, tuple[int, ...]] = {}
     for i in adapted_parts(args):
         shapes[f"lora_A{i}"] = (rank, int(args["in_features"]))
         shapes[f"lora_B{i}"] = (parts[i], rank)
+    if args.get("dora"):
+        shapes[BASE_WEIGHT] = (int(args["out_features"]), int(args["in_features"]))
+    return shapes
+
+
+def _lora_shapes(args: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    shapes = _lora_matrices(args)
+    if args.get("dora"):
+        parts = parts_of(args)
+        shapes.update({f"{MAGNITUDE}{i}": (parts[i],) for i in adapted_parts(args)})
     return shapes
 
 
@@ -105,13 +120,26 @@ ADAPTER_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="LoRA",
         doc="y = y + scaling * B(A(dropout(x))) per part of y, x the adapted projection's input (kept "
-        "on a channel before it). PEFT's LoRA as a side branch: A starts random, B at zero.",
-        params=_COMMON,
+        "on a channel before it). PEFT's LoRA as a side branch: A starts random, B at zero. With dora, "
+        "PEFT's DoRA: each output row of W + scaling * B A rescaled to a learned magnitude (lora_magnitude, "
+        "starting at the row norms of W), the norm itself held constant in backward; the step then ties "
+        "base_weight to the projection's weight (tie_weight) and multiplies x by it once more.",
+        params=(
+            *_COMMON,
+            Param(
+                "dora",
+                bool,
+                False,
+                doc="Weight-decomposed LoRA (PEFT's use_dora): needs tie_weight: the adapted projection.",
+            ),
+        ),
         inputs=(Slot("x", "float", width_arg="in_features", doc="The adapted projection's input."),),
         width=Width(in_arg="out_features", out_arg="out_features"),
         reference=f"{_REF}:LoRA",
         param_shapes=_lora_shapes,
-        cost=per_row_weights(_lora_shapes, None),
+        tie_param=BASE_WEIGHT,
+        tie_required="dora",
+        cost=per_row_weights(_lora_matrices, None),
         te_runs_on_cpu=True,
         arg_rules=_RULES,
         arg_checks=_check_parts,

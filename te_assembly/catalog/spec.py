@@ -352,6 +352,9 @@ class OpSpec(_Arguments):
     tie_param: str | None = None
     """The parameter a step's ``tie_weight`` may share with another step's (a vocabulary head's weight
     with the embedding's), by its name in ``param_shapes``; None: this op's weights cannot be tied."""
+    tie_required: str | None = None
+    """A boolean argument that, when true, makes ``tie_weight`` required: the op then reads another
+    step's weight as its ``tie_param`` (DoRA reads the adapted projection's)."""
     cost: Cost = FREE
     """Its forward FLOPs and what it keeps for backward (``costs.py``): what ``bench`` and the memory
     estimate count for it."""

@@ -22,7 +22,7 @@ import torch
 from te_assembly.analysis.adapters import pattern_of
 from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import ADAPTER_TYPES
-from te_assembly.catalog.adapter_ops import adapted_parts, parts_of, scaling
+from te_assembly.catalog.adapter_ops import MAGNITUDE, adapted_parts, parts_of, scaling
 from te_assembly.errors import ArgumentError
 from te_assembly.files.directory import PEFT, check_destination, write_directory
 from te_assembly.files.read import LIMITS, InputFileError, read_json
@@ -79,6 +79,23 @@ def _delta(adapter: PlannedStep, weights: Mapping[str, torch.Tensor], suffix: st
     return torch.cat(rows, dim=0) * scaling(args)
 
 
+def _rescaled(
+    adapter: PlannedStep, weights: Mapping[str, torch.Tensor], merged: torch.Tensor
+) -> torch.Tensor:
+    """DoRA folded in: each adapted part's rows of ``W + scaling * B A`` rescaled to their magnitudes
+    (PEFT's merge: ``magnitude / ||W + scaling * B A||`` per row)."""
+    start = 0
+    rows = []
+    for i, width in enumerate(parts_of(adapter.args)):
+        part = merged[start : start + width]
+        if i in adapted_parts(adapter.args):
+            magnitude = weights[f"steps.{adapter.name}.{MAGNITUDE}{i}"].double()
+            part = part * (magnitude / torch.linalg.norm(part, dim=1))[:, None]
+        rows.append(part)
+        start += width
+    return torch.cat(rows, dim=0)
+
+
 def merged_weights(plan: Plan, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The base's weights with every adapter folded in (``W + scaling * B @ A``, summed in float64 and
     rounded once to the weight's dtype): the weights of ``base_plan(plan)``, computing what the model
@@ -96,7 +113,10 @@ def merged_weights(plan: Plan, weights: Mapping[str, torch.Tensor]) -> dict[str,
                     "merging (format te keeps the adapters), or train without an adapter on "
                     f"{target.name!r}"
                 )
-            out[key] = (out[key].double() + _delta(adapter, weights, "")).to(out[key].dtype)
+            merged = out[key].double() + _delta(adapter, weights, "")
+            if adapter.args.get("dora"):
+                merged = _rescaled(adapter, weights, merged)
+            out[key] = merged.to(out[key].dtype)
         else:
             for g in range(int(adapter.args["num_groups"])):
                 key = f"steps.{target.name}.weight{g}"
@@ -144,12 +164,21 @@ def _modules(plan: Plan) -> dict[tuple[str, int], str]:
     return out
 
 
+def _peft_names(adapter: PlannedStep, i: int, module: str) -> dict[str, str]:
+    """Part ``i`` of ``adapter``'s parameters -> PEFT's names of them (``module``'s)."""
+    names = {f"lora_{kind}{i}": f"{PEFT_PREFIX}{module}.lora_{kind}.weight" for kind in ("A", "B")}
+    if adapter.args.get("dora"):
+        names[f"{MAGNITUDE}{i}"] = f"{PEFT_PREFIX}{module}.lora_magnitude_vector"
+    return names
+
+
 def peft_tensors(plan: Plan, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapters of ``weights`` under PEFT's names."""
     out = {}
+    steps = {s.name: s for s in adapter_steps(plan)}
     for (step, i), module in _modules(plan).items():
-        out[f"{PEFT_PREFIX}{module}.lora_A.weight"] = weights[f"steps.{step}.lora_A{i}"].contiguous()
-        out[f"{PEFT_PREFIX}{module}.lora_B.weight"] = weights[f"steps.{step}.lora_B{i}"].contiguous()
+        for ours, theirs in _peft_names(steps[step], i, module).items():
+            out[theirs] = weights[f"steps.{step}.{ours}"].contiguous()
     return out
 
 
@@ -159,7 +188,7 @@ def peft_config(plan: Plan, base_name: str | None) -> dict[str, Any]:
     adapters = adapter_steps(plan)
     args = adapters[0].args
     for step in adapters[1:]:
-        if any(step.args.get(k) != args.get(k) for k in ("rank", "alpha", "dropout", "rslora")):
+        if any(step.args.get(k) != args.get(k) for k in ("rank", "alpha", "dropout", "rslora", "dora")):
             raise ArgumentError(
                 f"steps {adapters[0].name!r} and {step.name!r} have different LoRA settings: PEFT's "
                 "adapter_config.json holds one rank and alpha for every module"
@@ -173,6 +202,7 @@ def peft_config(plan: Plan, base_name: str | None) -> dict[str, Any]:
         "lora_alpha": float(args["alpha"]),
         "lora_dropout": float(args["dropout"]),
         "use_rslora": bool(args.get("rslora")),
+        "use_dora": bool(args.get("dora")),
         "target_modules": modules,
         "bias": "none",
         "fan_in_fan_out": False,
@@ -208,7 +238,6 @@ def write_peft(
 
 
 PEFT_REFUSED = {
-    "use_dora": "DoRA (a magnitude vector per module) is not supported yet",
     "layers_to_transform": "it adapts some layers only",
     "layers_pattern": "it adapts some layers only",
     "layer_replication": "it repeats layers of the base",
@@ -249,7 +278,7 @@ PEFT_METADATA = frozenset(
 """PEFT's fields that say where an adapter came from or how it was initialised: nothing te_assembly
 computes depends on them."""
 
-PEFT_READ = ("r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "bias")
+PEFT_READ = ("r", "lora_alpha", "lora_dropout", "use_rslora", "use_dora", "target_modules", "bias")
 
 
 def _is_set(value: Any) -> bool:
@@ -277,6 +306,7 @@ def checked_peft_config(config: Any, path: Path) -> dict[str, Any]:
         "bias": config.get("bias", "none"),
     }
     out.update(lora_dropout=config.get("lora_dropout", 0.0), use_rslora=config.get("use_rslora", False))
+    out["use_dora"] = config.get("use_dora", False)
     out["target_modules"] = config.get("target_modules")
     if not isinstance(out["r"], int) or isinstance(out["r"], bool) or out["r"] < 1:
         problems.append(f"r = {_shown(out['r'])}: expected a positive integer")
@@ -284,8 +314,9 @@ def checked_peft_config(config: Any, path: Path) -> dict[str, Any]:
         problems.append(f"lora_alpha = {_shown(out['lora_alpha'])}: expected a positive number")
     if not _number(out["lora_dropout"]) or not 0 <= out["lora_dropout"] < 1:
         problems.append(f"lora_dropout = {_shown(out['lora_dropout'])}: expected a number from 0 to below 1")
-    if not isinstance(out["use_rslora"], bool):
-        problems.append(f"use_rslora = {_shown(out['use_rslora'])}: expected true or false")
+    for flag in ("use_rslora", "use_dora"):
+        if not isinstance(out[flag], bool):
+            problems.append(f"{flag} = {_shown(out[flag])}: expected true or false")
     if out["bias"] != "none":
         problems.append(f"bias = {_shown(out['bias'])}: te_assembly's adapters train no bias (none only)")
     modules = out["target_modules"]
@@ -361,6 +392,7 @@ def lora_section(config: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         "alpha": float(config["lora_alpha"]),
         "dropout": float(config["lora_dropout"]),
         "rslora": config["use_rslora"],
+        "dora": config["use_dora"],
         "targets": [f"{p}:{'+'.join(sorted(parts))}" if parts else p for p, parts in sorted(targets.items())],
     }
 
@@ -418,11 +450,10 @@ def from_peft_tensors(plan: Plan, tensors: Mapping[str, torch.Tensor]) -> dict[s
     steps = {s.name: s for s in adapter_steps(plan)}
     used = set()
     for (step, i), module in _modules(plan).items():
-        for kind in ("A", "B"):
-            key = f"{PEFT_PREFIX}{module}.lora_{kind}.weight"
+        for ours, key in _peft_names(steps[step], i, module).items():
             if key not in tensors:
                 raise CheckpointError(f"{PEFT_WEIGHTS} has no {key}")
-            tensor, needed = tensors[key], tuple(steps[step].param_shapes[f"lora_{kind}{i}"])
+            tensor, needed = tensors[key], tuple(steps[step].param_shapes[ours])
             if not tensor.is_floating_point():
                 raise CheckpointError(
                     f"{PEFT_WEIGHTS}: {key} is {tensor.dtype}, not a float: it is no weight"
@@ -435,7 +466,7 @@ def from_peft_tensors(plan: Plan, tensors: Mapping[str, torch.Tensor]) -> dict[s
                 )
             if not torch.isfinite(tensor).all():
                 raise CheckpointError(f"{PEFT_WEIGHTS}: {key} holds NaN or inf")
-            out[f"steps.{step}.lora_{kind}{i}"] = tensor
+            out[f"steps.{step}.{ours}"] = tensor
             used.add(key)
     extra = sorted(set(tensors) - used)
     if extra:

@@ -11,11 +11,16 @@ import torch
 import te_assembly
 from te_assembly.engines.target import Target
 
-CASES = [("llama_tiny", "te"), ("qwen2_moe_tiny", "reference")]
+CASES = [
+    ("llama_tiny", "te", []),
+    ("qwen2_moe_tiny", "reference", []),
+    ("llama_tiny", "te", ["lora.dora=true"]),
+]
+"""The last: DoRA, its view of each projection's weight tied to the TE op's own."""
 
 
-def _pair(model: str, kernels: str, **kw: object) -> tuple[torch.nn.Module, torch.nn.Module]:
-    plan = te_assembly.load(model, ["lora.rank=4"]).checked_plan()
+def _pair(model: str, kernels: str, more: list[str]) -> tuple[torch.nn.Module, torch.nn.Module]:
+    plan = te_assembly.load(model, ["lora.rank=4", *more]).checked_plan()
     te_model = Target.of("te", kernels, dtype=torch.float64).build(plan, seed=1)
     reference = Target.of("reference", dtype=torch.float64).build(plan, seed=1)
     state = {k: v for k, v in te_model.state_dict().items() if not k.endswith("_extra_state")}
@@ -28,14 +33,14 @@ def _pair(model: str, kernels: str, **kw: object) -> tuple[torch.nn.Module, torc
 
 
 @pytest.mark.te
-@pytest.mark.parametrize(("model", "kernels"), CASES)
-def test_adapters_in_te_fusers_equal_the_reference_engine(model: str, kernels: str) -> None:
+@pytest.mark.parametrize(("model", "kernels", "more"), CASES)
+def test_adapters_in_te_fusers_equal_the_reference_engine(model: str, kernels: str, more: list[str]) -> None:
     from te_assembly.engines.te import gpu_only_steps
 
-    plan = te_assembly.load(model, ["lora.rank=4"]).checked_plan()
+    plan = te_assembly.load(model, ["lora.rank=4", *more]).checked_plan()
     if kernels == "te" and gpu_only_steps(plan, "te"):
         kernels = "reference"  # TE's attention kernels need a GPU: our math inside TE's fusers
-    te_model, reference = _pair(model, kernels)
+    te_model, reference = _pair(model, kernels, more)
     ids = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(0))
     outs = []
     for m in (te_model, reference):

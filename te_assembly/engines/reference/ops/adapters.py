@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch.nn import functional
 
-from te_assembly.catalog.adapter_ops import adapted_parts, parts_of, scaling
-from te_assembly.engines.reference.ops.base import ReferenceOp
+from te_assembly.catalog.adapter_ops import BASE_WEIGHT, MAGNITUDE, adapted_parts, parts_of, scaling
+from te_assembly.engines.reference.ops.base import ReferenceOp, compute_dtype
 from te_assembly.engines.reference.ops.linear import init_weight
 
 Out = tuple[torch.Tensor, tuple[torch.Tensor, ...]]
@@ -85,14 +85,98 @@ def _check_rows(name: str, x: torch.Tensor, y: torch.Tensor, width: int) -> None
 
 
 class LoRA(_Adapter):
-    """``y + scaling * B(A(dropout(x)))``: x (extra input 0) is the adapted projection's input."""
+    """``y + scaling * B(A(dropout(x)))``: x (extra input 0) is the adapted projection's input. With
+    ``dora``, PEFT's DoRA: ``base_weight`` is the projection's weight (tied to it by the plan), and each
+    adapted part's rows of ``W + scaling * B A`` are rescaled to ``lora_magnitude{i}``:
+    ``y + (m / n - 1) * x W^T + (m / n) * scaling * B(A(dropout(x)))``, ``n`` the rows' norms, held
+    constant in backward (the DoRA paper's section 4.3, as PEFT does). A magnitude starts unset (NaN)
+    and becomes the row norms of the weight the model has when it first runs (the pretrained one, loaded
+    after the model was built), unless a checkpoint or adapter gave it a value first."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        alpha: float = 16.0,
+        dropout: float = 0.0,
+        rslora: bool = False,
+        parts: list[int] | None = None,
+        adapted: list[bool] | None = None,
+        dora: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            in_features,
+            out_features,
+            rank,
+            alpha,
+            dropout,
+            rslora,
+            parts,
+            adapted,
+            device=device,
+            dtype=dtype,
+        )
+        self.dora = dora
+        self._magnitude_set = not dora
+        if dora:
+            for i in self.adapted_indices:
+                unset = torch.full((self.widths[i],), float("nan"), device=device, dtype=dtype)
+                self.register_parameter(f"{MAGNITUDE}{i}", torch.nn.Parameter(unset))
+            # a stand-in until the plan ties it to the projection's weight (``engines.base.tie_weights``)
+            shape = (self.out_features, self.in_features)
+            self.register_parameter(
+                BASE_WEIGHT, torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+            )
+
+    def _rows(self, i: int) -> slice:
+        start = sum(self.widths[:i])
+        return slice(start, start + self.widths[i])
+
+    def _norms(self, i: int, dtype: torch.dtype) -> torch.Tensor:
+        """The row norms of part ``i`` of ``W + scaling * B A`` (PEFT's ``get_weight_norm``)."""
+        a, b = getattr(self, f"lora_A{i}"), getattr(self, f"lora_B{i}")
+        weight = getattr(self, BASE_WEIGHT)[self._rows(i)].to(dtype) + self.scaling * (
+            b.to(dtype) @ a.to(dtype)
+        )
+        return torch.linalg.norm(weight, dim=1)
 
     def forward(self, y: torch.Tensor, extra_inputs: Sequence[torch.Tensor] = ()) -> Out:  # type: ignore[override]
         x = extra_inputs[0]
         _check_rows("LoRA", x, y, self.in_features)
         if _OFF.get():
             return y, ()
-        return y + self.update(x).to(y.dtype), ()
+        if not self.dora:
+            return y + self.update(x).to(y.dtype), ()
+        if not self._magnitude_set:
+            self._set_magnitudes(y.dtype)
+        return y + self._dora_update(x, y.dtype), ()
+
+    def _set_magnitudes(self, dtype: torch.dtype) -> None:
+        """Each unset magnitude (NaN: none was loaded) as its rows' norms now (PEFT's ``update_layer``)."""
+        with torch.no_grad():
+            for i in self.adapted_indices:
+                magnitude = getattr(self, f"{MAGNITUDE}{i}")
+                if bool(torch.isnan(magnitude).all()):
+                    magnitude.copy_(self._norms(i, compute_dtype(dtype)))
+        self._magnitude_set = True
+
+    def _dora_update(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        dropped = functional.dropout(x, self.dropout) if self.dropout > 0.0 and self.training else x
+        weight = getattr(self, BASE_WEIGHT)
+        pieces = []
+        for i, width in enumerate(self.widths):
+            if i not in self.adapted_indices:
+                pieces.append(x.new_zeros(*x.shape[:-1], width))
+                continue
+            a, b = getattr(self, f"lora_A{i}"), getattr(self, f"lora_B{i}")
+            scale = getattr(self, f"{MAGNITUDE}{i}").to(x.dtype) / self._norms(i, x.dtype).detach()
+            base = functional.linear(dropped, weight[self._rows(i)].to(x.dtype))  # PEFT: x W^T again
+            lora = functional.linear(functional.linear(dropped, a.to(x.dtype)), b.to(x.dtype))
+            pieces.append((scale - 1) * base + scale * lora * self.scaling)
+        return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)).to(dtype)
 
 
 class GroupedLoRA(_Adapter):
