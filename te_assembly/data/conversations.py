@@ -14,6 +14,7 @@ chosen by a hash of their name (``data.val_fraction``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -155,6 +156,8 @@ class ChatCorpus:
     tokenizer: Tokenizer
     seq_len: int
     meta: dict[str, Any]
+    packing: bool = False
+    """``data.packing``: conversations side by side in each row (``packed``), each its own document."""
 
     @classmethod
     def prepare(
@@ -198,7 +201,7 @@ class ChatCorpus:
             "tokenizer": tokenizer.fingerprint,
             "examples": {"train": len(train), "val": len(val), "without_answers": unlabelled},
         }
-        return cls(train, val, tokenizer, seq_len, meta)
+        return cls(train, val, tokenizer, seq_len, meta, settings.packing)
 
     @property
     def data(self) -> ChatCorpus:
@@ -224,27 +227,55 @@ class ChatCorpus:
     def val_bytes_per_token(self) -> float | None:
         return None
 
-    def batch(
-        self, seed: int, step: int, sequences: int, micro: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, seed: int, step: int, sequences: int, micro: int = 0) -> tuple[torch.Tensor, ...]:
         generator = torch.Generator().manual_seed(step_seed(seed, step, micro))
-        chosen = torch.randint(0, len(self.train), (sequences,), generator=generator).tolist()
-        return self.rows([self.train[i] for i in chosen])
+        chosen = torch.randint(0, self.units, (sequences,), generator=generator).tolist()
+        return self.rows_of(chosen)
 
     @property
     def units(self) -> int:
-        """What one pass over the training split is made of (``train.epochs``): its conversations."""
-        return len(self.train)
+        """What one pass over the training split is made of (``train.epochs``): its conversations, or
+        packed, its rows."""
+        return len(self.packed_train) if self.packing else len(self.train)
 
-    unit_words = "conversations"
+    @property
+    def unit_words(self) -> str:
+        return "rows of packed conversations" if self.packing else "conversations"
 
-    def rows_of(self, units: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, labels)`` of the training conversations ``units`` (``epoch_units``)."""
+    @functools.cached_property
+    def packed_train(self) -> list[list[Example]]:
+        return pack(self.train, self.seq_len)
+
+    def rows_of(self, units: list[int]) -> tuple[torch.Tensor, ...]:
+        """``(x, labels)`` of the training conversations ``units`` (``epoch_units``); packed, ``(x,
+        labels, documents)`` of those packed rows."""
+        if self.packing:
+            return self.packed_rows([self.packed_train[u] for u in units])
         return self.rows([self.train[u] for u in units])
 
-    def eval_batches(self, batches: int, sequences: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(self, batches: int, sequences: int) -> list[tuple[torch.Tensor, ...]]:
+        if self.packing:
+            rows = pack(self.val, self.seq_len)[: batches * sequences]
+            return [self.packed_rows(rows[i : i + sequences]) for i in range(0, len(rows), sequences)]
         examples = self.val[: batches * sequences]
         return [self.rows(examples[i : i + sequences]) for i in range(0, len(examples), sequences)]
+
+    def packed_rows(self, rows: Sequence[Sequence[Example]]) -> tuple[torch.Tensor, ...]:
+        """``x``, ``labels`` and ``documents`` ``[len(rows), seq_len]``: each row's conversations one
+        after another, each its own document (``engines/reference/packing.py``), padding (-1) after."""
+        x = np.full((len(rows), self.seq_len), max(self.tokenizer.eot_id, 0), dtype=np.int64)
+        labels = np.full((len(rows), self.seq_len), IGNORE, dtype=np.int64)
+        documents = np.full((len(rows), self.seq_len), -1, dtype=np.int64)
+        for r, row in enumerate(rows):
+            at = 0
+            for d, example in enumerate(row):
+                n = len(example.ids) - 1
+                x[r, at : at + n] = example.ids[:n]
+                kept = np.where(example.assistant[1 : n + 1], example.ids[1 : n + 1], IGNORE)
+                labels[r, at : at + n] = kept
+                documents[r, at : at + n] = d
+                at += n
+        return torch.from_numpy(x), torch.from_numpy(labels), torch.from_numpy(documents)
 
     def rows(self, examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` and ``labels`` ``[len(examples), seq_len]``: each example from the row's start, padded
@@ -260,4 +291,33 @@ class ChatCorpus:
         return torch.from_numpy(x), torch.from_numpy(labels)
 
 
-__all__ = ["IGNORE", "ChatCorpus", "Example", "assistant_spans", "conversations", "labelled", "tokenized"]
+def pack(examples: Sequence[Example], seq_len: int) -> list[list[Example]]:
+    """``examples`` in order, as many to a row as fit in ``seq_len`` positions (each takes its length
+    less one: its last token predicts nothing); a row is closed when the next would not fit."""
+    rows: list[list[Example]] = []
+    current: list[Example] = []
+    used = 0
+    for example in examples:
+        n = len(example.ids) - 1
+        if n <= 0:
+            continue
+        if current and used + n > seq_len:
+            rows.append(current)
+            current, used = [], 0
+        current.append(example)
+        used += n
+    if current:
+        rows.append(current)
+    return rows
+
+
+__all__ = [
+    "IGNORE",
+    "ChatCorpus",
+    "Example",
+    "assistant_spans",
+    "conversations",
+    "labelled",
+    "pack",
+    "tokenized",
+]

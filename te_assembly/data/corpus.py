@@ -19,11 +19,16 @@ from te_assembly.data.batch_seeds import step_seed
 from te_assembly.data.cache import Tokenized
 from te_assembly.errors import DataError
 
+IGNORE_INDEX = -100
+
 
 @dataclass
 class Corpus:
     data: Tokenized
     seq_len: int
+    packing: bool = False
+    """``data.packing``: each window also says where its documents are (each ends at an end-of-text
+    token), and no position predicts across one's end."""
 
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
@@ -55,9 +60,7 @@ class Corpus:
     def has_validation(self) -> bool:
         return len(self.data.val) > self.seq_len
 
-    def batch(
-        self, seed: int, step: int, sequences: int, micro: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, seed: int, step: int, sequences: int, micro: int = 0) -> tuple[torch.Tensor, ...]:
         """``(x, labels)``, each ``[sequences, seq_len]`` int64 (``micro``: a micro-batch of ``step``)."""
         ids = self.data.train
         generator = torch.Generator().manual_seed(step_seed(seed, step, micro))
@@ -74,21 +77,29 @@ class Corpus:
     def unit_words(self) -> str:
         return f"windows of {self.seq_len} tokens"
 
-    def rows_of(self, units: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows_of(self, units: list[int]) -> tuple[torch.Tensor, ...]:
         """``(x, labels)`` of the training windows ``units`` (``epoch_units``)."""
         return self._windows(self.data.train, [u * self.seq_len for u in units])
 
-    def eval_batches(self, batches: int, sequences: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(self, batches: int, sequences: int) -> list[tuple[torch.Tensor, ...]]:
         """Up to ``batches`` batches of consecutive validation windows (fewer when the split is short)."""
         ids = self.data.val
         windows = min(batches * sequences, (len(ids) - 1) // self.seq_len)
         starts = [i * self.seq_len for i in range(windows)]
         return [self._windows(ids, starts[i : i + sequences]) for i in range(0, len(starts), sequences)]
 
-    def _windows(self, ids: np.ndarray, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _windows(self, ids: np.ndarray, starts: list[int]) -> tuple[torch.Tensor, ...]:
+        """``(x, labels)``; packed, ``(x, labels, documents)``: each position's document within its
+        window (``engines/reference/packing.py``), a label only where the next token is the same
+        document's."""
         rows = np.stack([np.asarray(ids[s : s + self.seq_len + 1], dtype=np.int64) for s in starts])
         block = torch.from_numpy(rows)
-        return block[:, :-1].contiguous(), block[:, 1:].contiguous()
+        x, labels = block[:, :-1].contiguous(), block[:, 1:].contiguous()
+        if not self.packing:
+            return x, labels
+        ends = x == self.data.tokenizer.eot_id  # an end-of-text token ends its document
+        documents = ends.cumsum(-1) - ends.long()
+        return x, labels.masked_fill(ends, IGNORE_INDEX), documents
 
     @property
     def val_bytes_per_token(self) -> float | None:

@@ -81,6 +81,12 @@ class DataSettings:
         "data.tokenizer.path, the loss on the assistant's tokens only; preference: JSON Lines of {prompt, "
         "chosen, rejected} (strings or message lists) for train.objective=dpo",
     )
+    packing: bool = setting(
+        False,
+        doc="train: several documents (text) or conversations (chat) side by side in each row, attention "
+        "kept inside each and positions restarting at each start (padding-free, as TRL's); false: text "
+        "windows run across documents, a conversation has a row to itself",
+    )
     text_field: str = setting(
         "text", nonempty=True, doc="JSON Lines and datasets: the field (column) holding each document"
     )

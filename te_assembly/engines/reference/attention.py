@@ -43,6 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from te_assembly.catalog.modules import ROPE_TYPES
 from te_assembly.engines.reference.kv_cache import KVCache, attend
 from te_assembly.engines.reference.ops.base import compute_dtype
+from te_assembly.engines.reference.packing import document_mask, positions_in_documents
 from te_assembly.engines.reference.rotary import apply_rotary, cos_sin
 from te_assembly.engines.reference.written_out import attend_written_out, causal_mask
 
@@ -344,10 +345,46 @@ class Attention(torch.nn.Module):
         """Attend through ``cache`` (generation: only new positions come in), or not (None)."""
         self.__dict__["_kv_cache"] = cache
 
+    def use_documents(self, documents: torch.Tensor | None) -> None:
+        """Attend within each packed document (``packing.py``), or across the row (None)."""
+        self.__dict__["_documents"] = documents
+
+    def attend_packed(
+        self, qkv: torch.Tensor, documents: torch.Tensor, rotary: bool | None = None
+    ) -> torch.Tensor:
+        """Each document of a packed row alone: a block-diagonal causal mask, rotary positions that
+        restart at each document's start (``packing.py``). ``rotary``: whether to turn q and k (None:
+        this step's ``rotary``; the TE engine's step holds it beside its layout)."""
+        out_dtype = qkv.dtype
+        q, k, v = self.split_heads(qkv.to(compute_dtype(qkv.dtype)), rotate=False)
+        batch, seq = q.shape[0], q.shape[1]
+        if documents.shape != (batch, seq):
+            raise ValueError(
+                f"packed documents {tuple(documents.shape)} do not fit a batch of {batch} x {seq}"
+            )
+        if self.rotary if rotary is None else rotary:
+            table = self.rope.angles(seq, self.rotary_dim, q.device)
+            cos, sin = cos_sin(table[positions_in_documents(documents)], self.rope.scale, q.dtype)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        mask = document_mask(documents, self.sliding_window)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.written_out:
+            out = self.attend_written_out(q, k, v, mask)
+        else:
+            with sdpa_kernel(SDPBackend.MATH) if _TWICE.get() else contextlib.nullcontext():
+                gqa = self.num_heads != self.num_kv_heads
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, enable_gqa=gqa, scale=self.softmax_scale
+                )
+        return out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim).to(out_dtype)
+
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         cache = self.__dict__.get("_kv_cache")
         if cache is not None:
             return attend(self, qkv, cache, self.rotary)
+        documents = self.__dict__.get("_documents")
+        if documents is not None:
+            return self.attend_packed(qkv, documents)
         out_dtype = qkv.dtype
         q, k, v = self.split_heads(qkv.to(compute_dtype(qkv.dtype)))
         batch, seq = q.shape[0], q.shape[1]

@@ -125,6 +125,11 @@ class TEAttention(torch.nn.Module):
         """What a ``KVCache`` keeps for this step: the reference layout's shapes."""
         return self.layout
 
+    def use_documents(self, documents: torch.Tensor | None) -> None:
+        """Packed rows: each document attended alone, with the reference module's math (TE's ``thd``
+        format with ``cu_seqlens`` is not wired yet)."""
+        self.__dict__["_documents"] = documents
+
     def use_cache(self, cache: KVCache | None) -> None:
         """Generation: attend the new positions over ``cache`` (torch's SDPA on the cached keys and
         values, the reference module's math; TE's fusers run every other step as before)."""
@@ -136,6 +141,9 @@ class TEAttention(torch.nn.Module):
         cache = self.__dict__.get("_kv_cache")
         if cache is not None:
             return attend(self.layout, qkv, cache, self.rotary)
+        documents = self.__dict__.get("_documents")
+        if documents is not None:
+            return self.layout.attend_packed(qkv, documents, rotary=self.rotary)
 
         q, k, v = self.layout.split_heads(qkv)  # [b, s, heads, head_dim] views
         batch, seq = q.shape[0], q.shape[1]

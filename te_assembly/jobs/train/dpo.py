@@ -124,7 +124,7 @@ class PreferenceTask(LanguageTask):
         if self.reference is not None:
             with torch.no_grad():
                 reference = pair_logps(self.reference(batch.x), batch.target)
-        return PreferenceBatch(batch.x, batch.inputs, batch.target, reference)
+        return PreferenceBatch(batch.x, batch.inputs, batch.target, reference=reference)
 
     def terms(
         self, y: torch.Tensor, extras: Mapping[str, torch.Tensor], batch: Batch, loss_names: Sequence[str]

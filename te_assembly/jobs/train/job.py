@@ -174,6 +174,15 @@ def _objective_fits(settings: TrainSettings, data: DataSettings, target: Target)
                 "train.objective=dpo data.format=preference",
             )
         )
+    if dpo and data.packing:
+        problems.append(
+            error(
+                "data.packing",
+                "conflicting-settings",
+                "data.packing packs text or conversations; preference pairs (train.objective=dpo) are "
+                "not packed",
+            )
+        )
     if dpo and target.parallel is not None:
         problems.append(
             error(

@@ -20,6 +20,7 @@ from te_assembly.data.cache import Progress, prepare
 from te_assembly.data.corpus import Corpus, bits_per_byte
 from te_assembly.data.settings import DataSettings
 from te_assembly.diagnostics import error
+from te_assembly.engines.reference.packing import packed
 from te_assembly.engines.target import Target
 from te_assembly.errors import ConfigError
 from te_assembly.jobs import objective
@@ -99,7 +100,8 @@ class LanguageTask:
 
             chat = ChatCorpus.prepare(data, seq_len)
             return cls(plan, chat, target, tokens=tokens, z_loss=z_loss)  # type: ignore[arg-type]
-        return cls(plan, Corpus(prepare(data, progress), seq_len), target, tokens=tokens, z_loss=z_loss)
+        corpus = Corpus(prepare(data, progress), seq_len, data.packing)
+        return cls(plan, corpus, target, tokens=tokens, z_loss=z_loss)
 
     def record(self, data: DataSettings) -> dict[str, Any]:
         """What the run record keeps of the data: a resume on other text or tokenizer is another run."""
@@ -132,14 +134,16 @@ class LanguageTask:
             per_micro = max(1, self.units_per_step // micros)
             first = (step - 1) * self.units_per_step + micro * per_micro
             units = epoch_units(self.target.seed, self.corpus.units, first, per_micro)
-            x, labels = self.corpus.rows_of(units)
+            rows = self.corpus.rows_of(units)
         else:
-            x, labels = self.corpus.batch(self.target.seed, step, sequences, micro)
-        x, labels = x.to(self.target.device), labels.to(self.target.device)
+            rows = self.corpus.batch(self.target.seed, step, sequences, micro)
+        # (x, labels), and packed rows' documents (``data.packing``)
+        x, labels, *documents = (t.to(self.target.device) for t in rows)
         if self.target.is_parallel:
             assert self.target.parallel is not None
-            x, labels = self.target.parallel.local_rows(x), self.target.parallel.local_rows(labels)
-        return Batch(x, {}, labels)
+            local = self.target.parallel.local_rows
+            x, labels, documents = local(x), local(labels), [local(d) for d in documents]
+        return Batch(x, {}, labels, documents[0] if documents else None)
 
     def terms(
         self, y: torch.Tensor, extras: Mapping[str, torch.Tensor], batch: Batch, loss_names: Sequence[str]
@@ -157,9 +161,10 @@ class LanguageTask:
         total, count = 0.0, 0
         try:
             with torch.no_grad():
-                for x, labels in self.corpus.eval_batches(batches, self.sequences):
-                    x, labels = x.to(self.target.device), labels.to(self.target.device)
-                    y, _ = model(x)
+                for rows in self.corpus.eval_batches(batches, self.sequences):
+                    x, labels, *documents = (t.to(self.target.device) for t in rows)
+                    with packed(model, documents[0] if documents else None):
+                        y, _ = model(x)
                     ce = objective.next_token_terms(y, labels, {}, (), fused=self.fused)[
                         objective.CROSS_ENTROPY
                     ]

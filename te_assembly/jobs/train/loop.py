@@ -23,6 +23,7 @@ import torch
 
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.pieces import local_piece
+from te_assembly.engines.reference.packing import packed
 from te_assembly.engines.target import Target
 from te_assembly.errors import NonFiniteError
 from te_assembly.files.ownership import config_text
@@ -79,7 +80,8 @@ class Stepper:
         inject = settings.inject_nan_at_step == step
         value, summed, measures = 0.0, dict[str, float](), dict[str, float]()
         for batch in batches:
-            y, extras = self.model(batch.x, **batch.inputs)
+            with packed(self.student, batch.documents):
+                y, extras = self.model(batch.x, **batch.inputs)
             terms = self.task.terms(y, extras, batch, self.loss_names)
             for name, measured in getattr(self.task, "measures", {}).items():
                 measures[name] = measures.get(name, 0.0) + measured / micros

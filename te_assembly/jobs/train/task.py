@@ -24,6 +24,8 @@ class Batch:
     x: torch.Tensor
     inputs: dict[str, torch.Tensor]
     target: torch.Tensor
+    documents: torch.Tensor | None = None
+    """Packed rows (``data.packing``): each position's document (``engines/reference/packing.py``)."""
 
 
 class TeacherTask:
