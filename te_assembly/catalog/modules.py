@@ -11,7 +11,7 @@ from typing import Any
 from te_assembly.catalog.costs import ATTENTION, LATENT_ATTENTION, MOVES, linear
 from te_assembly.catalog.spec import Formula, ModuleSpec, MultipleOf, Param, Width
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 """The frequency scalings ``rope_type`` takes (Hugging Face's ``rope_scaling.rope_type`` names)."""
 
 _ROPE: tuple[Param, ...] = (
@@ -29,7 +29,9 @@ _ROPE: tuple[Param, ...] = (
         choices=ROPE_TYPES,
         doc="Frequency scaling, as Hugging Face's rope_scaling types: linear divides every "
         "frequency by rope_factor; llama3 divides the low ones and blends the middle band; yarn "
-        "interpolates the low ones, keeps the high ones, ramps between, and scales cos and sin.",
+        "interpolates the low ones, keeps the high ones, ramps between, and scales cos and sin; longrope "
+        "(Phi-3.5, Phi-4-mini) divides each frequency by its own factor (rope_short_factor, or "
+        "rope_long_factor for a sequence longer than rope_original_max_positions) and scales cos and sin.",
     ),
     Param("rope_factor", float, 1.0, bounds=(1e-6, 1e6), doc="linear, llama3 and yarn: the factor."),
     Param("rope_low_freq_factor", float, 1.0, bounds=(1e-6, 1e6), doc="llama3: low_freq_factor."),
@@ -38,7 +40,8 @@ _ROPE: tuple[Param, ...] = (
         "rope_original_max_positions",
         int,
         8192,
-        doc="llama3 and yarn: original_max_position_embeddings (the context length it was trained at).",
+        doc="llama3, yarn and longrope: original_max_position_embeddings (the context length it was "
+        "trained at).",
     ),
     Param("rope_beta_fast", float, 32.0, bounds=(1e-6, 1e6), doc="yarn: beta_fast."),
     Param("rope_beta_slow", float, 1.0, bounds=(1e-6, 1e6), doc="yarn: beta_slow."),
@@ -61,7 +64,23 @@ _ROPE: tuple[Param, ...] = (
         (float, type(None)),
         None,
         bounds=(0.0, 1e3),
-        doc="yarn: multiplies cos and sin; null: 0.1 ln(factor) + 1, or the mscale ratio.",
+        doc="yarn and longrope: multiplies cos and sin; null: yarn's 0.1 ln(factor) + 1 (or the mscale "
+        "ratio), longrope's sqrt(1 + ln(factor) / ln(rope_original_max_positions)).",
+    ),
+    Param(
+        "rope_short_factor",
+        (list, type(None)),
+        None,
+        items=float,
+        doc="longrope: each rotated frequency pair's divisor up to rope_original_max_positions (one per "
+        "pair: rotary_dim / 2 numbers).",
+    ),
+    Param(
+        "rope_long_factor",
+        (list, type(None)),
+        None,
+        items=float,
+        doc="longrope: the divisors for a sequence longer than rope_original_max_positions.",
     ),
     Param(
         "rope_truncate",

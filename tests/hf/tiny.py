@@ -198,6 +198,17 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # here), a window shorter than the test sequences, as transformers writes the config.
     "phi3": ("Phi3Config", {**PHI3_TOKENS, "partial_rotary_factor": 0.5, "sliding_window": 6}),
     "phi3-plain": ("Phi3Config", PHI3_TOKENS),
+    # Phi-3.5 / Phi-4-mini's LongRoPE: a divisor per rotated pair, the long ones past an original
+    # context of 8 (the test sequences are 11 long), an attention factor from max_position_embeddings.
+    "phi3-longrope": (
+        "Phi3Config",
+        {
+            **PHI3_TOKENS,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": 8,
+            "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 3.5]},
+        },
+    ),
     # OLMo 2: norms after attention and the MLP, q/k norms over the whole projection (grouped heads).
     "olmo2": ("Olmo2Config", {"pad_token_id": None, "eos_token_id": 2}),
     # Gemma 2: sliding (window 5, shorter than the test sequences) and full layers alternating, caps as

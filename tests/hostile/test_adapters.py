@@ -65,7 +65,6 @@ def test_the_adapter_as_peft_saves_it_imports(hf_llama: Path, adapter: Path, tmp
 
 
 SETTINGS = {
-    "use_dora": True,
     "layers_to_transform": [0],
     "layers_pattern": "layers",
     "layer_replication": [[0, 1], [0, 1]],
@@ -96,6 +95,7 @@ def test_each_refused_field_has_a_case() -> None:
 
 
 BAD_VALUES = {
+    "use_dora not a flag": ({"use_dora": "yes"}, 'use_dora = "yes"'),
     "lora_alpha null": ({"lora_alpha": None}, "lora_alpha = null"),
     "lora_alpha zero": ({"lora_alpha": 0}, "lora_alpha = 0"),
     "r zero": ({"r": 0}, "r = 0"),
@@ -123,8 +123,8 @@ def test_a_bad_value_is_named_as_the_file_s_field(
 
 
 def test_every_problem_of_the_file_is_named_at_once(hf_llama: Path, adapter: Path, tmp_path: Path) -> None:
-    edited = _edited(adapter, tmp_path, lora_alpha=None, r=-1, use_dora=True)
-    _refused(hf_llama, edited, tmp_path, "lora_alpha = null", "r = -1", "use_dora")
+    edited = _edited(adapter, tmp_path, lora_alpha=None, r=-1, lora_bias=True)
+    _refused(hf_llama, edited, tmp_path, "lora_alpha = null", "r = -1", "lora_bias")
 
 
 def _tensors(adapter: Path, tmp_path: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:

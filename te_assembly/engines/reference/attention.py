@@ -85,10 +85,14 @@ class Rope:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {self.type!r}")
+        if self.type == "longrope" and (not self.short_factor or not self.long_factor):
+            raise ValueError("rope_type longrope needs rope_short_factor and rope_long_factor")
 
     @classmethod
     def from_args(
@@ -105,6 +109,8 @@ class Rope:
         rope_mscale_all_dim: float | None = None,
         rope_attention_factor: float | None = None,
         rope_truncate: bool = True,
+        rope_short_factor: list[float] | None = None,
+        rope_long_factor: list[float] | None = None,
     ) -> Rope:
         """The rotary arguments as the catalog names them (``rotary_base``, ``rope_*``: the attention
         modules' keyword arguments, flat in a model's YAML), as one object."""
@@ -121,12 +127,20 @@ class Rope:
             rope_mscale_all_dim,
             rope_attention_factor,
             rope_truncate,
+            tuple(rope_short_factor) if rope_short_factor else None,
+            tuple(rope_long_factor) if rope_long_factor else None,
         )
 
     @property
     def scale(self) -> float:
         """What cos and sin are multiplied by: 1, or YaRN's attention factor (given, or from ``factor``,
         ``mscale`` and ``mscale_all_dim`` as the YaRN paper and DeepSeek-V3 compute it)."""
+        if self.type == "longrope":
+            if self.attention_factor is not None:
+                return self.attention_factor
+            if self.factor <= 1.0:
+                return 1.0
+            return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_positions))
         if self.type != "yarn":
             return 1.0
         if self.attention_factor is not None:
@@ -135,13 +149,22 @@ class Rope:
             return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
         return yarn_mscale(self.factor)
 
-    def inv_freq(self, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
+    def inv_freq(
+        self, head_dim: int, device: torch.device | None = None, seq_len: int | None = None
+    ) -> torch.Tensor:
         """``[head_dim / 2]`` float32 frequencies, each operation in the order the published formulas
         give it, so every float32 rounding is the one TE and ``transformers`` make. ``head_dim``: the
         rotated features (all of a head's, or its first ``rotary_dim``)."""
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).to(torch.float32)
         if self.type == "yarn":
             return self._yarn(exponents, head_dim)
+        if self.type == "longrope":  # the long factors past the original context (transformers' choice)
+            long = seq_len is not None and seq_len > self.original_max_positions
+            factors = self.long_factor if long else self.short_factor
+            ext = torch.tensor(factors, dtype=torch.float32, device=device)
+            if ext.numel() != exponents.numel():
+                raise ValueError(f"longrope has {ext.numel()} factors for {exponents.numel()} rotated pairs")
+            return 1.0 / (ext * self.base ** (exponents / head_dim))
         inv_freq = 1.0 / (self.base ** (exponents / head_dim))
         if self.type == "linear":
             return inv_freq / self.factor
@@ -184,7 +207,7 @@ class Rope:
     def angles(self, seq_len: int, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
         """``[seq_len, head_dim]`` float32 rotation angles, rotate-half layout (each frequency twice)."""
         positions = torch.arange(seq_len, device=device, dtype=torch.int64).to(torch.float32)
-        angles = positions[:, None] * self.inv_freq(head_dim, device)[None, :]
+        angles = positions[:, None] * self.inv_freq(head_dim, device, seq_len)[None, :]
         return torch.cat((angles, angles), dim=-1)
 
 
@@ -252,6 +275,11 @@ class Attention(torch.nn.Module):
         self.rotary = rotary
         self.rope = Rope.from_args(**rope)
         self.rotary_base = self.rope.base
+        factors = self.rope.short_factor if self.rope.type == "longrope" else None
+        if rotary and factors is not None and len(factors) != rotated // 2:
+            raise ValueError(
+                f"longrope needs one factor per rotated pair: {rotated // 2}, got {len(factors)}"
+            )
         self.qk_norm = qk_norm
         self.qk_norm_eps = qk_norm_eps
         if qk_norm_over not in ("head", "projection"):

@@ -139,7 +139,50 @@ def _scaling(
     if rope_type == "yarn":
         out.update(_yarn(r, key, params, data))
         allowed |= {*YARN_FIELDS, "factor", "original_max_position_embeddings", "truncate"}
+    if rope_type == "longrope":
+        out.update(_longrope(r, key, params, data))
+        allowed |= {"factor", "original_max_position_embeddings", "attention_factor", *LONGROPE_FIELDS}
     return allowed
+
+
+LONGROPE_FIELDS = {"short_factor": "rope_short_factor", "long_factor": "rope_long_factor"}
+"""LongRoPE's factor lists in ``rope_scaling`` and the Attention argument each becomes."""
+
+
+def _longrope(
+    r: ConfigReader, key: str, params: Mapping[str, Any], data: Mapping[str, Any]
+) -> dict[str, Any]:
+    """LongRoPE's settings as transformers reads them: the original context (in ``rope_scaling``, else
+    Phi-3's ``original_max_position_embeddings`` at the top), ``factor`` (else the ratio of
+    ``max_position_embeddings`` to it), an optional ``attention_factor``, and the two factor lists (each
+    a positive number per rotated pair, as many in both)."""
+    original = params.get("original_max_position_embeddings", data.get("original_max_position_embeddings"))
+    out: dict[str, Any] = {
+        "rope_original_max_positions": _original_context(
+            r, key, {"original_max_position_embeddings": original}
+        )
+    }
+    factor = params.get("factor")
+    if factor is None and isinstance(data.get("max_position_embeddings"), int):
+        factor = data["max_position_embeddings"] / out["rope_original_max_positions"]
+    out["rope_factor"] = r.checked_number(f"{key}.factor", factor, becomes=("Attention", "rope_factor"))
+    if params.get("attention_factor") is not None:
+        out["rope_attention_factor"] = r.checked_number(
+            f"{key}.attention_factor",
+            params["attention_factor"],
+            becomes=("Attention", "rope_attention_factor"),
+        )
+    lengths = set()
+    for name, becomes in LONGROPE_FIELDS.items():
+        values = params.get(name)
+        if not isinstance(values, list) or not values:
+            r.refuse(key, f"{key}.{name} = {shown(values)}: expected a list of numbers", code="hf-bad-value")
+            continue
+        out[becomes] = [r.checked_number(f"{key}.{name}", v) for v in values]
+        lengths.add(len(values))
+    if len(lengths) > 1:
+        r.refuse(key, f"{key}: short_factor and long_factor differ in length", code="hf-bad-value")
+    return out
 
 
 YARN_FIELDS = {
@@ -206,6 +249,11 @@ def scaling_of(rope: Mapping[str, Any]) -> dict[str, Any] | None:
             high_freq_factor=rope["rope_high_freq_factor"],
             original_max_position_embeddings=rope["rope_original_max_positions"],
         )
+    if rope["rope_type"] == "longrope":
+        out["original_max_position_embeddings"] = rope["rope_original_max_positions"]
+        out.update({name: list(rope[dim]) for name, dim in LONGROPE_FIELDS.items()})
+        if rope.get("rope_attention_factor") is not None:
+            out["attention_factor"] = rope["rope_attention_factor"]
     if rope["rope_type"] == "yarn":
         out["original_max_position_embeddings"] = rope["rope_original_max_positions"]
         for name, dim in YARN_FIELDS.items():

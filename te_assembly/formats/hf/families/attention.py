@@ -25,6 +25,8 @@ YARN_DIMS = (
 )
 """YaRN's knobs, as the hf_*_layer blocks' dims (and Attention's arguments) name them; a model that does
 not use YaRN leaves them at the blocks' defaults."""
+LONGROPE_DIMS = ("rope_short_factor", "rope_long_factor")
+"""LongRoPE's factor lists (Phi-3.5, Phi-4-mini); null in every other model."""
 ROPE_DIMS = (
     "rope_theta",
     "rope_type",
@@ -33,6 +35,7 @@ ROPE_DIMS = (
     "rope_high_freq_factor",
     "rope_original_max_positions",
     *YARN_DIMS,
+    *LONGROPE_DIMS,
 )
 """The rotary dims every hf_*_layer block takes."""
 ROPE_KNOBS = {
@@ -40,6 +43,7 @@ ROPE_KNOBS = {
     "linear": ("rope_factor",),
     "llama3": ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"),
     "yarn": ("rope_factor", "rope_original_max_positions", *YARN_DIMS),
+    "longrope": ("rope_factor", "rope_original_max_positions", "rope_attention_factor", *LONGROPE_DIMS),
 }
 """The rotary arguments each ``rope_type`` reads."""
 
@@ -57,7 +61,7 @@ def rope_dims_of(rope: Mapping[str, Any]) -> dict[str, Any]:
         "rope_low_freq_factor": rope.get("rope_low_freq_factor", 1.0),
         "rope_high_freq_factor": rope.get("rope_high_freq_factor", 4.0),
         "rope_original_max_positions": rope.get("rope_original_max_positions", 8192),
-        **{k: v for k, v in rope.items() if k in YARN_DIMS},
+        **{k: v for k, v in rope.items() if k in YARN_DIMS or k in LONGROPE_DIMS},
     }
 
 

@@ -1,8 +1,9 @@
 """Phi-3 (``Phi3ForCausalLM``, Phi-3 and Phi-4-mini): Llama's layer with q | k | v and gate | up each
 stored as one fused tensor (``qkv_proj``, ``gate_up_proj``: te_assembly's own packed layout, so each is
 read whole), partial rotary (``partial_rotary_factor``), an optional window on every layer; its
-dropouts held to 0.0. LongRoPE (``rope_scaling.rope_type: longrope``, the 128k models) is refused by the
-RoPE reader, which does not implement it."""
+dropouts held to 0.0. LongRoPE (``rope_scaling.rope_type: longrope``: Phi-3.5, Phi-4-mini and the 128k
+Phi-3 models) is the RoPE reader's (``rope.py``), its ``original_max_position_embeddings`` read from the
+top of ``config.json`` where ``rope_scaling`` has none, as transformers reads it."""
 
 from __future__ import annotations
 
