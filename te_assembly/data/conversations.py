@@ -33,6 +33,7 @@ from te_assembly.data.chat import (
     load_chat_template,
     model_tokenizer,
 )
+from te_assembly.data.examples import ExampleCorpus
 from te_assembly.data.settings import DataSettings
 from te_assembly.data.sources import find_sources, json_records
 from te_assembly.data.tokenizer import Tokenizer
@@ -148,7 +149,7 @@ def conversations(settings: DataSettings) -> Iterator[tuple[str, list[dict[str, 
 
 
 @dataclass
-class ChatCorpus:
+class ChatCorpus(ExampleCorpus):
     """Conversations as training examples (module docstring); what ``Corpus`` offers a ``LanguageTask``."""
 
     train: list[Example]
@@ -203,29 +204,11 @@ class ChatCorpus:
         }
         return cls(train, val, tokenizer, seq_len, meta, settings.packing)
 
-    @property
-    def data(self) -> ChatCorpus:
-        return self  # the run record reads ``corpus.data.meta``, as for a tokenized text
-
-    def check_fits(self, vocab: int, model: str) -> None:
-        if self.tokenizer.vocab_size > vocab:
-            raise DataError(
-                f"{model}'s vocabulary has {vocab} ids, the tokenizer {self.tokenizer.vocab_size}: it is not "
-                "the model's own tokenizer"
-            )
-        if not self.train:
-            raise DataError(
-                f"{self.meta['sources']} has no assistant tokens within train.seq_len={self.seq_len} of any "
-                "conversation: nothing to learn (add assistant turns or raise train.seq_len)"
-            )
-
-    @property
-    def has_validation(self) -> bool:
-        return bool(self.val)
-
-    @property
-    def val_bytes_per_token(self) -> float | None:
-        return None
+    def nothing_to_learn(self) -> str:
+        return (
+            f"has no assistant tokens within train.seq_len={self.seq_len} of any conversation: nothing to "
+            "learn (add assistant turns or raise train.seq_len)"
+        )
 
     def batch(self, seed: int, step: int, sequences: int, micro: int = 0) -> tuple[torch.Tensor, ...]:
         generator = torch.Generator().manual_seed(step_seed(seed, step, micro))

@@ -33,6 +33,7 @@ from te_assembly.data.chat import (
     model_tokenizer,
 )
 from te_assembly.data.conversations import IGNORE
+from te_assembly.data.examples import ExampleCorpus
 from te_assembly.data.settings import DataSettings
 from te_assembly.data.sources import find_sources, json_records
 from te_assembly.data.tokenizer import ByteTokenizer, Tokenizer
@@ -50,7 +51,7 @@ class Pair:
 
 
 @dataclass
-class PreferenceCorpus:
+class PreferenceCorpus(ExampleCorpus):
     """Preference pairs as training examples (module docstring); what ``Corpus`` offers a task."""
 
     train: list[Pair]
@@ -92,29 +93,11 @@ class PreferenceCorpus:
         }
         return cls(train, val, tokenizer, seq_len, meta)
 
-    @property
-    def data(self) -> PreferenceCorpus:
-        return self  # the run record reads ``corpus.data.meta``, as for a tokenized text
-
-    def check_fits(self, vocab: int, model: str) -> None:
-        if self.tokenizer.vocab_size > vocab:
-            raise DataError(
-                f"{model}'s vocabulary has {vocab} ids, the tokenizer {self.tokenizer.vocab_size}: it is not "
-                "the model's own tokenizer"
-            )
-        if not self.train:
-            raise DataError(
-                f"{self.meta['sources']} has no pair whose answers start within train.seq_len={self.seq_len} "
-                "tokens: nothing to learn (shorten the prompts or raise train.seq_len)"
-            )
-
-    @property
-    def has_validation(self) -> bool:
-        return bool(self.val)
-
-    @property
-    def val_bytes_per_token(self) -> float | None:
-        return None
+    def nothing_to_learn(self) -> str:
+        return (
+            f"has no pair whose answers start within train.seq_len={self.seq_len} tokens: nothing to learn "
+            "(shorten the prompts or raise train.seq_len)"
+        )
 
     @property
     def units(self) -> int:
