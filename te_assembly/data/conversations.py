@@ -262,16 +262,9 @@ class ChatCorpus(ExampleCorpus):
 
     def rows(self, examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` and ``labels`` ``[len(examples), seq_len]``: each example from the row's start, padded
-        with the end-of-text id; a label only where the next token is the assistant's."""
-        x = np.full((len(examples), self.seq_len), max(self.tokenizer.eot_id, 0), dtype=np.int64)
-        labels = np.full((len(examples), self.seq_len), IGNORE, dtype=np.int64)
-        for row, example in enumerate(examples):
-            n = len(example.ids) - 1
-            if n <= 0:
-                continue
-            x[row, :n] = example.ids[:n]
-            labels[row, :n] = np.where(example.assistant[1 : n + 1], example.ids[1 : n + 1], IGNORE)
-        return torch.from_numpy(x), torch.from_numpy(labels)
+        with the end-of-text id after its end; a label only where the next token is the assistant's."""
+        x, labels, _ = self.packed_rows([[example] for example in examples])  # one conversation a row
+        return x, labels
 
 
 def pack(examples: Sequence[Example], seq_len: int) -> list[list[Example]]:

@@ -49,7 +49,7 @@ def test_a_harmless_edit_survives_and_a_missing_text_is_refused(copy: Path) -> N
     before = (copy / PLANTED).read_bytes()
     script = [sys.executable, "scripts/plant_bug.py", PLANTED]
     tests = ["--", "tests/language/test_instructions.py", "-k", "rows_train"]
-    done = _run([*script, "the run record reads", "the record reads", *tests], copy)
+    done = _run([*script, "padding (-1) after.", "padding (-1) after them.", *tests], copy)
     assert done.returncode == 1 and "SURVIVED" in done.stdout, done.stdout + done.stderr
     assert (copy / PLANTED).read_bytes() == before
     done = _run([*script, "text that is not there", "x", *tests], copy)
