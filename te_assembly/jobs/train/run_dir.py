@@ -71,6 +71,8 @@ class RunPlace:
 def choose(settings: TrainSettings, place: RunPlace | None) -> tuple[TrainSettings, list[str]]:
     """The settings with ``out_dir`` set to the run's directory and ``resume`` a bool, and what to tell
     the user about the choice (module docstring)."""
+    if settings.resume == AUTO:
+        return _own_directory(settings, place)
     if settings.out_dir is not None:
         return dataclasses.replace(settings, resume=bool(settings.resume)), []
     if isinstance(settings.resume, str):
@@ -94,6 +96,28 @@ def choose(settings: TrainSettings, place: RunPlace | None) -> tuple[TrainSettin
     where = place.runs_root or out.parent
     note = f"train.resume=true: no run of {place.model} with checkpoints in {where}; starting one in {out}"
     return dataclasses.replace(settings, out_dir=str(out)), [note]
+
+
+AUTO = "auto"
+"""``train.resume=auto``: this run's own directory, continued when it holds a checkpoint."""
+
+
+def _own_directory(settings: TrainSettings, place: RunPlace | None) -> tuple[TrainSettings, list[str]]:
+    """``train.resume=auto``: ``train.out_dir``, or the run directory the command names, continued from
+    its newest good checkpoint when it has one (a restart) and started fresh otherwise (the first
+    start); a default run directory is new, so a run in one starts fresh (and says how to name one)."""
+    if settings.out_dir is not None:
+        return dataclasses.replace(settings, resume=bool(scan(Path(settings.out_dir).expanduser()))), []
+    if place is None:
+        raise ArgumentError("train(resume='auto') continues settings.out_dir: set it")
+    if place.named:
+        return dataclasses.replace(settings, out_dir=str(place.path), resume=bool(scan(place.path))), []
+    out = place.claim()
+    note = (
+        f"train.resume=auto: {out} is new, so the run starts fresh; for restarts that continue it, name "
+        "the directory (hydra.run.dir=... or train.out_dir=...)"
+    )
+    return dataclasses.replace(settings, out_dir=str(out), resume=False), [note]
 
 
 def _continued(target: str, settings: TrainSettings) -> TrainSettings:

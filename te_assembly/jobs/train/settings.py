@@ -113,8 +113,10 @@ class TrainSettings:
     resume: bool | str = setting(
         False,
         nonempty=True,
-        doc="true: continue this model's newest run that has checkpoints; a run directory (or a "
-        "checkpoint in one): continue that run (refused if the run's settings differ)",
+        doc="true: continue this model's newest run that has checkpoints; auto: continue this run's own "
+        "directory (train.out_dir or hydra.run.dir) when it holds a checkpoint, else start fresh there (the "
+        "one command for a first start and every restart); a run directory (or a checkpoint in one): "
+        "continue that run (refused if the run's settings differ)",
     )
     overwrite: bool = setting(
         False, doc="replace an earlier run in out_dir (deleted after the new run's first checkpoint)"
@@ -166,7 +168,7 @@ class TrainSettings:
                     )
                 ]
             )
-        if isinstance(self.resume, str) and self.out_dir is not None:
+        if isinstance(self.resume, str) and self.resume != "auto" and self.out_dir is not None:
             raise ConfigError(
                 [
                     error(
