@@ -265,18 +265,23 @@ def _branch(
         bound = step.get("extra_inputs") if isinstance(step.get("extra_inputs"), Mapping) else {}
         inputs["split_sizes"] = bound.get("split_sizes")
     lora = {"name": f"{name}_lora", "op": kind, "args": lora_args, "extra_inputs": inputs}
-    if settings.dora:
-        if kind == "GroupedLoRA":
-            message = (
-                f"lora.dora: step {pattern_of(name)!r} is experts (GroupedLinear); DoRA adapts Linear steps"
-            )
-            diags.append(
-                error(f"{SECTION}.dora", "lora-target", message, "leave the experts out of lora.targets")
-            )
-            return None
-        lora_args["dora"] = True
-        lora["tie_weight"] = name  # DoRA normalises the projection's own weight
+    if settings.dora and not _with_dora(lora, name, diags):
+        return None
     return keep, lora
+
+
+def _with_dora(lora: dict[str, Any], name: str, diags: list[Diagnostic]) -> bool:
+    """``lora.dora``: the adapter step ``lora`` made DoRA, its view of the projection's weight tied to
+    ``name``'s; False (and why) beside experts."""
+    if lora["op"] == "GroupedLoRA":
+        message = f"lora.dora: step {pattern_of(name)!r} is experts (GroupedLinear); DoRA adapts Linear steps"
+        diags.append(
+            error(f"{SECTION}.dora", "lora-target", message, "leave the experts out of lora.targets")
+        )
+        return False
+    lora["args"]["dora"] = True
+    lora["tie_weight"] = name  # DoRA normalises the projection's own weight
+    return True
 
 
 def _spans(count: int, inserted: Mapping[int, Any]) -> list[tuple[int, int]]:

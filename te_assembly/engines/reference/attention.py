@@ -211,6 +211,22 @@ class Rope:
         return torch.cat((angles, angles), dim=-1)
 
 
+def _check_window_and_cap(causal: bool, window: int | None, cap: float | None) -> None:
+    if window is not None and (not causal or window <= 0):
+        raise ValueError(f"Attention sliding_window needs causal attention and a positive size, got {window}")
+    if cap is not None and cap <= 0:
+        raise ValueError(f"Attention logit_softcap must be positive, got {cap}")
+
+
+def _checked_rope(args: dict[str, Any], rotary: bool, rotated: int) -> Rope:
+    """The ``Rope`` of an attention step's rotary arguments, LongRoPE's factors one per rotated pair."""
+    rope = Rope.from_args(**args)
+    factors = rope.short_factor if rope.type == "longrope" else None
+    if rotary and factors is not None and len(factors) != rotated // 2:
+        raise ValueError(f"longrope needs one factor per rotated pair: {rotated // 2}, got {len(factors)}")
+    return rope
+
+
 def rotary_tables(
     seq_len: int, head_dim: int, rope: Rope, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,19 +283,11 @@ class Attention(torch.nn.Module):
         self.num_kv_heads = kv_heads
         self.head_dim = head_dim
         self.causal = causal
-        if sliding_window is not None and (not causal or sliding_window <= 0):
-            raise ValueError(
-                f"Attention sliding_window needs causal attention and a positive size, got {sliding_window}"
-            )
+        _check_window_and_cap(causal, sliding_window, logit_softcap)
         self.sliding_window = sliding_window
         self.rotary = rotary
-        self.rope = Rope.from_args(**rope)
+        self.rope = _checked_rope(rope, rotary, rotated)
         self.rotary_base = self.rope.base
-        factors = self.rope.short_factor if self.rope.type == "longrope" else None
-        if rotary and factors is not None and len(factors) != rotated // 2:
-            raise ValueError(
-                f"longrope needs one factor per rotated pair: {rotated // 2}, got {len(factors)}"
-            )
         self.qk_norm = qk_norm
         self.qk_norm_eps = qk_norm_eps
         if qk_norm_over not in ("head", "projection"):
@@ -287,13 +295,7 @@ class Attention(torch.nn.Module):
         self.qk_norm_over = qk_norm_over
         self.qk_norm_zero_centered = qk_norm_zero_centered
         if qk_norm:
-            whole = qk_norm_over == "projection"
-            q_width, k_width = (num_heads * head_dim, kv_heads * head_dim) if whole else (head_dim, head_dim)
-            start = torch.zeros if qk_norm_zero_centered else torch.ones  # the scale starts at one
-            self.q_norm_weight = torch.nn.Parameter(start(q_width, device=device, dtype=dtype))
-            self.k_norm_weight = torch.nn.Parameter(start(k_width, device=device, dtype=dtype))
-        if logit_softcap is not None and logit_softcap <= 0:
-            raise ValueError(f"Attention logit_softcap must be positive, got {logit_softcap}")
+            self._add_norm_scales(device, dtype)
         self.softmax_scale = softmax_scale
         self.logit_softcap = logit_softcap
         self.has_sinks = sinks
@@ -338,6 +340,15 @@ class Attention(torch.nn.Module):
             cos, sin = rotary_tables(seq, self.rotary_dim, self.rope, qkv.device, qkv.dtype)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, k, v
+
+    def _add_norm_scales(self, device: torch.device | str | None, dtype: torch.dtype | None) -> None:
+        """``qk_norm``'s learned scales: per head's features, or over the whole projection."""
+        whole = self.qk_norm_over == "projection"
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q_width, k_width = (h * d, g * d) if whole else (d, d)
+        start = torch.zeros if self.qk_norm_zero_centered else torch.ones  # the scale starts at one
+        self.q_norm_weight = torch.nn.Parameter(start(q_width, device=device, dtype=dtype))
+        self.k_norm_weight = torch.nn.Parameter(start(k_width, device=device, dtype=dtype))
 
     def _norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q_scale: torch.Tensor = self.q_norm_weight

@@ -105,11 +105,9 @@ def train(
     rows of each batch (``batch_tokens`` is the whole batch); losses are means over ranks; rank 0
     alone writes.
 
-    Besides checkpoints, the run directory gets ``metrics.jsonl`` (one record per step, as it goes),
-    the trackers of ``settings.loggers`` (``trackers.py``: TensorBoard events under ``tensorboard/`` where
-    it is installed by default; ``MissingToolError`` before anything starts for a named one that is not),
-    ``config.yaml`` and, when
-    ``settings.plot``, ``loss_curve.png`` (drawn from the result by ``views/loss_curve.py``)."""
+    Besides checkpoints, the run directory gets ``metrics.jsonl`` (a record per step, as it goes), the
+    trackers of ``settings.loggers`` (``trackers.py``; ``MissingToolError`` before anything starts for
+    one not installed), ``config.yaml`` and, with ``settings.plot``, ``loss_curve.png``."""
     target = as_target(target)
     settings = settings.for_task(plan.takes_token_ids)
     check_can_train(plan, settings, target)
@@ -119,20 +117,7 @@ def train(
     # The data is read (every problem with it found) before a run directory is chosen or made: a run
     # that cannot start leaves nothing behind.
     language, data = _language(plan, target, settings, data, on_event)
-    if settings.epochs is not None:
-        if language is None:
-            raise ConfigError(
-                [
-                    error(
-                        "train.epochs",
-                        "not-a-language-model",
-                        f"train.epochs counts passes over a language model's data; {plan.name} regresses a "
-                        "teacher with fresh batches each step",
-                        "set train.steps instead",
-                    )
-                ]
-            )
-        settings = dataclasses.replace(settings, steps=language.steps_for(settings.epochs))
+    settings = _with_epochs(plan, settings, language)
     settings, notes = decided_by_main(par, lambda: choose(settings, place))
     if language is not None and language.epochs is not None:
         notes.insert(0, epochs_words(settings, language))
@@ -150,6 +135,25 @@ def train(
             good, _, _ = newest_good(scan(out_dir))
             on_event(Stopped(out_dir, (good.path, good.step) if good is not None else None))
         raise
+
+
+def _with_epochs(plan: Plan, settings: TrainSettings, language: LanguageTask | None) -> TrainSettings:
+    """``train.epochs``: the steps of that many passes over the data (a language model's only)."""
+    if settings.epochs is None:
+        return settings
+    if language is None:
+        raise ConfigError(
+            [
+                error(
+                    "train.epochs",
+                    "not-a-language-model",
+                    f"train.epochs counts passes over a language model's data; {plan.name} regresses a "
+                    "teacher with fresh batches each step",
+                    "set train.steps instead",
+                )
+            ]
+        )
+    return dataclasses.replace(settings, steps=language.steps_for(settings.epochs))
 
 
 def _load_start(model: torch.nn.Module, settings: TrainSettings) -> None:
