@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from te_assembly.engines.reference.written_out import causal_mask
 from te_assembly.errors import ArgumentError
 
 
@@ -34,9 +35,7 @@ def document_mask(documents: torch.Tensor, window: int | None) -> torch.Tensor:
     """``[batch, 1, seq, seq]`` bool: query p sees key q when both are in one document, q <= p (and
     p - q < window with a window); a padding position sees itself only."""
     seq = documents.shape[-1]
-    index = torch.arange(seq, device=documents.device)
-    behind = index[:, None] - index[None, :]
-    causal = behind >= 0 if window is None else (behind >= 0) & (behind < window)
+    causal = causal_mask(seq, window, documents.device)
     same = (documents[:, :, None] == documents[:, None, :]) & (documents[:, :, None] >= 0)
     return ((same & causal) | torch.eye(seq, dtype=torch.bool, device=documents.device))[:, None]
 

@@ -218,25 +218,22 @@ def _language(
     if settings.init_from is not None:
         data = _with_init_tokenizer(data, Path(settings.init_from).expanduser())
     _objective_fits(settings, data, target)
+    language: LanguageTask
     if settings.objective == "dpo":
         from te_assembly.data.preference import PreferenceCorpus
 
         pairs = PreferenceCorpus.prepare(data, settings.positions)
-        task = PreferenceTask(plan, pairs, target, tokens=settings.tokens, dpo=settings.dpo)
-        if settings.init_from is not None:
-            from te_assembly.formats.tokenizer_record import check_tokenizer
-
-            check_tokenizer(Path(settings.init_from).expanduser(), pairs.tokenizer, "train.init_from")
-        return task, data
-    language = LanguageTask.prepare(
-        plan,
-        data,
-        target,
-        tokens=settings.tokens,
-        seq_len=settings.positions,
-        z_loss=settings.z_loss,
-        progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
-    )
+        language = PreferenceTask(plan, pairs, target, tokens=settings.tokens, dpo=settings.dpo)
+    else:
+        language = LanguageTask.prepare(
+            plan,
+            data,
+            target,
+            tokens=settings.tokens,
+            seq_len=settings.positions,
+            z_loss=settings.z_loss,
+            progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
+        )
     if settings.init_from is not None:
         from te_assembly.formats.tokenizer_record import check_tokenizer
 

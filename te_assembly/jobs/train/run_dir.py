@@ -35,21 +35,21 @@ from te_assembly.formats.checkpoint import (
 )
 from te_assembly.formats.companions import COMPANIONS
 from te_assembly.jobs.train.settings import TrainSettings
+from te_assembly.jobs.train.trackers import IDS_FILE, MLFLOW_STORE, TENSORBOARD_DIR, WANDB_DIR
 
 RUN_FILES = (
     "metrics.jsonl",
     "loss_curve.png",
     "config.yaml",
     "losses.json",
-    "trackers.json",
-    "mlflow.db",
+    IDS_FILE,
+    MLFLOW_STORE,
     *COMPANIONS,
 )
 """Files a run writes next to its checkpoints (removed with them by ``train.overwrite=true``; the
 TensorBoard event files under ``tensorboard/`` and W&B's ``wandb/`` too): its metrics, plot and config,
 its trackers' ids and MLflow store (``trackers.py``), its tokenizer and the companions of the model it
 started from (``formats.companions``). ``losses.json``: what runs before metrics.jsonl wrote."""
-TENSORBOARD_DIR = "tensorboard"
 CORRUPT_SUFFIX = ".corrupt"
 
 
@@ -266,7 +266,7 @@ def previous_run(out_dir: Path) -> list[Path]:
     """An earlier run's files: every checkpoint-like entry and the run files next to them."""
     entries = [f.path for f in scan(out_dir) if f.path.is_file() or f.path.is_symlink() or f.path.is_dir()]
     events = sorted((out_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"))
-    wandb = [out_dir / "wandb"] if (out_dir / "wandb").is_dir() else []
+    wandb = [out_dir / WANDB_DIR] if (out_dir / WANDB_DIR).is_dir() else []
     return entries + [out_dir / name for name in RUN_FILES if (out_dir / name).is_file()] + events + wandb
 
 

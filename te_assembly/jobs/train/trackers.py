@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -31,6 +32,9 @@ from te_assembly.files.write import write_text_atomic
 
 IDS_FILE = "trackers.json"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
+"""Where W&B keeps its runs under the directory it is given."""
+MLFLOW_STORE = "mlflow.db"
 PROJECT = "te_assembly"
 
 
@@ -117,8 +121,6 @@ def _ids(out_dir: Path) -> dict[str, Any]:
 
 
 def _keep_id(run: RunInfo, name: str, value: str) -> None:
-    import json
-
     ids = {**_ids(run.out_dir), name: value}
     write_text_atomic(run.out_dir / IDS_FILE, json.dumps(ids, indent=2) + "\n")
 
@@ -207,7 +209,7 @@ class MLflow:
         # its INFO lines (creating the database's tables...) would interleave with te_assembly's own;
         # importing it sets its level, so this comes after
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(run.out_dir / 'mlflow.db').resolve()}"
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(run.out_dir / MLFLOW_STORE).resolve()}"
         try:
             self.client = MlflowClient(tracking_uri=uri)
             self.run_id = _resumed_id(run, "mlflow") or self._new_run(run)
@@ -252,7 +254,9 @@ KINDS: dict[str, Kind] = {
 __all__ = [
     "IDS_FILE",
     "KINDS",
+    "MLFLOW_STORE",
     "TENSORBOARD_DIR",
+    "WANDB_DIR",
     "RunInfo",
     "Tracker",
     "TrackerError",
