@@ -51,6 +51,13 @@ EXPECTED = {
         "embed_scale": 2304**0.5,
         "tied": True,  # Gemma ties by transformers' default, unwritten
     },
+    "google/gemma-2-9b-it": {
+        "layer_windows": (4096, None) * 21,
+        "softmax_scale": 256**-0.5,  # head_dim 256 too: 9B's scalar is its head width, 27B's is not
+        "heads": 16,
+        "kv_heads": 8,
+        "tied": True,
+    },
     "google/gemma-3-1b-it": {
         "layer_windows": ((512,) * 5 + (None,)) * 4 + (512, 512),
         "rope": {"rope_theta": 1000000, "rope_type": "default"},
@@ -318,3 +325,15 @@ def test_gpt_oss_twin_fields_that_disagree_are_named(tmp_path: Path) -> None:
     named = {d.path.removeprefix("config.json:"): d.message for d in refused.value.diagnostics}
     assert set(named) == {"experts_per_token", "layer_types"}
     assert "chunked_attention" in named["layer_types"]
+
+
+def test_gemma_2_older_window_name_is_held_to_the_window(tmp_path: Path) -> None:
+    """gemma-2-9b-it's ``sliding_window_size`` (an older name the Hub's file carries beside
+    ``sliding_window``, which transformers alone reads) is accepted when it says the same, refused at
+    its line when it does not (the import would otherwise keep a window nobody applies)."""
+    config = {**HUB_CONFIGS["google/gemma-2-9b-it"], "sliding_window_size": 2048}
+    with pytest.raises(HFConfigError) as refused:
+        read_spec(_written(tmp_path, config))
+    (found,) = refused.value.diagnostics
+    assert found.path == "config.json:sliding_window_size"
+    assert "differs from sliding_window = 4096" in found.message

@@ -54,6 +54,7 @@ class Gemma2(PackedAttention, DenseMLP):
         "hidden_activation",
         "hidden_act",
         "use_bidirectional_attention",
+        "sliding_window_size",
     )
     checked = {
         "hidden_activation": (_tanh_gelu, f"{TANH_GELU} (GeGLU with tanh GELU, TE's GEGLU)"),
@@ -73,6 +74,16 @@ class Gemma2(PackedAttention, DenseMLP):
         return 2
 
     def read(self, r: ConfigReader, data: Mapping[str, Any], shape: Shape) -> dict[str, Any]:
+        # The first Gemma 2 configs on the Hub carry this older name beside sliding_window; transformers
+        # reads sliding_window alone, so the two must say the same.
+        size = data.get("sliding_window_size")
+        if size is not None and size != data.get("sliding_window"):
+            r.refuse(
+                "sliding_window_size",
+                f"sliding_window_size = {size!r} differs from sliding_window = {data.get('sliding_window')!r}, "
+                "the window transformers applies",
+                code="hf-bad-value",
+            )
         scalar = r.number("query_pre_attn_scalar", 256)
         caps = (
             ("attn_softcap", "attn_logit_softcapping", ("Attention", "logit_softcap")),
