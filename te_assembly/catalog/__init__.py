@@ -13,6 +13,7 @@ from te_assembly.catalog.branch_ops import BRANCH_OPS
 from te_assembly.catalog.capping_ops import CAPPING_OPS
 from te_assembly.catalog.modules import MODULES
 from te_assembly.catalog.moe_ops import MOE_OPS
+from te_assembly.catalog.prediction_ops import PREDICTION_OPS
 from te_assembly.catalog.spec import (
     INPUT_LAYOUTS,
     LAYOUTS,
@@ -30,7 +31,8 @@ from te_assembly.catalog.te_ops import TE_OPS
 from te_assembly.catalog.token_ops import TOKEN_OPS
 
 OPS: dict[str, OpSpec] = {
-    spec.name: spec for spec in (*TE_OPS, *MOE_OPS, *TOKEN_OPS, *BRANCH_OPS, *ADAPTER_OPS, *CAPPING_OPS)
+    spec.name: spec
+    for spec in (*TE_OPS, *MOE_OPS, *TOKEN_OPS, *BRANCH_OPS, *ADAPTER_OPS, *CAPPING_OPS, *PREDICTION_OPS)
 }
 MODULE_ALLOWLIST: dict[str, ModuleSpec] = {spec.name: spec for spec in MODULES}
 

@@ -82,6 +82,10 @@ class Slot:
     ``token_topk`` ([tokens, top_k]), ``groups`` (one per group/expert), ``scalar``."""
     is_loss: bool = False
     """A scalar loss term the caller should add to its objective (TopKRouter's aux_loss)."""
+    ahead_arg: str | None = None
+    """Logits of a multi-token prediction module: the argument saying how many tokens past the next one
+    they predict (AheadLogits' ``depth``); the caller adds their cross-entropy, weighted, to its
+    objective."""
 
     def enabled(self, args: Mapping[str, Any]) -> bool:
         return all(bool(args.get(a)) for a in self.enabled_if)
@@ -97,6 +101,8 @@ class Slot:
             parts.append(f"only when {' and '.join(self.enabled_if)} are true")
         if self.is_loss:
             parts.append("a loss term: the caller adds it to the objective")
+        if self.ahead_arg is not None:
+            parts.append(f"logits of the token {self.ahead_arg} past the next: the caller adds their loss")
         return "; ".join(parts)
 
 

@@ -26,6 +26,19 @@ def loss_output_names(plan: Plan) -> tuple[str, ...]:
     return tuple(t.name for t in plan.public_outputs if steps[t.ref.step].output_slots[t.ref.slot].is_loss)
 
 
+def ahead_outputs(plan: Plan) -> dict[str, int]:
+    """Public outputs that are a multi-token prediction module's logits (a slot with ``ahead_arg``), by
+    name, each with how many tokens past the next it predicts."""
+    found: dict[str, int] = {}
+    steps = {s.index: s for s in plan.steps}
+    for tensor in plan.public_outputs:
+        step = steps[tensor.ref.step]
+        arg = step.output_slots[tensor.ref.slot].ahead_arg
+        if arg is not None:
+            found[tensor.name] = int(step.spec.with_defaults(step.args)[arg])
+    return found
+
+
 def loss_precision(t: torch.Tensor) -> torch.Tensor:
     """``t`` in the dtype every loss (run, train, bench) is computed in: float32 at least, since bfloat16
     sums lose too much, and float64 stays float64 (``.float()`` would silently narrow it)."""
@@ -382,6 +395,7 @@ __all__ = [
     "InputShapeError",
     "ModelOutput",
     "add_step",
+    "ahead_outputs",
     "block_use_scopes",
     "check_checkpointing",
     "checkpointed",

@@ -14,6 +14,8 @@ from te_assembly.engines.base import loss_precision
 MEAN_SQUARE = "mean(y^2)"
 TEACHER_MSE = "mse(y, teacher)"
 CROSS_ENTROPY = "cross_entropy"
+MTP = "mtp"
+"""The multi-token prediction term (``next_token_terms``' ``ahead``)."""
 Z_LOSS = "z_loss"
 IGNORE_INDEX = -100
 """Labels equal to this (padding) add nothing to the cross-entropy and get no gradient (torch's and TE's
@@ -66,35 +68,74 @@ def next_token_terms(
     z_loss: float = 0.0,
     ignore_index: int = IGNORE_INDEX,
     fused: bool = False,
+    ahead: Mapping[str, int] | None = None,
+    mtp_weight: float = 0.0,
+    documents: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """A language model's objective: the mean next-token cross-entropy of ``logits`` ``[..., vocab]``
     against ``labels`` ``[...]`` over the labels that are not ``ignore_index``, in float32 at least;
     with ``z_loss > 0`` also ``z_loss * mean(logsumexp(logits)^2)`` over the same positions (PaLM's
     auxiliary term, which keeps the softmax normaliser near 1); then every loss output (router aux
     losses) as it is. ``fused``: TE's fused cross-entropy kernel (``parallel_cross_entropy``, a Triton
-    kernel: CUDA only), which computes in float32 whatever the logits' dtype."""
-    vocab = logits.shape[-1]
+    kernel: CUDA only), which computes in float32 whatever the logits' dtype. ``ahead``: the public
+    outputs that are multi-token prediction logits, each with its depth (``engines.base.ahead_outputs``):
+    with ``mtp_weight > 0`` the term ``mtp`` is DeepSeek-V3's MTP loss, ``mtp_weight`` times the mean
+    over the modules of each one's cross-entropy against the token ``depth`` past the next
+    (``ahead_labels``; ``documents``: a packed batch's, so no target is taken across a document's end)."""
     flat_labels = labels.reshape(-1)
     kept = flat_labels != ignore_index
     count = kept.sum().clamp(min=1)
+    ce = cross_entropy(logits, labels, ignore_index=ignore_index, fused=fused)
+    terms = {CROSS_ENTROPY: ce}
+    if z_loss > 0:
+        lse = torch.logsumexp(loss_precision(logits).reshape(-1, logits.shape[-1]), dim=-1)
+        terms[Z_LOSS] = z_loss * (lse.square() * kept).sum() / count
+    if ahead and mtp_weight > 0:
+        each = [
+            cross_entropy(extras[name], ahead_labels(labels, depth, documents, ignore_index), fused=fused)
+            for name, depth in ahead.items()
+        ]
+        terms[MTP] = mtp_weight * torch.stack(each).mean()
+    for name, value in extras.items():
+        if name in loss_names and value.is_floating_point():
+            terms[name] = loss_precision(value).sum()
+    return terms
+
+
+def cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = IGNORE_INDEX, fused: bool = False
+) -> torch.Tensor:
+    """The mean cross-entropy of ``logits`` ``[..., vocab]`` against ``labels`` ``[...]`` over the labels
+    that are not ``ignore_index``, in float32 at least (``next_token_terms``' ``fused``)."""
+    vocab = logits.shape[-1]
+    flat_labels = labels.reshape(-1)
+    count = (flat_labels != ignore_index).sum().clamp(min=1)
     if fused:
         from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
 
         rows = logits.reshape(1, -1, vocab)
         per_token = parallel_cross_entropy(rows, flat_labels.reshape(1, -1), ignore_idx=ignore_index)
-        ce = per_token.reshape(-1).float().sum() / count
-    else:
-        flat = loss_precision(logits).reshape(-1, vocab)
-        ce = torch.nn.functional.cross_entropy(flat, flat_labels, ignore_index=ignore_index, reduction="sum")
-        ce = ce / count
-    terms = {CROSS_ENTROPY: ce}
-    if z_loss > 0:
-        lse = torch.logsumexp(loss_precision(logits).reshape(-1, vocab), dim=-1)
-        terms[Z_LOSS] = z_loss * (lse.square() * kept).sum() / count
-    for name, value in extras.items():
-        if name in loss_names and value.is_floating_point():
-            terms[name] = loss_precision(value).sum()
-    return terms
+        return per_token.reshape(-1).float().sum() / count
+    flat = loss_precision(logits).reshape(-1, vocab)
+    ce = torch.nn.functional.cross_entropy(flat, flat_labels, ignore_index=ignore_index, reduction="sum")
+    return ce / count
+
+
+def ahead_labels(
+    labels: torch.Tensor,
+    depth: int,
+    documents: torch.Tensor | None = None,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
+    """A multi-token prediction module's targets: at position i the token ``depth`` past the next one,
+    ``labels[..., i + depth]`` (``labels`` being the next tokens), ignored where that runs past the row,
+    and, for packed rows, where position i and i + ``depth`` lie in different documents. A label the
+    batch ignores (a prompt's, padding) stays ignored at its new place."""
+    ahead = labels.roll(-depth, dims=-1).clone()
+    ahead[..., -depth:] = ignore_index
+    if documents is not None:
+        ahead[documents != documents.roll(-depth, dims=-1)] = ignore_index
+    return ahead
 
 
 def total(terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -123,9 +164,12 @@ __all__ = [
     "CROSS_ENTROPY",
     "IGNORE_INDEX",
     "MEAN_SQUARE",
+    "MTP",
     "TEACHER_MSE",
     "Z_LOSS",
+    "ahead_labels",
     "aux_losses",
+    "cross_entropy",
     "loss_terms",
     "next_token_terms",
     "objective",

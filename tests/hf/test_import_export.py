@@ -256,8 +256,9 @@ def test_a_declared_mtp_layer_is_read_from_the_tensors_the_checkpoint_holds(
     variant: str, tmp_path: Path
 ) -> None:
     """transformers' own default (num_nextn_predict_layers 1, no tensor of it saved) imports and equals
-    transformers; the same checkpoint holding that layer's tensors is refused naming them and the way
-    out, which imports it (and verifies it) without them."""
+    transformers; the same checkpoint holding only part of that module (three of its tensors) is refused
+    naming what is missing and the way out, which imports it (and verifies it) without them. (A whole
+    module imports: tests/hf/test_mtp.py.)"""
     from te_assembly.errors import CheckpointError
     from te_assembly.jobs.verify_hf import compare, verify_hf
 
@@ -273,7 +274,9 @@ def test_a_declared_mtp_layer_is_read_from_the_tensors_the_checkpoint_holds(
     with pytest.raises(CheckpointError) as refused:
         te_assembly.import_hf(folder, tmp_path / "refused")
     message = str(refused.value)
-    assert f"model.layers.{config['num_hidden_layers']}.eh_proj.weight and 2 more" in message
+    layers = config["num_hidden_layers"]
+    assert f"missing model.layers.{layers}.input_layernorm.weight" in message
+    assert "eh_proj" not in message  # what is there is not claimed missing
     assert "import_hf.ignore_fields=[num_nextn_predict_layers]" in message
     assert not (tmp_path / "refused").exists()
     te_assembly.import_hf(folder, tmp_path / "kept", ignore_fields=["num_nextn_predict_layers"])

@@ -9,6 +9,7 @@ table the other way. ``transformers`` is needed for neither.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -39,33 +40,27 @@ from te_assembly.formats.hf.hub import hub_folder
 from te_assembly.formats.hf.layout import model_config
 from te_assembly.formats.hf.mapping import hf_config, mapping_of_plan
 from te_assembly.formats.hf.names import Rule, chosen_layout, gather, hub_tensors
-from te_assembly.formats.hf.shards import HFCheckpoint, write_shards
-from te_assembly.formats.hf.tensors import rules
+from te_assembly.formats.hf.shards import INDEX, SINGLE, HFCheckpoint, write_shards
+from te_assembly.formats.hf.tensor_plan import Progress, stream, tensor_plan
 from te_assembly.formats.pretrained import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     check_finite,
     config_of,
-    expected_shapes,
     sources_of,
     weights_dtype,
     write_pretrained,
 )
-from te_assembly.formats.tensor_file import FLOAT_DTYPES
 
 if TYPE_CHECKING:
     from te_assembly.analysis.analyze import Analysis
     from te_assembly.analysis.plan import Plan
     from te_assembly.engines.base import AssembledModel
 
-Progress = Callable[[int, int, str], None]
-"""``progress(done, total, what)``: called as tensors are read or written (the CLI draws a bar)."""
 
 IMPORTED_COMPANIONS = {"config.json": SOURCE_CONFIG, **{n: n for n in COMPANIONS if n != SOURCE_CONFIG}}
 """What an import keeps of a Hugging Face checkpoint besides its weights (``config.json`` as
 ``hf_config.json``)."""
-INERT_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-"""Tensors some checkpoints carry that are recomputed, never learned (old Llama's RoPE buffers)."""
 DEFAULT_SHARD_BYTES = 5 * 2**30
 """The Hub's default shard size (``save_pretrained(max_shard_size="5GB")``)."""
 
@@ -75,7 +70,20 @@ def read_spec(hf_dir: str | os.PathLike[str], ignore_fields: Sequence[str] = ())
     ``ignore_fields``: fields te_assembly does not know, accepted knowingly."""
     folder = _hf_folder(hf_dir)
     path = folder / "config.json"
-    return parse_config(read_config(path, within=folder), path, ignore_fields)
+    spec = parse_config(read_config(path, within=folder), path, ignore_fields)
+    if spec.mtp_modules and _holds_weights(folder):
+        with HFCheckpoint(folder) as checkpoint:
+            first = f"model.layers.{spec.layers}."
+            if not any(name.startswith(first) for name in checkpoint):
+                # transformers' own save: the layers declared, none of their tensors written
+                spec = dataclasses.replace(spec, mtp_modules=0)
+    return spec
+
+
+def _holds_weights(folder: Path) -> bool:
+    """Whether ``folder`` has a checkpoint's weights beside its ``config.json`` (a folder of the
+    config alone describes the model it declares)."""
+    return any((folder / name).exists() for name in (SINGLE, INDEX))
 
 
 def _hf_folder(hf_dir: str | os.PathLike[str]) -> Path:
@@ -99,81 +107,6 @@ def analysis_of(spec: HFSpec, name: str) -> tuple[Analysis, dict[str, Any]]:
     analysis = load(model)
     analysis.checked_plan()
     return analysis, model
-
-
-def _tensor_plan(spec: HFSpec, plan: Plan, checkpoint: HFCheckpoint) -> list[tuple[Rule, tuple[Any, ...]]]:
-    """Each rule with the layout it reads, every shape checked first; ``CheckpointError`` lists every
-    missing, misshapen or unexpected tensor (a checkpoint that disagrees with its ``config.json``)."""
-    wanted = expected_shapes(plan)
-    table = rules(spec)
-    names = {r.te for r in table}
-    if names != set(wanted):  # the mapping and the model come from one spec: a bug if they differ
-        raise RuntimeError(f"te_assembly's {spec.architecture} mapping misses {sorted(set(wanted) ^ names)}")
-    problems: list[str] = []
-    used: set[str] = set()
-    chosen: list[tuple[Rule, tuple[Any, ...]]] = []
-    for rule in table:
-        layout = chosen_layout(rule, checkpoint)
-        if layout is None:
-            missing = [p.name for p in rule.hub if p.name not in checkpoint]
-            problems.append(f"missing {', '.join(missing)}")
-            continue
-        rest = wanted[rule.te][1:]
-        for part in layout:
-            used.add(part.name)
-            if checkpoint.dtype(part.name) not in FLOAT_DTYPES:
-                problems.append(
-                    f"{part.name} holds {checkpoint.dtype(part.name)} values, not floating-point weights"
-                )
-            shape, rows = checkpoint.shape(part.name), part.stored_shape(tuple(rest))
-            if part.index is None:
-                ok, expected_text = tuple(shape) == rows, str(rows)
-            else:  # one expert's slice of a stacked tensor
-                ok = len(shape) == 1 + len(rows) and shape[0] > part.index and tuple(shape[1:]) == rows
-                expected_text = f"[>{part.index}, {', '.join(map(str, rows))}]"
-            if not ok:
-                problems.append(f"{part.name} has shape {tuple(shape)}, config.json says {expected_text}")
-        chosen.append((rule, layout))
-    dropped = tuple(f"model.layers.{spec.layers + n}." for n in range(spec.dropped_layers))
-    mtp = tuple(f"model.layers.{spec.layers + n}." for n in range(spec.mtp_layers))
-    predicting = []
-    for name in sorted(set(checkpoint) - used):
-        if INERT_TENSORS.search(name) or (spec.tied and name == "lm_head.weight") or name.startswith(dropped):
-            continue
-        if name.startswith(mtp):
-            predicting.append(name)
-            continue
-        problems.append(f"{name} is not part of a {spec.architecture} of this config (it would be dropped)")
-    if predicting:
-        more = f" and {len(predicting) - 1} more" if len(predicting) > 1 else ""
-        problems.append(
-            f"{predicting[0]}{more} belong to the {spec.mtp_layers} multi-token prediction layer(s) "
-            "num_nextn_predict_layers declares, which te_assembly does not import (no MTP head yet): "
-            "import_hf.ignore_fields=[num_nextn_predict_layers] imports the model without them, knowingly "
-            "(as transformers leaves them out)"
-        )
-    if problems:
-        raise CheckpointError(
-            f"{checkpoint.directory} does not match its config.json: " + "; ".join(problems)
-        )
-    return chosen
-
-
-def _stream(
-    chosen: list[tuple[Rule, tuple[Any, ...]]],
-    checkpoint: HFCheckpoint,
-    dtype: torch.dtype,
-    progress: Progress | None,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for done, (rule, layout) in enumerate(chosen, start=1):
-        tensor = gather(layout, checkpoint).to(dtype)
-        if not torch.isfinite(tensor).all():
-            raise CheckpointError(
-                f"{checkpoint.directory}: {', '.join(p.name for p in layout)} holds NaN or inf"
-            )
-        yield rule.te, tensor
-        if progress is not None:
-            progress(done, len(chosen), rule.te)
 
 
 def model_name(dest: Path) -> str:
@@ -215,8 +148,8 @@ def import_hf(
     dtype = getattr(torch, spec.dtype)
     _check_import_fits(plan, dtype, f"importing {spec.architecture} from {folder}")
     with HFCheckpoint(folder) as checkpoint:
-        chosen = _tensor_plan(spec, plan, checkpoint)
-        weights = dict(_stream(chosen, checkpoint, dtype, progress))
+        chosen = tensor_plan(spec, plan, checkpoint)
+        weights = dict(stream(chosen, checkpoint, dtype, progress))
     from te_assembly.formats.model_record import model_record
 
     files = {f"model/{model_id}.yaml": "", **_own_blocks(model, model_id), **companions}
@@ -297,11 +230,11 @@ def from_hf(
         "load it in a narrower dtype or on a device with more memory",
     )
     with HFCheckpoint(folder) as checkpoint:
-        tensors = _tensor_plan(spec, plan, checkpoint)
+        tensors = tensor_plan(spec, plan, checkpoint)
         model = chosen.build(plan)
         state = model.state_dict()
         with torch.no_grad():
-            for te_name, tensor in _stream(tensors, checkpoint, chosen.dtype, progress):
+            for te_name, tensor in stream(tensors, checkpoint, chosen.dtype, progress):
                 state[te_name].copy_(tensor)
     return model.eval()
 

@@ -64,7 +64,6 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
     norm_args: dict[str, Any] = {"normalized_shape": "${model.dims.hidden}", "eps": "${model.dims.eps}"}
     if spec.zero_centered:
         norm_args["zero_centered_gamma"] = True
-    scaled = [{"name": "embed_scale", "op": "ConstantScale", "args": {"scale": spec.embed_scale}}]
     capped = [{"name": "logit_softcap", "op": "Softcap", "args": {"cap": spec.final_softcap}}]
     return {
         "name": name,
@@ -83,14 +82,104 @@ def model_config(spec: HFSpec, name: str, description: str | None = None) -> dic
                     **_padding(spec),
                 },
             },
-            *(scaled if spec.embed_scale is not None else []),
+            *_before_layers(spec),
             *dense,
             layers,
+            *_mtp_steps(spec, layers, norm_args),
             {"name": "final_norm", "op": "RMSNorm", "args": norm_args},
             head,
             *(capped if spec.final_softcap is not None else []),
         ],
     }
+
+
+def _before_layers(spec: HFSpec) -> list[dict[str, Any]]:
+    """What follows the embedding: Gemma's scaling; the embeddings kept for the MTP modules."""
+    scaled = [{"name": "embed_scale", "op": "ConstantScale", "args": {"scale": spec.embed_scale}}]
+    kept = [{"name": "embeds", "op": "MakeExtraOutput", "extra_outputs": {"out": {"channel": "embeds"}}}]
+    return (scaled if spec.embed_scale is not None else []) + (kept if spec.mtp_modules else [])
+
+
+MTP_PREFIX = "mtp"
+"""The steps of the multi-token prediction modules: ``mtp_trunk``, then ``mtp<k>_*`` and the decoder
+layer ``mtp<k>.0.*`` of each."""
+
+
+def _mtp_steps(spec: HFSpec, layers: dict[str, Any], norm_args: dict[str, Any]) -> list[dict[str, Any]]:
+    """DeepSeek-V3's multi-token prediction modules, after the last layer and before the final norm: the
+    layers' output is kept (``mtp_trunk``); module k joins RMSNorm(its hidden input: the layers' output,
+    or module k - 1's) after RMSNorm(the embeddings of the tokens k places on), projects them back to
+    the hidden width (``eh_proj``), runs one decoder layer of the model's own block, normalises and
+    projects onto the vocabulary with the model's head, and hands those logits to the caller
+    (``AheadLogits``, depth k). The main path then resumes with the kept output."""
+    if not spec.mtp_modules:
+        return []
+    layer = {"block": layers["block"], "repeat": 1, "dims": layers["dims"]}
+    kept = {"name": "mtp_trunk", "op": "MakeExtraOutput", "extra_outputs": {"out": {"channel": "mtp_trunk"}}}
+    return [kept] + [
+        step
+        for k in range(1, spec.mtp_modules + 1)
+        for step in _mtp_module(k, k == spec.mtp_modules, layer, norm_args, "embed" if spec.tied else "head")
+    ]
+
+
+def _mtp_module(
+    k: int, last: bool, layer: dict[str, Any], norm_args: dict[str, Any], head: str
+) -> list[dict[str, Any]]:
+    """Module ``k``'s steps (``_mtp_steps``); ``last``: the main path resumes with the layers' output after
+    it, else with its own output (the next module's hidden input); ``head``: the step whose weight its
+    vocabulary head shares."""
+    hidden = "${model.dims.hidden}"
+    resume = (
+        []
+        if last
+        else [
+            {
+                "name": f"mtp{k}_out",
+                "op": "MakeExtraOutput",
+                "extra_outputs": {"out": {"channel": f"mtp{k}_out"}},
+            }
+        ]
+    )
+    return [
+        {"name": f"mtp{k}_hnorm", "op": "RMSNorm", "args": norm_args},
+        {
+            "name": f"mtp{k}_embeds",
+            "op": "SwapExtraInput",
+            "args": {"value_features": hidden},
+            "extra_inputs": {"value": "embeds"},
+            "extra_outputs": {"out": {"channel": f"mtp{k}_hidden"}},
+        },
+        {"name": f"mtp{k}_shift", "op": "ShiftTokens", "args": {"by": k}},
+        {"name": f"mtp{k}_enorm", "op": "RMSNorm", "args": norm_args},
+        {
+            "name": f"mtp{k}_concat",
+            "op": "ConcatExtraInput",
+            "args": {"in_features": hidden, "tail_features": hidden},
+            "extra_inputs": {"tail": f"mtp{k}_hidden"},
+        },
+        {
+            "name": f"mtp{k}_proj",
+            "op": "Linear",
+            "args": {"in_features": f"${{mul:2,{hidden}}}", "out_features": hidden, "bias": False},
+        },
+        {"name": f"mtp{k}", **layer},
+        *resume,
+        {"name": f"mtp{k}_norm", "op": "RMSNorm", "args": norm_args},
+        {
+            "name": f"mtp{k}_head",
+            "op": "Linear",
+            "args": {"in_features": hidden, "out_features": "${model.dims.vocab}", "bias": False},
+            "tie_weight": head,
+        },
+        {
+            "name": f"mtp{k}_logits",
+            "op": "AheadLogits",
+            "args": {"depth": k, "value_features": hidden},
+            "extra_inputs": {"value": "mtp_trunk" if last else f"mtp{k}_out"},
+            "extra_outputs": {"logits": {"channel": f"mtp{k}_logits", "public": True}},
+        },
+    ]
 
 
 def _local_rope(spec: HFSpec) -> dict[str, Any]:
@@ -147,14 +236,19 @@ LAYER_STEP = re.compile(r"^(.+\.\d+)\.[^.]+$")
 
 class Outline:
     """A model's steps as a Hugging Face causal LM has them: the embedding, what follows it before the
-    first layer (Gemma's scaling), the decoder layers (by ``<use>.<N>.`` prefix), the final norm, the
-    head and what follows it (Gemma 2's soft-capping)."""
+    first layer (Gemma's scaling), the decoder layers (by ``<use>.<N>.`` prefix), the multi-token
+    prediction modules (``mtp``), the final norm, the head and what follows it (Gemma 2's
+    soft-capping)."""
 
     def __init__(self, plan: Plan) -> None:
         steps = list(plan.steps)
         if len(steps) < 4 or steps[0].type != "Embedding":
             raise UnexportableError(plan, steps[0] if steps else None, "the first step must be an Embedding")
-        at = [i for i, step in enumerate(steps) if LAYER_STEP.match(step.name)]
+        at = [
+            i
+            for i, step in enumerate(steps)
+            if LAYER_STEP.match(step.name) and not step.name.startswith(MTP_PREFIX)
+        ]
         if not at:
             raise UnexportableError(plan, steps[1], "the model has no decoder layers")
         self.embed, self.before = steps[0], steps[1 : at[0]]
@@ -170,6 +264,10 @@ class Outline:
                 )
             self.layers.setdefault(match.group(1), []).append(step)
         after = steps[at[-1] + 1 :]
+        self.mtp = [s for s in after if s.name.startswith(MTP_PREFIX)]
+        """The multi-token prediction modules' steps (``_mtp_steps``)."""
+        self.mtp_modules = sum(s.type == "AheadLogits" for s in self.mtp)
+        after = [s for s in after if s not in self.mtp]
         norms, heads = [s for s in after if s.type == "RMSNorm"], [s for s in after if s.type == "Linear"]
         if len(after) < 2 or not norms or not heads:
             raise UnexportableError(plan, after[0] if after else steps[-1], "a final RMSNorm and head end it")
@@ -253,6 +351,8 @@ def spec_of_plan(plan: Plan, family: Family, metadata: Mapping[str, Any] | None 
         final_softcap=outline.only(outline.after, "Softcap", "cap"),
         first_dense=first_dense,
         dense_ffn=dense_ffn,
+        mtp_layers=outline.mtp_modules,
+        mtp_modules=outline.mtp_modules,
         init_std=float(embed_args["init_std"]),
         metadata=metadata,
         **own,

@@ -50,6 +50,10 @@ class Rule:
 
     te: str
     layouts: tuple[tuple[Part, ...], ...]
+    copies: tuple[str, ...] = ()
+    """Other Hugging Face tensors that hold the same whole tensor (an MTP module's ``embed_tokens`` and
+    ``shared_head.head``, which DeepSeek-V3 shares with the model's): export writes each, import holds
+    each it finds equal to the one it reads."""
 
     @property
     def hub(self) -> tuple[Part, ...]:
@@ -61,7 +65,7 @@ def renamed(rule_list: list[Rule], names: Mapping[str, str]) -> list[Rule]:
     out = []
     for rule in rule_list:
         step, param = _split_step(rule.te.removeprefix("steps."), names)
-        out.append(Rule(f"steps.{names.get(step, step)}.{param}", rule.layouts))
+        out.append(Rule(f"steps.{names.get(step, step)}.{param}", rule.layouts, rule.copies))
     return out
 
 
@@ -101,6 +105,10 @@ def hub_tensors(rule_list: list[Rule], tensors: Mapping[str, torch.Tensor]) -> d
             stacked.setdefault(name, {})[index] = stored
     for name, by_index in stacked.items():
         out[name] = torch.stack([by_index[i] for i in sorted(by_index)])
+    for rule in rule_list:
+        if rule.copies and rule.te in tensors:
+            # a copy of its own: safetensors writes no two names over one storage
+            out.update({copy: out[rule.hub[0].name].clone() for copy in rule.copies})
     return out
 
 

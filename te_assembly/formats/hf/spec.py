@@ -45,6 +45,10 @@ class HFSpec:
     dropped_layers: int = 0
     """Of those, the ones the import leaves out by request when the checkpoint holds them
     (``import_hf.ignore_fields=[num_nextn_predict_layers]``)."""
+    mtp_modules: int = 0
+    """Of those, the ones the model has: multi-token prediction modules after the final layer, read from
+    the checkpoint's ``model.layers.{layers + k}.*`` tensors and written back; 0 where the checkpoint
+    holds none (as transformers saves it) or they are left out."""
     mla: dict[str, Any] = field(default_factory=dict)
     """DeepSeek-V3's latent attention (``LatentAttention``): ``q_lora_rank``, ``kv_lora_rank``,
     ``qk_nope_dim``, ``qk_rope_dim``, ``v_head_dim``, ``rope_interleaved``, ``attention_bias``; empty for
@@ -77,13 +81,20 @@ class HFSpec:
     """The checkpoint's own metadata fields (token ids, max_position_embeddings...), kept for export."""
 
     def notes(self) -> list[str]:
-        """What the import leaves out of ``config.json``'s model, one line each (the CLI says them)."""
+        """What the import leaves out of ``config.json``'s model, or adds to what transformers loads,
+        one line each (the CLI says them)."""
         if not self.mtp_layers:
             return []
         if self.dropped_layers:
             return [
                 f"left out the {self.dropped_layers} multi-token prediction layer(s) the checkpoint holds "
                 "(import_hf.ignore_fields=[num_nextn_predict_layers])"
+            ]
+        if self.mtp_modules:
+            return [
+                f"imported the {self.mtp_modules} multi-token prediction module(s) the checkpoint holds "
+                f"(model.layers.{self.layers}...): trained with weight train.mtp_weight; transformers "
+                "loads the model without them"
             ]
         return [
             f"config.json declares {self.mtp_layers} multi-token prediction layer(s) "

@@ -232,6 +232,7 @@ def _language(
             tokens=settings.tokens,
             seq_len=settings.positions,
             z_loss=settings.z_loss,
+            mtp_weight=settings.mtp_weight,
             progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
         )
     if settings.init_from is not None:

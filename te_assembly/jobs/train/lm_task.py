@@ -20,6 +20,7 @@ from te_assembly.data.cache import Progress, prepare
 from te_assembly.data.corpus import Corpus, bits_per_byte
 from te_assembly.data.settings import DataSettings
 from te_assembly.diagnostics import error
+from te_assembly.engines.base import ahead_outputs
 from te_assembly.engines.reference.packing import packed
 from te_assembly.engines.target import Target
 from te_assembly.errors import ConfigError
@@ -74,11 +75,19 @@ class LanguageTask:
     is_language_model = True
 
     def __init__(
-        self, plan: Plan, corpus: Corpus, target: Target, *, tokens: int, z_loss: float = 0.0
+        self,
+        plan: Plan,
+        corpus: Corpus,
+        target: Target,
+        *,
+        tokens: int,
+        z_loss: float = 0.0,
+        mtp_weight: float = 0.0,
     ) -> None:
         check_language_model(plan)
         corpus.check_fits(plan.in_features, plan.name)
         self.plan, self.corpus, self.target, self.z_loss = plan, corpus, target, z_loss
+        self.mtp_weight, self.ahead = mtp_weight, ahead_outputs(plan)
         self.sequences = tokens // corpus.seq_len
         self.fused = uses_fused_cross_entropy(target)
 
@@ -92,6 +101,7 @@ class LanguageTask:
         tokens: int,
         seq_len: int,
         z_loss: float = 0.0,
+        mtp_weight: float = 0.0,
         progress: Progress | None = None,
     ) -> LanguageTask:
         check_language_model(plan)
@@ -99,9 +109,9 @@ class LanguageTask:
             from te_assembly.data.conversations import ChatCorpus
 
             chat = ChatCorpus.prepare(data, seq_len)
-            return cls(plan, chat, target, tokens=tokens, z_loss=z_loss)  # type: ignore[arg-type]
+            return cls(plan, chat, target, tokens=tokens, z_loss=z_loss, mtp_weight=mtp_weight)  # type: ignore[arg-type]
         corpus = Corpus(prepare(data, progress), seq_len, data.packing)
-        return cls(plan, corpus, target, tokens=tokens, z_loss=z_loss)
+        return cls(plan, corpus, target, tokens=tokens, z_loss=z_loss, mtp_weight=mtp_weight)
 
     def record(self, data: DataSettings) -> dict[str, Any]:
         """What the run record keeps of the data: a resume on other text or tokenizer is another run."""
@@ -149,7 +159,15 @@ class LanguageTask:
         self, y: torch.Tensor, extras: Mapping[str, torch.Tensor], batch: Batch, loss_names: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         return objective.next_token_terms(
-            y, batch.target, extras, loss_names, z_loss=self.z_loss, fused=self.fused
+            y,
+            batch.target,
+            extras,
+            loss_names,
+            z_loss=self.z_loss,
+            fused=self.fused,
+            ahead=self.ahead,
+            mtp_weight=self.mtp_weight,
+            documents=batch.documents,
         )
 
     def evaluate(self, model: torch.nn.Module, batches: int) -> Evaluation | None:

@@ -82,6 +82,13 @@ class TrainSettings:
         doc="clip the gradients' total norm to this before each step (null: off)",
     )
     z_loss: float = setting(0.0, minimum=0, doc="language models: weight of the z-loss (logsumexp^2) term")
+    mtp_weight: float = setting(
+        0.1,
+        minimum=0,
+        doc="language models with multi-token prediction modules (AheadLogits steps, as DeepSeek-V3's and "
+        "GLM-4.5's import): their loss weight, DeepSeek-V3's lambda (the mean of the modules' "
+        "cross-entropies times it); 0: they are not trained",
+    )
     objective: str = setting(
         "lm",
         choices=("lm", "dpo"),
@@ -243,6 +250,7 @@ ADDED_LATER = {
     "grad_accum": 1,
     "clip_grad_norm": None,
     "z_loss": 0.0,
+    "mtp_weight": 0.1,
     "init_from": None,
     "epochs": None,
     "objective": "lm",

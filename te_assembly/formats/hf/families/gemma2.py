@@ -76,12 +76,12 @@ class Gemma2(PackedAttention, DenseMLP):
     def read(self, r: ConfigReader, data: Mapping[str, Any], shape: Shape) -> dict[str, Any]:
         # The first Gemma 2 configs on the Hub carry this older name beside sliding_window; transformers
         # reads sliding_window alone, so the two must say the same.
-        size = data.get("sliding_window_size")
-        if size is not None and size != data.get("sliding_window"):
+        size, window = data.get("sliding_window_size"), data.get("sliding_window")
+        if size is not None and size != window:
             r.refuse(
                 "sliding_window_size",
-                f"sliding_window_size = {size!r} differs from sliding_window = {data.get('sliding_window')!r}, "
-                "the window transformers applies",
+                f"sliding_window_size = {size!r} differs from sliding_window = {window!r}, the window "
+                "transformers applies",
                 code="hf-bad-value",
             )
         scalar = r.number("query_pre_attn_scalar", 256)

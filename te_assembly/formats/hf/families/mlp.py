@@ -260,7 +260,7 @@ class GroupedExperts(RoutedExperts):
                 "num_nextn_predict_layers", f"num_nextn_predict_layers = {shown(mtp)}", code="hf-bad-value"
             )
             mtp = 0
-        # Whether the checkpoint holds those layers is for its tensors to say (``convert._tensor_plan``):
+        # Whether the checkpoint holds those layers is for its tensors to say (``convert.read_spec``):
         # transformers declares one by default and saves none.
         shared = r.integer(
             "n_shared_experts", default["n_shared_experts"], minimum=1
@@ -279,6 +279,8 @@ class GroupedExperts(RoutedExperts):
             "dense_ffn": r.integer("intermediate_size"),
             "mtp_layers": mtp,
             "dropped_layers": mtp if "num_nextn_predict_layers" in r.ignore else 0,
+            # the checkpoint's tensors may still say there are none (``convert.read_spec``)
+            "mtp_modules": 0 if "num_nextn_predict_layers" in r.ignore else mtp,
             "router": {
                 "score_function": "sigmoid",
                 "enable_expert_bias": True,
@@ -321,7 +323,7 @@ class GroupedExperts(RoutedExperts):
             "topk_group": router["group_topk"],
             "norm_topk_prob": router["sigmoid_renormalise"],
             "routed_scaling_factor": router["scaling_factor"],
-            "num_nextn_predict_layers": 0,  # what is written has no multi-token prediction layers
+            "num_nextn_predict_layers": spec.mtp_modules,
         }
 
     def has_mlp(self, layer: Layer) -> bool:
