@@ -210,10 +210,14 @@ class Loop:
         self, settings: TrainSettings, start: int, end: int, losses: list[float], on_event: OnEvent
     ) -> None:
         """Steps ``start + 1`` to ``end``, each loss appended to ``losses``."""
-        began = time.perf_counter()
+        began, written = time.perf_counter(), start
         with stopping.at_step_ends():
             for step in range(start + 1, end + 1):
-                stopping.stop_if_asked()
+                stop = stopping.agreed_stop(self.par)
+                if stop is not None:  # a signal: nothing lost, the step ended is kept (every rank agrees)
+                    if step - 1 > written:
+                        self._checkpoint(settings, step - 1)
+                    raise stop
                 record = self._step(settings, step, end, began)
                 losses.append(record.loss)
                 if self.files is not None:
@@ -222,6 +226,7 @@ class Loop:
                 every = settings.checkpoint_every
                 if step == end or (every and step % every == 0):
                     self._checkpoint(settings, step)
+                    written = step
 
     def _step(self, settings: TrainSettings, step: int, end: int, began: float) -> StepRecord:
         lr = lr_at(step, settings)
