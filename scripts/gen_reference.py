@@ -335,6 +335,17 @@ EXAMPLES: dict[str, Example] = {
     # parallel
     "parallel-not-launched": Example(("run", "model=moe_block", "parallel.expert=2")),
     "parallel-indivisible": Example(("validate", "model=residual_mlp", "parallel.tensor=3")),
+    "launch-world-size": Example(("launch", "model=moe_block", "parallel.expert=4", "launch.nodes=2")),
+    "launch-does-not-fit": Example(
+        (
+            "launch",
+            "model=residual_mlp",
+            "model.dims.hidden=65536",
+            "model.dims.ffn=262144",
+            "launch.gpus_per_node=1",
+            "launch.accelerator=l40s",
+        )
+    ),
     "parallel-nothing-split": Example(("validate", "model=moe_block", "parallel.tensor=2")),
     "parallel-row-without-column": Example(
         ("validate", "model=residual_mlp", "model.ops.2.args.tensor_parallel_mode=null")

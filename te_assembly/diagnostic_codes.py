@@ -133,6 +133,8 @@ _AREAS: dict[str, dict[str, str]] = {
         "parallel-combine-unpaired": "a Combine not fed by its Dispatch under expert parallelism",
         "parallel-stays-with-tokens": "a Dispatch output that stays with the tokens read by another op",
         "parallel-public-expert-rows": "a public tensor of dispatched rows under expert parallelism",
+        "launch-world-size": "`launch.nodes` x `launch.gpus_per_node` is not the world `parallel.*` asks for",
+        "launch-does-not-fit": "the fullest rank needs more memory than one `launch.accelerator` holds",
     },
     "model size": {
         "model-too-large": "a model no machine or cluster could hold (error), or whose weights no single "

@@ -63,6 +63,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "turn a Hugging Face checkpoint into a pretrained model; its model_type one of "
         + ", ".join(f.model_type for f in FAMILIES.values()),
     ),
+    "launch": (
+        "te_assembly.cli.commands.launch",
+        "check a parallel job for N nodes x G GPUs, then write its Slurm, SkyPilot or torchrun script",
+    ),
     "ls": ("te_assembly.cli.commands.ls", "list the models, blocks, recipes and ops; `ls op NAME` shows one"),
     "cp": ("te_assembly.cli.commands.cp", "copy a shipped model, recipe or block into a folder to edit"),
 }

@@ -176,18 +176,31 @@ def block_model(name: str, block_file: Path, model: Mapping[str, Any] | None = N
 
 def assert_fits(analysis: Analysis, target: str, tokens: int | None = None) -> str:
     """The plan trains on one ``target`` accelerator (``catalog/devices.py``) per rank of its parallel
-    layout: the fullest rank's parameters, gradients, optimizer state and the activations of its share
-    of ``train.batch_tokens`` rows (``engines/memory.py``), in the config's dtype. Returns the estimate
-    in words."""
+    layout (``rank_needs``). Returns the estimate in words."""
+    if target not in ACCELERATORS:
+        hint = did_you_mean(target, list(ACCELERATORS)) or f"one of {', '.join(ACCELERATORS)}"
+        raise ConfigCheckError(f"unknown memory target {target!r}: {hint}")
+    from te_assembly.engines.memory import format_bytes
+
+    device = ACCELERATORS[target]
+    needed, words = rank_needs(analysis, tokens)
+    if needed > device.memory_bytes:
+        raise ConfigCheckError(
+            f"{words} does not fit a {device.name} ({format_bytes(device.memory_bytes)}): shard it "
+            "(parallel.tensor, parallel.expert), lower train.batch_tokens or make the model smaller"
+        )
+    return f"{words}: fits a {device.name} ({format_bytes(device.memory_bytes)})"
+
+
+def rank_needs(analysis: Analysis, tokens: int | None = None) -> tuple[int, str]:
+    """Bytes the fullest rank of the plan's parallel layout needs to train, and that in words: its
+    parameters, gradients, optimizer state and the activations of its share of ``train.batch_tokens``
+    rows (``engines/memory.py``), in the config's dtype."""
     import torch
 
     from te_assembly.engines.memory import format_bytes, rank_estimate
     from te_assembly.engines.target import DTYPES
 
-    if target not in ACCELERATORS:
-        hint = did_you_mean(target, list(ACCELERATORS)) or f"one of {', '.join(ACCELERATORS)}"
-        raise ConfigCheckError(f"unknown memory target {target!r}: {hint}")
-    device = ACCELERATORS[target]
     plan, layout = analysis.checked_plan(), analysis.layout
     train = analysis.section("train") if "train" in analysis.sections else None
     if train is not None:
@@ -200,13 +213,7 @@ def assert_fits(analysis: Analysis, target: str, tokens: int | None = None) -> s
     needed = rank_estimate(plan, layout, dtype, tokens=rows, optimizer=optimizer, seq_len=seq_len)
     ranks = layout.settings.world_size
     per = f"per rank of {ranks}" if ranks > 1 else "on one device"
-    words = f"{plan.name}: {format_bytes(needed.total)} {per} ({needed.describe()})"
-    if needed.total > device.memory_bytes:
-        raise ConfigCheckError(
-            f"{words} does not fit a {device.name} ({format_bytes(device.memory_bytes)}): shard it "
-            "(parallel.tensor, parallel.expert), lower train.batch_tokens or make the model smaller"
-        )
-    return f"{words}: fits a {device.name} ({format_bytes(device.memory_bytes)})"
+    return needed.total, f"{plan.name}: {format_bytes(needed.total)} {per} ({needed.describe()})"
 
 
 def sections_with_train() -> dict[str, type]:
