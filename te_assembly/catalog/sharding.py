@@ -98,6 +98,10 @@ SHARDING: dict[str, Sharding] = {
     "FlattenTokens": _ELEMENTWISE,
     "RestoreTokens": _ELEMENTWISE,
     "SwapExtraInput": _ELEMENTWISE,
+    # Multi-token prediction: a shift along each sequence (whole sequences on every rank; sequence
+    # parallelism is refused with attention) and a swap of the main path, feature by feature.
+    "ShiftTokens": _ELEMENTWISE,
+    "AheadLogits": _ELEMENTWISE,
     "ConcatExtraInput": Sharding(
         note="it packs whole vectors side by side: a slice of each would interleave them"
     ),

@@ -34,6 +34,8 @@ REQUIRED_ARGS: dict[str, dict[str, Any]] = {
     "Combine": {"top_k": 2},
     "SigmoidGate": {"in_features": 4},
     "ConcatExtraInput": {"in_features": 4, "tail_features": 2},
+    "ShiftTokens": {"by": 2},
+    "AheadLogits": {"depth": 1, "value_features": 4},
     "LoRA": {"in_features": 4, "out_features": 6, "rank": 2},
     "GroupedLoRA": {"num_groups": 3, "in_features": 4, "out_features": 6, "rank": 2},
 }
