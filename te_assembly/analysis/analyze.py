@@ -24,6 +24,7 @@ from te_assembly.analysis.channels import ChannelGraph, RawChannels, check_chann
 from te_assembly.analysis.cross_checks import (
     COMMON,
     PARALLEL,
+    checkpoint_checks,
     cross_checks,
     dtype_range_checks,
     engine_option_checks,
@@ -249,6 +250,7 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     diags.extend(sequence_checks(candidate, parsed))
     diags.extend(dtype_range_checks(parsed))
     diags.extend(engine_option_checks(parsed, recipe))
+    diags.extend(checkpoint_checks(parsed))
     final = _finish(diags, resolved)
     steps_found = tuple(step_diags)
     if candidate is None or has_errors(final):

@@ -153,6 +153,25 @@ def engine_option_checks(parsed: Mapping[str, Any], recipe: Recipe | None) -> li
     return out
 
 
+def checkpoint_checks(parsed: Mapping[str, Any]) -> list[Diagnostic]:
+    """``train.async_checkpoint`` writes DCP's pieces under each tensor's whole-model name: a
+    tensor-parallel rank's slice of a weight would share that name with the other ranks' slices."""
+    tensor = getattr(parsed.get(PARALLEL), "tensor", 1)
+    if not getattr(parsed.get("train"), "async_checkpoint", False) or tensor == 1:
+        return []
+    return [
+        error(
+            "train.async_checkpoint",
+            "conflicting-settings",
+            f"train.async_checkpoint=true with parallel.tensor={tensor}: a background checkpoint is written "
+            "as DCP pieces under whole-tensor names, and tensor parallelism cuts weights by hand into "
+            "slices DCP does not know apart",
+            "train.async_checkpoint=false (rank 0 then gathers and writes), or parallel.data, "
+            "parallel.shard or parallel.expert instead of parallel.tensor",
+        )
+    ]
+
+
 def sequence_checks(plan: Plan | None, parsed: Mapping[str, Any]) -> list[Diagnostic]:
     """A model that takes ``[batch, seq, features]`` needs whole sequences: each section's tokens a
     multiple of its ``seq_len``."""

@@ -136,6 +136,7 @@ class Target:
         tokens: tuple[str, int],
         seq_len: int | None = None,
         layout: Any = None,
+        config_sha256: str | None = None,
     ) -> Iterator[Target]:
         """This target on this process's part of the ``parallel`` layout (``settings``, the section),
         for the duration of ``command``: process groups started and torn down, launch and ``tokens``,
@@ -152,7 +153,14 @@ class Target:
             )
         sequences = seq_len if plan.takes_sequences else None
         with parallel_run(
-            plan, settings, self.device, command=command, tokens=tokens, layout=layout, seq_len=sequences
+            plan,
+            settings,
+            self.device,
+            command=command,
+            tokens=tokens,
+            layout=layout,
+            seq_len=sequences,
+            config_sha256=config_sha256,
         ) as par:
             if not par.is_parallel and par.settings.fail_on_rank is None:
                 yield self  # one process: no context, no collective bookkeeping in any job

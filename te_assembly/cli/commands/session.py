@@ -46,7 +46,18 @@ class Session:
             tokens=tokens,
             seq_len=seq_len,
             layout=self.analysis.layout,
+            config_sha256=config_sha256(self.analysis),
         )
+
+
+def config_sha256(analysis: Analysis) -> str:
+    """SHA-256 of the resolved config as the commands read it (the model, the recipe, every setting):
+    the ranks of a job compare theirs at start."""
+    import hashlib
+    import json
+
+    text = json.dumps(analysis.resolved.as_config(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def start(analysis: Analysis, console: Console) -> Session:

@@ -84,11 +84,33 @@ def init_default_group(settings: ParallelSettings, device: torch.device, local_r
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=settings.timeout_s)}
+    timeout = datetime.timedelta(seconds=settings.timeout_s)
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout, **_attempt_store(timeout)}
     if device.type == "cuda":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
     return device
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """Under torchrun's agent, the store of this attempt's workers only: a restarted worker group
+    (``--max-restarts``) meets in the agent's store again, where the group it replaces left its ranks'
+    addresses under the same keys, and gloo then connects to processes that are gone. The attempt's
+    number (``TORCHELASTIC_RESTART_COUNT``) keeps each attempt's keys apart. ``{}`` elsewhere (``env://``)."""
+    import os
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
+    return {
+        "store": dist.PrefixStore(f"te_assembly/attempt_{attempt}", agent),
+        "rank": rank,
+        "world_size": world,
+    }
 
 
 def build_mesh(settings: ParallelSettings, device: torch.device) -> Mesh:

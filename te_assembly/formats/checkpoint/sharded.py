@@ -101,7 +101,7 @@ def _restore(
     set_state_dict(model, optimizer, model_state_dict=given, optim_state_dict=optim_state, options=partial)
 
 
-def _check_finite(par: ParallelContext, step: int, flat: Mapping[str, torch.Tensor]) -> None:
+def check_finite(par: ParallelContext, step: int, flat: Mapping[str, torch.Tensor]) -> None:
     """``NonFiniteError`` on every rank when any rank's piece of a parameter is NaN/Inf."""
     bad = next(
         (
@@ -214,7 +214,7 @@ def save(
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     flat, _ = flat_state(par, model, optimizer)
-    _check_finite(par, step, flat)
+    check_finite(par, step, flat)
     temp = out_dir / par.from_main(f".ckpt-{step:07d}{DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{write.TEMP_SUFFIX}")
     rng = rng_states(par)
     problem: str | None = None
@@ -233,12 +233,12 @@ def save(
     par.barrier()  # every rank's file is written
     final: Path | None = None
     if par.is_main:
-        final = _seal(temp, checkpoint_dir(out_dir, step), step, meta, par, rng)
+        final = seal(temp, checkpoint_dir(out_dir, step), step, meta, par, rng)
     par.barrier()
     return final
 
 
-def _seal(
+def seal(
     temp: Path, final: Path, step: int, meta: Mapping[str, Any], par: ParallelContext, rng: list[str]
 ) -> Path:
     """Rank 0: the manifest written, everything fsynced, the directory renamed into place."""
@@ -353,6 +353,7 @@ __all__ = [
     "DIR_SUFFIX",
     "FORMAT",
     "MANIFEST",
+    "check_finite",
     "checkpoint_dir",
     "flat_state",
     "is_sharded_checkpoint",
@@ -362,5 +363,6 @@ __all__ = [
     "restore_rng",
     "rng_states",
     "save",
+    "seal",
     "verify_files",
 ]

@@ -27,6 +27,7 @@ from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ConfigError
 from te_assembly.formats.checkpoint import newest_good, remove_stale_temp, scan
+from te_assembly.formats.checkpoint.background import BackgroundWriter
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
 from te_assembly.jobs.train import stopping, trackers
 from te_assembly.jobs.train.dpo import PreferenceTask
@@ -332,6 +333,8 @@ def _locked(
         else None
     )
     loop = Loop(stepper, out_dir, par, files, _meta(plan, target, settings, run), earlier_run, notes)
+    if settings.async_checkpoint:
+        loop.background = BackgroundWriter(par if par is not None else ParallelContext.single(plan))
     if main and stepper.task.is_language_model:
         loop.evaluations = earlier_evaluations(out_dir, start)
     try:

@@ -12,9 +12,10 @@ checkpoint included (``stopping.py``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from te_assembly.files.ownership import config_text
 from te_assembly.files.write import write_text_atomic
 from te_assembly.formats import checkpoint
 from te_assembly.formats.checkpoint import prune
+from te_assembly.formats.checkpoint.background import BackgroundWriter
 from te_assembly.formats.pretrained import TOKENIZER_FILE
 from te_assembly.jobs import objective
 from te_assembly.jobs.events import OnEvent
@@ -205,15 +207,19 @@ class Loop:
     notes: list[str] = field(default_factory=list)
     checkpoints: list[Path] = field(default_factory=list)
     evaluations: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    background: BackgroundWriter | None = None
+    """``train.async_checkpoint``: where checkpoints are written while the steps go on."""
 
     def run(
         self, settings: TrainSettings, start: int, end: int, losses: list[float], on_event: OnEvent
     ) -> None:
         """Steps ``start + 1`` to ``end``, each loss appended to ``losses``."""
         began, written = time.perf_counter(), start
-        with stopping.at_step_ends():
+        with stopping.at_step_ends(), self._draining(settings):
             for step in range(start + 1, end + 1):
                 stop = stopping.agreed_stop(self.par)
+                if self.background is not None:
+                    self._kept(settings, self.background.poll())
                 if stop is not None:  # a signal: nothing lost, the step ended is kept (every rank agrees)
                     if step - 1 > written:
                         self._checkpoint(settings, step - 1)
@@ -256,9 +262,31 @@ class Loop:
 
     def _checkpoint(self, settings: TrainSettings, step: int) -> None:
         meta = dict(self.meta)  # the loss history lives in metrics.jsonl, not in every checkpoint
-        stepper = self.stepper
-        written = checkpoint.save(self.par, self.out_dir, step, stepper.student, stepper.optimizer, meta)
-        if written is None:  # another rank: rank 0 writes
+        model, optimizer = self.stepper.student, self.stepper.optimizer
+        if self.background is not None:  # the previous one sealed first, if it was still being written
+            self._kept(settings, self.background.start(self.out_dir, step, model, optimizer, meta))
+        else:
+            self._kept(settings, checkpoint.save(self.par, self.out_dir, step, model, optimizer, meta))
+
+    @contextlib.contextmanager
+    def _draining(self, settings: TrainSettings) -> Iterator[None]:
+        """The checkpoint being written in the background is complete when the steps end, however they
+        end (an error in one process too: the last good state is kept; under torchrun a failing rank
+        cannot take part in the collectives that would seal it)."""
+        try:
+            yield
+        except BaseException:
+            if self.background is not None and (self.par is None or not self.par.is_parallel):
+                with contextlib.suppress(Exception):
+                    self._kept(settings, self.background.finish())
+            raise
+        if self.background is not None:
+            self._kept(settings, self.background.finish())
+
+    def _kept(self, settings: TrainSettings, written: Path | None) -> None:
+        """A complete checkpoint's bookkeeping: listed, an overwritten run's files removed, older ones
+        pruned (``written`` None: another rank's, or none complete yet)."""
+        if written is None:
             return
         self.checkpoints.append(written)
         if self.earlier_run:

@@ -156,6 +156,11 @@ class TrainSettings:
     log_every: int = setting(
         1, minimum=1, doc="when output is not a terminal: one plain line every this many steps (and the last)"
     )
+    async_checkpoint: bool = setting(
+        False,
+        doc="write checkpoints in the background (DCP's async_save, as sharded .dcp directories): the step "
+        "waits only for the state's copy to host memory; a checkpoint counts once complete",
+    )
     stop_after: int | None = setting(
         None, minimum=1, doc="stop (with a checkpoint) after this step, as if interrupted"
     )
@@ -236,6 +241,7 @@ RESUMABLE = (
 """Settings a resumed run may change (a changed ``steps`` reshapes the cosine schedule: noted)."""
 NOT_RECORDED = (
     "out_dir",
+    "async_checkpoint",
     "resume",
     "overwrite",
     "resume_from",

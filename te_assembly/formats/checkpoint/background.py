@@ -1,0 +1,123 @@
+"""Checkpoints written in the background (``train.async_checkpoint``): DCP's ``async_save`` copies the
+model and optimizer state to host memory while the step waits (a copy, not a write), then writes the
+sharded checkpoint's files (``sharded.py``'s format) in a thread while training goes on.
+
+A checkpoint counts only once complete: every rank's file written, then rank 0 checksums them, writes the
+manifest and renames the hidden temporary directory into place (``sharded._seal``), exactly as a
+synchronous one. Until then nothing names it, so a run killed during the background write keeps the
+previous checkpoint as its newest, and the next run removes the temporary directory. One write is under
+way at a time: a checkpoint due while the last is still being written waits for it first.
+
+Under torchrun the background thread's collectives run on a gloo process group of their own, so they
+never interleave with the training step's.
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from te_assembly.engines.parallel.context import ParallelContext
+from te_assembly.errors import CheckpointError
+from te_assembly.files import write
+from te_assembly.formats.checkpoint import sharded
+
+# One process writes alone by intent (``no_dist``); DCP's writer thread says so on every save.
+warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
+
+
+@dataclass
+class _Writing:
+    future: Future[Any]
+    temp: Path
+    final: Path
+    step: int
+    meta: dict[str, Any]
+    rng: list[str]
+
+
+class BackgroundWriter:
+    """Starts each checkpoint's write (``start``) and seals it once every rank has written
+    (``poll`` at each step's start, ``finish`` to wait), returning its path on rank 0."""
+
+    def __init__(self, par: ParallelContext) -> None:
+        import torch.distributed as dist
+
+        self.par = par
+        group = dist.new_group(backend="gloo") if par.is_parallel else None
+        self.group = group if isinstance(group, dist.ProcessGroup) else None
+        self.writing: _Writing | None = None
+
+    def start(
+        self,
+        out_dir: Path,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meta: dict[str, Any],
+    ) -> Path | None:
+        """Begin writing ``ckpt-<step>.dcp`` (waiting for the previous write first: its path, on rank 0,
+        is returned). ``NonFiniteError`` on every rank, nothing started, for a NaN/Inf parameter."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+        done = self.finish()
+        par = self.par
+        flat, _ = sharded.flat_state(par, model, optimizer)
+        sharded.check_finite(par, step, flat)
+        name = f".ckpt-{step:07d}{sharded.DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{write.TEMP_SUFFIX}"
+        temp = out_dir / par.from_main(name)
+        rng = sharded.rng_states(par)
+        writer = HuggingFaceStorageWriter(str(temp), save_distributed=True)
+        saved = dcp.async_save(
+            flat, storage_writer=writer, process_group=self.group, no_dist=not par.is_parallel
+        )
+        # a Future, or (with a stager of its own) a response whose upload_completion is one
+        future: Future[Any] = saved if isinstance(saved, Future) else saved.upload_completion
+        self.writing = _Writing(future, temp, sharded.checkpoint_dir(out_dir, step), step, dict(meta), rng)
+        return done
+
+    def poll(self) -> Path | None:
+        """Seal the checkpoint being written when every rank has written it (its path on rank 0); None
+        while any still writes. Every rank calls it at the same point (a collective under torchrun)."""
+        if self.writing is None or not self.par.all_agree(self.writing.future.done()):
+            return None
+        return self.finish()
+
+    def finish(self) -> Path | None:
+        """Wait for the checkpoint being written and seal it (its path on rank 0, None elsewhere or when
+        none is); ``CheckpointError`` on every rank when any rank's write failed (the temporary
+        directory removed, earlier checkpoints intact)."""
+        writing, self.writing = self.writing, None
+        if writing is None:
+            return None
+        par, problem = self.par, None
+        try:
+            writing.future.result()
+        except Exception as exc:  # whatever the writer thread raised (a full disk: OSError, RuntimeError)
+            problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not par.all_agree(problem is None):
+            par.barrier()
+            if par.is_main:
+                import shutil
+
+                shutil.rmtree(writing.temp, ignore_errors=True)
+            raise CheckpointError(
+                f"cannot write {writing.final}: {problem or 'another rank failed'} (any previous checkpoint "
+                "is intact)"
+            )
+        par.barrier()
+        final = None
+        if par.is_main:
+            final = sharded.seal(writing.temp, writing.final, writing.step, writing.meta, par, writing.rng)
+        par.barrier()
+        return final
+
+
+__all__ = ["BackgroundWriter"]
