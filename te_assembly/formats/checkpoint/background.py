@@ -3,10 +3,11 @@ model and optimizer state to host memory while the step waits (a copy, not a wri
 sharded checkpoint's files (``sharded.py``'s format) in a thread while training goes on.
 
 A checkpoint counts only once complete: every rank's file written, then rank 0 checksums them, writes the
-manifest and renames the hidden temporary directory into place (``sharded._seal``), exactly as a
-synchronous one. Until then nothing names it, so a run killed during the background write keeps the
-previous checkpoint as its newest, and the next run removes the temporary directory. One write is under
-way at a time: a checkpoint due while the last is still being written waits for it first.
+manifest and renames the hidden temporary directory into place (``sharded.seal``, in a thread of its
+own: hashing the files is no wait for the step either), exactly as a synchronous one. Until then nothing
+names it, so a run killed during the background write keeps the previous checkpoint as its newest, and
+the next run removes the temporary directory. One write is under way at a time: a checkpoint due while
+the last is still being written waits for it first.
 
 Under torchrun the background thread's collectives run on a gloo process group of their own, so they
 never interleave with the training step's.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 import warnings
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class _Writing:
     step: int
     meta: dict[str, Any]
     rng: list[str]
+    sealing: Future[Path | None] | None = None
+    """Rank 0's checksums, manifest and rename, once every rank has written."""
 
 
 class BackgroundWriter:
@@ -53,6 +56,7 @@ class BackgroundWriter:
         group = dist.new_group(backend="gloo") if par.is_parallel else None
         self.group = group if isinstance(group, dist.ProcessGroup) else None
         self.writing: _Writing | None = None
+        self.sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="te_assembly-seal")
 
     def start(
         self,
@@ -84,26 +88,45 @@ class BackgroundWriter:
         return done
 
     def poll(self) -> Path | None:
-        """Seal the checkpoint being written when every rank has written it (its path on rank 0); None
-        while any still writes. Every rank calls it at the same point (a collective under torchrun)."""
-        if self.writing is None or not self.par.all_agree(self.writing.future.done()):
+        """The checkpoint being written, once complete: its path on rank 0, None while any rank still
+        writes or rank 0 still seals it. Every rank calls it at the same point (under torchrun the ranks
+        agree there that all have written; rank 0 then checksums, writes the manifest and renames in a
+        thread of its own)."""
+        writing = self.writing
+        if writing is None:
+            return None
+        if writing.sealing is None:
+            if not self.par.all_agree(writing.future.done()):
+                return None
+            self._seal(writing)
+        assert writing.sealing is not None
+        if not writing.sealing.done():
             return None
         return self.finish()
 
     def finish(self) -> Path | None:
-        """Wait for the checkpoint being written and seal it (its path on rank 0, None elsewhere or when
+        """Wait for the checkpoint being written and sealed (its path on rank 0, None elsewhere or when
         none is); ``CheckpointError`` on every rank when any rank's write failed (the temporary
-        directory removed, earlier checkpoints intact)."""
-        writing, self.writing = self.writing, None
+        directory removed, earlier checkpoints intact), on rank 0 when sealing failed."""
+        writing = self.writing
         if writing is None:
             return None
+        if writing.sealing is None:
+            self._seal(writing)
+        assert writing.sealing is not None
+        self.writing = None
+        return writing.sealing.result()
+
+    def _seal(self, writing: _Writing) -> None:
+        """Every rank's write has ended (waited for): agree it succeeded everywhere, then rank 0 seals the
+        directory in the background (the others have nothing more to do)."""
         par, problem = self.par, None
         try:
             writing.future.result()
         except Exception as exc:  # whatever the writer thread raised (a full disk: OSError, RuntimeError)
             problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if not par.all_agree(problem is None):
-            par.barrier()
+            self.writing = None
             if par.is_main:
                 import shutil
 
@@ -112,12 +135,13 @@ class BackgroundWriter:
                 f"cannot write {writing.final}: {problem or 'another rank failed'} (any previous checkpoint "
                 "is intact)"
             )
-        par.barrier()
-        final = None
+        sealed: Future[Path | None] = Future()
         if par.is_main:
-            final = sharded.seal(writing.temp, writing.final, writing.step, writing.meta, par, writing.rng)
-        par.barrier()
-        return final
+            args = (writing.temp, writing.final, writing.step, writing.meta, par, writing.rng)
+            sealed = self.sealer.submit(sharded.seal, *args)
+        else:
+            sealed.set_result(None)
+        writing.sealing = sealed
 
 
 __all__ = ["BackgroundWriter"]
