@@ -130,9 +130,9 @@ def render(settings: LaunchSettings, arguments: Sequence[str], written_by: str, 
     if settings.scheduler == "skypilot":
         return _skypilot(settings, arguments, header, workdir)
     line = torchrun_line(settings, settings.head, settings.name, arguments)
+    unset = " (set HEAD_NODE_ADDR to the first node's address)" if settings.head.startswith("$") else ""
     nodes = [
-        f"# node {rank + 1} of {settings.nodes} (HEAD_NODE_ADDR: the first node's address):\n"
-        f"cd {shlex.quote(workdir)} && {line}"
+        f"# node {rank + 1} of {settings.nodes}{unset}:\ncd {shlex.quote(workdir)} && {line}"
         for rank in range(settings.nodes)
     ]
     text = header + "\n\n".join(nodes) + "\n"
