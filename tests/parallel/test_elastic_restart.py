@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.parallel.test_torchrun import _env, _losses, _ok, torchrun
+from tests.parallel.test_torchrun import _env, _losses, _ok, records_written, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -35,11 +35,6 @@ JOB = [
 ]
 
 
-def _records(run: Path) -> int:
-    metrics = run / "metrics.jsonl"
-    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
-
-
 def _worker(agent: int, rank: int) -> int | None:
     """The pid of ``agent``'s worker of ``rank`` (torchrun's children carry RANK in their environment)."""
     for task in Path(f"/proc/{agent}/task").iterdir():
@@ -53,10 +48,18 @@ def _worker(agent: int, rank: int) -> int | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run the restarted ones must end on (once for every instant)."""
+    where = tmp_path_factory.mktemp("uninterrupted")
+    _ok(torchrun([*JOB, "train.out_dir=full"], where, timeout=600))
+    return where / "full"
+
+
 @pytest.mark.parametrize("at", [3, 15, 30])
-def test_a_worker_killed_at_any_instant_restarts_and_resumes_exactly(at: int, tmp_path: Path) -> None:
-    full = torchrun([*JOB, "train.out_dir=full"], tmp_path, timeout=600)
-    _ok(full)
+def test_a_worker_killed_at_any_instant_restarts_and_resumes_exactly(
+    at: int, uninterrupted: Path, tmp_path: Path
+) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     log = tmp_path / "restarted.txt"
     with log.open("w") as out:
@@ -69,7 +72,7 @@ def test_a_worker_killed_at_any_instant_restarts_and_resumes_exactly(at: int, tm
             text=True,
         )
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and _records(tmp_path / "cut") < at and job.poll() is None:
+        while time.monotonic() < deadline and records_written(tmp_path / "cut") < at and job.poll() is None:
             time.sleep(0.02)
         victim = _worker(job.pid, 1)
         assert victim is not None, log.read_text()[-3000:]
@@ -77,6 +80,6 @@ def test_a_worker_killed_at_any_instant_restarts_and_resumes_exactly(at: int, tm
         code = job.wait(timeout=400)
     text = log.read_text()
     assert code == 0, text[-4000:]
-    assert _losses(tmp_path / "cut") == _losses(tmp_path / "full"), text[-3000:]
-    mine, theirs = (load_file(str(tmp_path / d / "ckpt-0000060.safetensors")) for d in ("cut", "full"))
+    assert _losses(tmp_path / "cut") == _losses(uninterrupted), text[-3000:]
+    mine, theirs = (load_file(str(d / "ckpt-0000060.safetensors")) for d in (tmp_path / "cut", uninterrupted))
     assert mine.keys() == theirs.keys() and all(mine[k].equal(theirs[k]) for k in mine)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from te_assembly.jobs.train.metrics import read_records
-from tests.parallel.test_torchrun import _env, _losses, _ok, torchrun
+from tests.parallel.test_torchrun import _env, _losses, _ok, records_written, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -31,11 +31,6 @@ JOB = [
     "train.resume=auto",
     "parallel.data=2",
 ]
-
-
-def _records(run: Path) -> int:
-    metrics = run / "metrics.jsonl"
-    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
 def test_sigterm_to_the_job_checkpoints_every_rank_and_the_rerun_resumes_exactly(tmp_path: Path) -> None:
@@ -54,12 +49,12 @@ def test_sigterm_to_the_job_checkpoints_every_rank_and_the_rerun_resumes_exactly
             start_new_session=True,  # its own process group: the signal reaches the agent and its workers
         )
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and _records(tmp_path / "cut") < 130 and job.poll() is None:
+        while time.monotonic() < deadline and records_written(tmp_path / "cut") < 130 and job.poll() is None:
             time.sleep(0.05)
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=120)
     text = log.read_text()
-    stopped = _records(tmp_path / "cut")
+    stopped = records_written(tmp_path / "cut")
     assert 130 <= stopped < 400, text[-3000:]
     kept = sorted(p.name for p in (tmp_path / "cut").glob("ckpt-*.safetensors"))
     # the step every rank ended is kept, beside the regular one, even though 100 does not divide it

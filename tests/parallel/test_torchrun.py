@@ -63,6 +63,12 @@ def single(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.Compl
     )
 
 
+def records_written(run: Path) -> int:
+    """How many steps ``run``'s metrics.jsonl holds so far (rank 0 writes it as the steps go)."""
+    metrics = run / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
 def _losses(path: Path) -> list[float]:
     return [float(r["loss"]) for r in read_records(path / "metrics.jsonl")]
 
