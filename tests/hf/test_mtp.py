@@ -291,3 +291,17 @@ def test_generation_with_the_module_is_the_models_own(engine: str, tmp_path: Pat
     assert len(seen["mtp"]) == 6
     for a, b in zip(seen["mtp"], seen["plain"], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_import_and_verify_say_in_one_line_that_the_module_was_imported(tmp_path: Path) -> None:
+    """From the command line, as a user runs them: import-hf and verify hf= each say once that the
+    module was imported (never that the checkpoint holds none), and verify passes on the rest."""
+    from tests.conftest import user_cli
+
+    _published("deepseek_v3", tmp_path / "ds")
+    line = "imported the 1 multi-token prediction module(s) the checkpoint holds (model.layers.3...)"
+    imported = user_cli(tmp_path, "import-hf", "ds", "ds_te")
+    verified = user_cli(tmp_path, "verify", "hf=ds", "dtype=float64")
+    for done in (imported, verified):
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.count("multi-token") == 1 and line in done.stdout, done.stdout
