@@ -38,38 +38,27 @@ from te_assembly.diagnostics import printable
 from te_assembly.errors import CompositionError, ConfigError, TeAssemblyError
 from te_assembly.formats.hf.families import FAMILIES
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("te_assembly.cli.commands.run", "build the model and run a few forward+backward steps (default)"),
-    "validate": ("te_assembly.cli.commands.validate", "check the config; exit 2 with every error"),
-    "explain": ("te_assembly.cli.commands.explain", "print the resolved plan, channels and call signature"),
-    "graph": ("te_assembly.cli.commands.graph", "draw the channel graph (Mermaid, DOT, SVG/PNG)"),
-    "verify": ("te_assembly.cli.commands.verify", "compare the TE engine against the reference engine"),
-    "train": (
-        "te_assembly.cli.commands.train",
-        "a language model on text, any other model on a synthetic teacher task",
-    ),
-    "bench": ("te_assembly.cli.commands.bench", "time forward, backward and step"),
-    "generate": ("te_assembly.cli.commands.generate", "continue a prompt with a language model, streamed"),
-    "eval": (
-        "te_assembly.cli.commands.eval",
-        "score a language model on a text: loss, perplexity, bits per byte",
-    ),
-    "export": (
-        "te_assembly.cli.commands.export",
-        "turn a training checkpoint into a pretrained model directory (format=hf: a Hugging Face one)",
-    ),
-    "import-hf": (
-        "te_assembly.cli.commands.import_hf",
-        "turn a Hugging Face checkpoint into a pretrained model; its model_type one of "
-        + ", ".join(f.model_type for f in FAMILIES.values()),
-    ),
-    "launch": (
-        "te_assembly.cli.commands.launch",
-        "check a parallel job for N nodes x G GPUs, then write its Slurm, SkyPilot or torchrun script",
-    ),
-    "ls": ("te_assembly.cli.commands.ls", "list the models, blocks, recipes and ops; `ls op NAME` shows one"),
-    "cp": ("te_assembly.cli.commands.cp", "copy a shipped model, recipe or block into a folder to edit"),
+_COMMAND_DOCS: dict[str, str] = {
+    "run": "build the model and run a few forward+backward steps (default)",
+    "validate": "check the config; exit 2 with every error",
+    "explain": "print the resolved plan, channels and call signature",
+    "graph": "draw the channel graph (Mermaid, DOT, SVG/PNG)",
+    "verify": "compare the TE engine against the reference engine",
+    "train": "a language model on text, any other model on a synthetic teacher task",
+    "bench": "time forward, backward and step",
+    "generate": "continue a prompt with a language model, streamed",
+    "eval": "score a language model on a text: loss, perplexity, bits per byte",
+    "export": "turn a training checkpoint into a pretrained model directory (format=hf: a Hugging Face one)",
+    "import-hf": "turn a Hugging Face checkpoint into a pretrained model; its model_type one of "
+    + ", ".join(f.model_type for f in FAMILIES.values()),
+    "launch": "check a parallel job for N nodes x G GPUs, then write its Slurm, SkyPilot or torchrun script",
+    "ls": "list the models, blocks, recipes and ops; `ls op NAME` shows one",
+    "cp": "copy a shipped model, recipe or block into a folder to edit",
 }
+COMMANDS: dict[str, tuple[str, str]] = {
+    name: (f"te_assembly.cli.commands.{name.replace('-', '_')}", doc) for name, doc in _COMMAND_DOCS.items()
+}
+"""Each command: its module (``cli/commands/<name>.py``) and its line in the usage."""
 POSITIONAL: dict[str, tuple[str, ...]] = {
     "ls": ("what", "name"),
     "cp": ("source", "dest"),
