@@ -337,3 +337,28 @@ def test_gemma_2_older_window_name_is_held_to_the_window(tmp_path: Path) -> None
     (found,) = refused.value.diagnostics
     assert found.path == "config.json:sliding_window_size"
     assert "differs from sliding_window = 4096" in found.message
+
+
+@pytest.mark.parametrize("old_name", ["su", "yarn"])
+def test_phi_3s_older_longrope_names_read_as_transformers_reads_them(old_name: str, tmp_path: Path) -> None:
+    """The first Phi-3 128k and Phi-3-vision configs call LongRoPE ``su`` (Phi3Config reads ``su`` and
+    ``yarn`` as ``longrope``): the same checkpoint with either name imports and equals transformers in
+    float64; the name is Phi-3's alone (a Llama saying ``su`` is still refused)."""
+    torch = pytest.importorskip("torch")
+    from te_assembly.engines.target import Target
+    from te_assembly.formats.hf.convert import from_hf
+    from te_assembly.jobs.verify_hf import compare, load_transformers
+    from tests.hf.tiny import make, token_ids
+
+    folder = make("phi3-longrope", tmp_path / "phi3")
+    config = json.loads((folder / "config.json").read_text())
+    key = "rope_parameters" if isinstance(config.get("rope_parameters"), dict) else "rope_scaling"
+    config[key] = {k: v for k, v in config[key].items() if k != "type"} | {"rope_type": old_name}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert read_spec(folder).rope["rope_type"] == "longrope"
+    mine = from_hf(folder, Target.of("reference", dtype=torch.float64)).train()
+    result = compare(mine, load_transformers(folder, torch.float64).train(), token_ids())
+    assert result.within(1e-10)
+    llama = {**HUB_CONFIGS["meta-llama/Llama-3.2-1B-Instruct"], "rope_scaling": {"rope_type": "su"}}
+    with pytest.raises(HFConfigError, match="rope_type = 'su'"):
+        read_spec(_written(tmp_path, llama))

@@ -50,13 +50,16 @@ def _same_rope(r: ConfigReader, data: Mapping[str, Any]) -> None:
         )
 
 
-def read_rope(r: ConfigReader, data: Mapping[str, Any], partial: bool) -> dict[str, Any]:
+def read_rope(
+    r: ConfigReader, data: Mapping[str, Any], partial: bool, aliases: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``.
-    ``partial``: the family reads ``partial_rotary_factor`` itself (GLM-4.5, Phi-3)."""
+    ``partial``: the family reads ``partial_rotary_factor`` itself (GLM-4.5, Phi-3); ``aliases``: older
+    names of a RoPE type the family's config class reads as another (Phi-3's ``su``)."""
     _same_rope(r, data)
     key, params = _rope_params(r, data)
     theta_key = "rope_theta" if "rope_theta" in data else key
-    return read_section(r, key, params, data, partial, theta_key)
+    return read_section(r, key, params, data, partial, theta_key, aliases)
 
 
 def read_section(
@@ -66,6 +69,7 @@ def read_section(
     data: Mapping[str, Any],
     partial: bool = False,
     theta_key: str | None = None,
+    aliases: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One RoPE's settings: ``params`` (the mapping at ``key``: its ``rope_type``, ``rope_theta`` and
     the type's knobs) as the attention steps' ``rotary_base`` and ``rope_*`` arguments."""
@@ -73,6 +77,8 @@ def read_section(
         r.refuse(key, f"{key} = {shown(params)}: expected a mapping", code="hf-bad-value")
         return {"rope_theta": 10000.0, "rope_type": "default"}
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if isinstance(rope_type, str):
+        rope_type = (aliases or {}).get(rope_type, rope_type)
     if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
         r.refuse(
             key,

@@ -98,6 +98,8 @@ class Family:
     restates them in the input's dtype)."""
     attention_dims_names: ClassVar[tuple[str, ...]] = ()
     attention_linears: ClassVar[int] = 2
+    rope_aliases: ClassVar[dict[str, str]] = {}
+    """Older names of a RoPE type that the family's config class reads as another."""
     rotary_pairs: ClassVar[bool] = True
     """Its ``head_dim`` is turned by the rotary embedding, so it must be even."""
 
@@ -110,7 +112,7 @@ class Family:
         """``HFSpec.rope``: its RoPE as ``rope_parameters`` or ``rope_theta`` + ``rope_scaling`` say."""
         from te_assembly.formats.hf.rope import read_rope
 
-        return read_rope(r, data, partial="partial_rotary_factor" in self.fields)
+        return read_rope(r, data, partial="partial_rotary_factor" in self.fields, aliases=self.rope_aliases)
 
     def read(self, r: ConfigReader, data: Mapping[str, Any], shape: Shape) -> dict[str, Any]:
         """The ``HFSpec`` fields of its attention and MLP (and of anything else it has)."""

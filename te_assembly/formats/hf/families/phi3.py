@@ -8,7 +8,7 @@ top of ``config.json`` where ``rope_scaling`` has none, as transformers reads it
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from te_assembly.formats.hf.families.attention import PackedAttention, partial_rotary, rotary_factor
 from te_assembly.formats.hf.families.base import Layer, one
@@ -36,6 +36,9 @@ class Phi3(PackedAttention, DenseMLP):
         "embd_pdrop",
         "attention_bias",
     )
+    # Phi3Config reads these older names as longrope: the first Phi-3 128k and Phi-3-vision configs
+    # on the Hub say "su"
+    rope_aliases: ClassVar[dict[str, str]] = {"su": "longrope", "yarn": "longrope"}
     checked = {
         "resid_pdrop": (_zero, "0.0 (te_assembly's layers have no residual dropout)"),
         "embd_pdrop": (_zero, "0.0 (no dropout on the embeddings)"),
