@@ -11,6 +11,13 @@ class TeAssemblyError(Exception):
     """Base class of every error te_assembly raises on purpose."""
 
 
+def first_line(exc: BaseException) -> str:
+    """What another library's exception says, in one line: its message's first line, or its type's
+    name when it says nothing (torch's and gloo's errors run over many lines)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ConfigError(TeAssemblyError):
     """A config failed validation; ``diagnostics`` holds every finding, errors and warnings."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from te_assembly.config.source import MAX_DEPTH, MAX_VALUES, Key
 from te_assembly.diagnostics import Diagnostic, closest, error
-from te_assembly.errors import InterpolationError
+from te_assembly.errors import InterpolationError, first_line
 
 _REF = re.compile(r"\$\{\s*([A-Za-z_][\w]*(?:\.[A-Za-z_\w][\w]*|\[\d+\])*)\s*\}")
 _ARITHMETIC = re.compile(r"\$\{\s*(mul|add)\s*:(.*)\}", re.S)
@@ -232,7 +232,7 @@ class Interpolator:
             value = node[key]
             return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
         except Exception as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            message = first_line(exc)
             missing = _MISSING_KEY.search(message)
             hint = suggest_key(self.roots, missing.group(1)) if missing else None
             raise InterpolationError(f"cannot resolve value: {message}", hint) from None

@@ -5,38 +5,42 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from te_assembly import display
-from te_assembly.analysis.plan import Plan
-from te_assembly.catalog import OpSpec
+from te_assembly.analysis.plan import Plan, PlannedStep
+from te_assembly.catalog import OpSpec, Slot
 from te_assembly.diagnostics import did_you_mean
 from te_assembly.engines.call_checks import CallChecks, CallError, InputShapeError
 from te_assembly.errors import ArgumentError
 
 
+def _public_output_slots(plan: Plan) -> Iterator[tuple[str, PlannedStep, Slot]]:
+    """Each public output's name, the step that makes it and its slot in the catalog."""
+    steps = {s.index: s for s in plan.steps}
+    for tensor in plan.public_outputs:
+        step = steps[tensor.ref.step]
+        yield tensor.name, step, step.output_slots[tensor.ref.slot]
+
+
 def loss_output_names(plan: Plan) -> tuple[str, ...]:
     """Public outputs that are loss terms (a slot with ``is_loss``, e.g. TopKRouter's aux_loss), whatever
     channel name the config gives them: the caller adds each to its objective as it is."""
-    steps = {s.index: s for s in plan.steps}
-    return tuple(t.name for t in plan.public_outputs if steps[t.ref.step].output_slots[t.ref.slot].is_loss)
+    return tuple(name for name, _, slot in _public_output_slots(plan) if slot.is_loss)
 
 
 def ahead_outputs(plan: Plan) -> dict[str, int]:
     """Public outputs that are a multi-token prediction module's logits (a slot with ``ahead_arg``), by
     name, each with how many tokens past the next it predicts."""
-    found: dict[str, int] = {}
-    steps = {s.index: s for s in plan.steps}
-    for tensor in plan.public_outputs:
-        step = steps[tensor.ref.step]
-        arg = step.output_slots[tensor.ref.slot].ahead_arg
-        if arg is not None:
-            found[tensor.name] = int(step.spec.with_defaults(step.args)[arg])
-    return found
+    return {
+        name: int(step.spec.with_defaults(step.args)[slot.ahead_arg])
+        for name, step, slot in _public_output_slots(plan)
+        if slot.ahead_arg is not None
+    }
 
 
 def loss_precision(t: torch.Tensor) -> torch.Tensor:

@@ -82,14 +82,11 @@ def next_token_terms(
     with ``mtp_weight > 0`` the term ``mtp`` is DeepSeek-V3's MTP loss, ``mtp_weight`` times the mean
     over the modules of each one's cross-entropy against the token ``depth`` past the next
     (``ahead_labels``; ``documents``: a packed batch's, so no target is taken across a document's end)."""
-    flat_labels = labels.reshape(-1)
-    kept = flat_labels != ignore_index
-    count = kept.sum().clamp(min=1)
-    ce = cross_entropy(logits, labels, ignore_index=ignore_index, fused=fused)
-    terms = {CROSS_ENTROPY: ce}
+    terms = {CROSS_ENTROPY: cross_entropy(logits, labels, ignore_index=ignore_index, fused=fused)}
     if z_loss > 0:
+        kept = labels.reshape(-1) != ignore_index
         lse = torch.logsumexp(loss_precision(logits).reshape(-1, logits.shape[-1]), dim=-1)
-        terms[Z_LOSS] = z_loss * (lse.square() * kept).sum() / count
+        terms[Z_LOSS] = z_loss * (lse.square() * kept).sum() / kept.sum().clamp(min=1)
     if ahead and mtp_weight > 0:
         each = [
             cross_entropy(extras[name], ahead_labels(labels, depth, documents, ignore_index), fused=fused)

@@ -22,7 +22,7 @@ from te_assembly.analysis.parallel.settings import ParallelSettings
 from te_assembly.analysis.plan import Plan
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.mesh import build_mesh, init_default_group
-from te_assembly.errors import CollectiveError, ConfigError, ParallelError
+from te_assembly.errors import CollectiveError, ConfigError, ParallelError, first_line
 from te_assembly.version import source_sha256
 
 _COMM_FAILURES = (
@@ -84,7 +84,7 @@ def parallel_run(
     except RuntimeError as exc:
         if not _is_comm_failure(exc):
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CollectiveError(
             f"a collective failed on rank {launch.rank}: {first} (another rank stopped, see its message, or "
             f"waited longer than parallel.timeout_s={settings.timeout_s:g})"
@@ -105,7 +105,7 @@ def _joined(settings: ParallelSettings, device: torch.device, launch: Any) -> to
         if not _is_comm_failure(exc):
             raise
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise ParallelError(
             f"rank {launch.rank} of {launch.world_size} cannot reach the rendezvous at {where} within "
             f"parallel.timeout_s={settings.timeout_s:g} ({first[:200]}): is the first node up, and its "

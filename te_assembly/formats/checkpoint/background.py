@@ -15,7 +15,6 @@ never interleave with the training step's.
 
 from __future__ import annotations
 
-import uuid
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,8 +24,7 @@ from typing import Any
 import torch
 
 from te_assembly.engines.parallel.context import ParallelContext
-from te_assembly.errors import CheckpointError
-from te_assembly.files import write
+from te_assembly.errors import CheckpointError, first_line
 from te_assembly.formats.checkpoint import sharded
 
 # One process writes alone by intent (``no_dist``); DCP's writer thread says so on every save.
@@ -73,11 +71,7 @@ class BackgroundWriter:
 
         done = self.finish()
         par = self.par
-        flat, _ = sharded.flat_state(par, model, optimizer)
-        sharded.check_finite(par, step, flat)
-        name = f".ckpt-{step:07d}{sharded.DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{write.TEMP_SUFFIX}"
-        temp = out_dir / par.from_main(name)
-        rng = sharded.rng_states(par)
+        flat, temp, rng = sharded.begin_write(par, out_dir, step, model, optimizer)
         writer = HuggingFaceStorageWriter(str(temp), save_distributed=True)
         saved = dcp.async_save(
             flat, storage_writer=writer, process_group=self.group, no_dist=not par.is_parallel
@@ -124,17 +118,12 @@ class BackgroundWriter:
         try:
             writing.future.result()
         except Exception as exc:  # whatever the writer thread raised (a full disk: OSError, RuntimeError)
-            problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if not par.all_agree(problem is None):
-            self.writing = None
-            if par.is_main:
-                import shutil
-
-                shutil.rmtree(writing.temp, ignore_errors=True)
-            raise CheckpointError(
-                f"cannot write {writing.final}: {problem or 'another rank failed'} (any previous checkpoint "
-                "is intact)"
-            )
+            problem = first_line(exc)
+        try:
+            sharded.check_written(par, writing.temp, writing.final, problem)
+        except CheckpointError:
+            self.writing = None  # a failed write leaves nothing to wait for
+            raise
         sealed: Future[Path | None] = Future()
         if par.is_main:
             args = (writing.temp, writing.final, writing.step, writing.meta, par, writing.rng)

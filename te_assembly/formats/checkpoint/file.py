@@ -34,7 +34,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from te_assembly.errors import CheckpointError, NonFiniteError
+from te_assembly.errors import CheckpointError, NonFiniteError, first_line
 from te_assembly.files import write as files_write
 from te_assembly.formats.checkpoint import sharded
 from te_assembly.formats.checkpoint.state import adapter_names, checkpoint_state
@@ -372,7 +372,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         if cuda_states and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda_states)
     except (KeyError, ValueError, TypeError, IndexError, RuntimeError, AttributeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"{path}: cannot restore its optimizer or RNG state ({first})") from None
     return Checkpoint(path, header.step, meta)
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.pieces import local_piece
-from te_assembly.errors import CheckpointError, NonFiniteError
+from te_assembly.errors import CheckpointError, NonFiniteError, first_line
 from te_assembly.files import write
 from te_assembly.files.read import LIMITS, InputFileError, read_json, sha256_file
 from te_assembly.formats.checkpoint.state import adapter_names
@@ -213,29 +213,49 @@ def save(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-    flat, _ = flat_state(par, model, optimizer)
-    check_finite(par, step, flat)
-    temp = out_dir / par.from_main(f".ckpt-{step:07d}{DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{write.TEMP_SUFFIX}")
-    rng = rng_states(par)
+    flat, temp, rng = begin_write(par, out_dir, step, model, optimizer)
     problem: str | None = None
     try:
         dcp.save(flat, storage_writer=HuggingFaceStorageWriter(str(temp), save_distributed=True))
     except (OSError, RuntimeError, ValueError) as exc:
-        problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if not par.all_agree(problem is None):
-        par.barrier()
-        if par.is_main:
-            shutil.rmtree(temp, ignore_errors=True)
-        raise CheckpointError(
-            f"cannot write {checkpoint_dir(out_dir, step)}: {problem or 'another rank failed'} (any previous "
-            "checkpoint is intact)"
-        )
+        problem = first_line(exc)
+    check_written(par, temp, checkpoint_dir(out_dir, step), problem)
     par.barrier()  # every rank's file is written
     final: Path | None = None
     if par.is_main:
         final = seal(temp, checkpoint_dir(out_dir, step), step, meta, par, rng)
     par.barrier()
     return final
+
+
+def begin_write(
+    par: ParallelContext,
+    out_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+) -> tuple[dict[str, torch.Tensor], Path, list[str]]:
+    """What every rank needs before it writes ``ckpt-<step>.dcp`` (at once or in the background): the
+    state as DCP sees it, checked finite on every rank (``NonFiniteError``, nothing written), rank 0's
+    hidden temporary directory and every rank's RNG state."""
+    flat, _ = flat_state(par, model, optimizer)
+    check_finite(par, step, flat)
+    temp = out_dir / par.from_main(f".ckpt-{step:07d}{DIR_SUFFIX}.{uuid.uuid4().hex[:8]}{write.TEMP_SUFFIX}")
+    return flat, temp, rng_states(par)
+
+
+def check_written(par: ParallelContext, temp: Path, final: Path, problem: str | None) -> None:
+    """Every rank's write of ``temp`` has ended, ``problem`` saying why this rank's failed:
+    ``CheckpointError`` on every rank when any rank's did (the temporary directory removed, earlier
+    checkpoints intact)."""
+    if par.all_agree(problem is None):
+        return
+    par.barrier()
+    if par.is_main:
+        shutil.rmtree(temp, ignore_errors=True)
+    raise CheckpointError(
+        f"cannot write {final}: {problem or 'another rank failed'} (any previous checkpoint is intact)"
+    )
 
 
 def seal(
@@ -303,7 +323,7 @@ def load_into(
             dcp.load(flat, storage_reader=reader)
         _restore(par, model, optimizer, flat, optim_state)
     except (KeyError, ValueError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"{path} does not fit this model and optimizer ({first[:300]})") from None
 
 
@@ -353,7 +373,9 @@ __all__ = [
     "DIR_SUFFIX",
     "FORMAT",
     "MANIFEST",
+    "begin_write",
     "check_finite",
+    "check_written",
     "checkpoint_dir",
     "flat_state",
     "is_sharded_checkpoint",
