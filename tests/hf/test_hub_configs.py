@@ -43,6 +43,7 @@ EXPECTED = {
     "Qwen/Qwen1.5-MoE-A2.7B": {"experts": 60, "top_k": 4, "shared_ffn": 5632, "pre_softmax": True},
     "Qwen/Qwen3-30B-A3B": {"experts": 128, "top_k": 8, "pre_softmax": False, "qk_norm": True},
     "microsoft/Phi-3-mini-4k-instruct": {"sliding_window": 2047, "rotary_dim": None, "vocab": 32064},
+    "microsoft/Phi-4-mini-instruct": {"rotary_dim": 96, "kv_heads": 8, "tied": True, "vocab": 200064},
     "google/gemma-2-2b-it": {
         "layer_windows": (4096, None) * 13,
         "softmax_scale": 256**-0.5,
@@ -123,6 +124,10 @@ def test_old_style_generic_fields_are_metadata(tmp_path: Path) -> None:
         ("Qwen/Qwen2.5-7B-Instruct", "use_sliding_window", True, "sliding windows"),
         ("Qwen/Qwen3-30B-A3B", "mlp_only_layers", [0, 47], "every layer"),
         ("Qwen/Qwen3-30B-A3B", "decoder_sparse_step", 2, "every layer"),
+        ("microsoft/Phi-4-mini-instruct", "mlp_bias", True, "no bias"),
+        ("microsoft/Phi-4-mini-instruct", "lm_head_bias", True, "no bias"),
+        ("microsoft/Phi-4-mini-instruct", "full_attn_mod", 2, "every layer attends alike"),
+        ("microsoft/Phi-4-mini-instruct", "interpolate_factor", 4, "LongRoPE"),
         ("meta-llama/Llama-3.2-1B-Instruct", "pruned_heads", {"0": [1]}, "pruned"),
         ("meta-llama/Llama-3.2-1B-Instruct", "add_cross_attention", True, "cross-attention"),
     ],

@@ -35,6 +35,12 @@ class Phi3(PackedAttention, DenseMLP):
         "resid_pdrop",
         "embd_pdrop",
         "attention_bias",
+        # Phi-4-mini's own remote-code fields, which transformers' Phi3 does not read: held to the
+        # values it builds, as Phi-4-mini-instruct publishes them
+        "mlp_bias",
+        "lm_head_bias",
+        "full_attn_mod",
+        "interpolate_factor",
     )
     # Phi3Config reads these older names as longrope: the first Phi-3 128k and Phi-3-vision configs
     # on the Hub say "su"
@@ -43,6 +49,10 @@ class Phi3(PackedAttention, DenseMLP):
         "resid_pdrop": (_zero, "0.0 (te_assembly's layers have no residual dropout)"),
         "embd_pdrop": (_zero, "0.0 (no dropout on the embeddings)"),
         "attention_bias": (lambda v: v is False, "false (Phi-3's qkv_proj and o_proj have no bias)"),
+        "mlp_bias": (lambda v: v is False, "false (Phi-3's gate_up_proj and down_proj have no bias)"),
+        "lm_head_bias": (lambda v: v is False, "false (Phi-3's lm_head has no bias)"),
+        "full_attn_mod": (lambda v: v == 1, "1 (every layer attends alike, as transformers' Phi3 builds it)"),
+        "interpolate_factor": (lambda v: v == 1, "1 (positions as LongRoPE scales them, nothing more)"),
     }
 
     def window(self, r: ConfigReader, data: Mapping[str, Any]) -> int | None:
