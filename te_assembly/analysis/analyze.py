@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from te_assembly.analysis.cross_checks import (
     sequence_checks,
 )
 from te_assembly.analysis.fusers import assign_fusers
+from te_assembly.analysis.head import head_start
 from te_assembly.analysis.layouts import check_layouts
 from te_assembly.analysis.model_size import check_model_size
 from te_assembly.analysis.origins import present
@@ -72,6 +73,8 @@ class ModelAnalysis:
     input_layout: str = "any"
     """What ``x`` must look like (``layouts.py``)."""
     input_layout_source: str = ""
+    head: int | None = None
+    """Where a language model's head begins (``head.py``)."""
 
 
 @dataclass(frozen=True)
@@ -133,13 +136,14 @@ class Analysis:
         return self.sections[name]
 
 
-def analyze_model(model: Mapping[str, Any]) -> ModelAnalysis:
-    """The model passes on a resolved model mapping (the ``model`` node)."""
+def analyze_model(model: Mapping[str, Any], block_steps: Collection[int] = ()) -> ModelAnalysis:
+    """The model passes on a resolved model mapping (the ``model`` node); ``block_steps``: the indices
+    of the steps that block uses expanded into."""
     with paused():  # see collector.py
-        return _model_passes(model)
+        return _model_passes(model, block_steps)
 
 
-def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
+def _model_passes(model: Mapping[str, Any], block_steps: Collection[int]) -> ModelAnalysis:
     diags = check_structure(ModelConfig, dict(model), "model")
     raw_ops = model.get("ops")
     ops = raw_ops if isinstance(raw_ops, list) else []
@@ -153,7 +157,8 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
         diags.append(error("model.ops", "empty-model", "a model needs at least one step"))
     if any("." in name for name in seen):
         diags.extend(scope_clashes(seen))
-    fused, fusers = assign_fusers(drafts)
+    head = head_start(drafts, block_steps)
+    fused, fusers = assign_fusers(drafts, head)
     steps, width_diags = check_widths(fused, model.get("in_features"))
     diags.extend(width_diags)
     diags.extend(check_ties(steps))
@@ -163,7 +168,7 @@ def _model_passes(model: Mapping[str, Any]) -> ModelAnalysis:
     diags.extend(layouts.diagnostics)
     diags.extend(check_model_size(layouts.steps))
     return ModelAnalysis(
-        tuple(layouts.steps), tuple(fusers), graph, tuple(diags), layouts.input_layout, layouts.source
+        tuple(layouts.steps), tuple(fusers), graph, tuple(diags), layouts.input_layout, layouts.source, head
     )
 
 
@@ -191,6 +196,7 @@ def _plan(
         input_layout_source=result.input_layout_source,
         reroutes=result.graph.reroutes,
         blocks=blocks,
+        head=result.head,
     )
 
 
@@ -225,7 +231,7 @@ def analyze_resolved(resolved: ResolvedConfig, sections: Mapping[str, type] | No
     result = ModelAnalysis()
     step_diags: list[Diagnostic] = []
     if model is not None:
-        result = analyze_model(model)
+        result = analyze_model(model, {i for group in blocks for use in group.uses for i in use.steps})
         step_diags.extend(result.diagnostics)
     elif not any(d.path == "model" or d.path.startswith("model.") for d in diags):
         message = "no model is chosen: pick one with model=NAME or model=path/to/model.yaml"

@@ -1,5 +1,6 @@
 """Pass 3b, fusers: the runs of consecutive ``op`` steps between ``module`` steps (as in
-``te.ops.Sequential``).
+``te.ops.Sequential``), and one more cut where a language model's head begins (``head.py``), so the
+head runs as fusers of its own.
 
 Returns the steps with ``fuser`` and ``first_basic_op`` set (new objects) and the fuser groups.
 """
@@ -12,10 +13,10 @@ from te_assembly.analysis.plan import FuserGroup, PlannedStep
 
 
 def assign_fusers(
-    steps: Sequence[PlannedStep | None],
+    steps: Sequence[PlannedStep | None], cut_before: int | None = None
 ) -> tuple[list[PlannedStep | None], list[FuserGroup]]:
-    """Group op steps into fusers; a module step ends a run. Steps too broken to plan (None) are
-    skipped, so one bad step does not split its neighbours' channels."""
+    """Group op steps into fusers; a module step ends a run, and so does position ``cut_before``. Steps
+    too broken to plan (None) are skipped, so one bad step does not split its neighbours' channels."""
     result: list[PlannedStep | None] = list(steps)
     fusers: list[FuserGroup] = []
     run: list[int] = []
@@ -33,6 +34,8 @@ def assign_fusers(
             run.clear()
 
     for position, step in enumerate(steps):
+        if position == cut_before:
+            close(None)
         if step is not None and step.kind == "op":
             run.append(position)
         elif step is not None and step.kind == "module":

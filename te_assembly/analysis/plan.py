@@ -174,6 +174,9 @@ class Plan:
     """Channels consumed in later fusers than their producer's (see ``Reroute``), in channel order."""
     blocks: tuple[BlockGroup, ...] = ()
     """The model's block steps, in model order (their steps are in ``steps``, expanded)."""
+    head: int | None = None
+    """The index of the first step of a language model's head, the steps it ends with that run over
+    chunks of tokens when a loss asks (``head.py``); None: none can."""
 
     @property
     def num_params(self) -> int:

@@ -119,6 +119,7 @@ _RULES = (
 ADAPTER_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="LoRA",
+        token_wise=True,
         doc="y = y + scaling * B(A(dropout(x))) per part of y, x the adapted projection's input (kept "
         "on a channel before it). PEFT's LoRA as a side branch: A starts random, B at zero. With dora, "
         "PEFT's DoRA: each output row of W + scaling * B A rescaled to a learned magnitude (lora_magnitude, "

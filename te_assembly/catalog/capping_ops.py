@@ -14,5 +14,6 @@ CAPPING_OPS: tuple[OpSpec, ...] = (
         params=(Param("cap", float, bounds=(1e-6, None), doc="The bound: Gemma 2's 30.0 for its logits."),),
         reference="te_assembly.engines.reference.ops.activations:Softcap",
         te_runs_on_cpu=True,
+        token_wise=True,
     ),
 )

@@ -105,18 +105,23 @@ def _qk_norm_shapes(a: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 MODULES: tuple[ModuleSpec, ...] = (
     ModuleSpec(
-        "Identity", "torch.nn.Identity: ends the fuser, changes nothing.", "torch.nn:Identity", cost=MOVES
+        "Identity",
+        "torch.nn.Identity: ends the fuser, changes nothing.",
+        "torch.nn:Identity",
+        cost=MOVES,
+        token_wise=True,
     ),
     ModuleSpec(
         "Dropout",
         "torch.nn.Dropout.",
         "torch.nn:Dropout",
         params=(Param("p", float, 0.5, bounds=(0.0, 1.0)),),
+        token_wise=True,
     ),
-    ModuleSpec("GELU", "torch.nn.GELU (erf).", "torch.nn:GELU"),
-    ModuleSpec("ReLU", "torch.nn.ReLU.", "torch.nn:ReLU"),
-    ModuleSpec("SiLU", "torch.nn.SiLU.", "torch.nn:SiLU"),
-    ModuleSpec("Tanh", "torch.nn.Tanh.", "torch.nn:Tanh"),
+    ModuleSpec("GELU", "torch.nn.GELU (erf).", "torch.nn:GELU", token_wise=True),
+    ModuleSpec("ReLU", "torch.nn.ReLU.", "torch.nn:ReLU", token_wise=True),
+    ModuleSpec("SiLU", "torch.nn.SiLU.", "torch.nn:SiLU", token_wise=True),
+    ModuleSpec("Tanh", "torch.nn.Tanh.", "torch.nn:Tanh", token_wise=True),
     ModuleSpec(
         "Linear",
         "torch.nn.Linear.",
@@ -129,6 +134,7 @@ MODULES: tuple[ModuleSpec, ...] = (
         },
         tie_param="weight",
         cost=linear(),
+        token_wise=True,
     ),
     ModuleSpec(
         "Embedding",
@@ -164,6 +170,7 @@ MODULES: tuple[ModuleSpec, ...] = (
         params=(Param("normalized_shape", int), Param("eps", float, 1e-5)),
         width=Width(in_arg="normalized_shape"),
         param_shapes=lambda a: {"weight": (a["normalized_shape"],), "bias": (a["normalized_shape"],)},
+        token_wise=True,
     ),
     ModuleSpec(
         "Attention",

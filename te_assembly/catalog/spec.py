@@ -364,6 +364,11 @@ class OpSpec(_Arguments):
     cost: Cost = FREE
     """Its forward FLOPs and what it keeps for backward (``costs.py``): what ``bench`` and the memory
     estimate count for it."""
+    token_wise: bool = False
+    """Each row of its output is computed from the same row of its inputs alone (norms, linears,
+    activations, adapters; randomness aside): a language model's last steps, when all are, run over
+    chunks of tokens where a loss asks for it (``analysis/head.py``). False for anything that mixes
+    rows (attention, routing, token shifts) or moves them."""
 
     @property
     def changes_rows(self) -> bool:
@@ -418,6 +423,8 @@ class ModuleSpec(_Arguments):
     """As ``OpSpec.tie_param``."""
     cost: Cost = FREE
     """As ``OpSpec.cost``."""
+    token_wise: bool = False
+    """As ``OpSpec.token_wise``."""
 
     def te_missing(self, args: Mapping[str, Any]) -> list[str]:
         """What of ``args`` ``te_class`` has no kernel for (``te_lacks``), in words."""

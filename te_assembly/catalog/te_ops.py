@@ -72,6 +72,7 @@ def _activation(name: str, doc: str, gated: bool) -> OpSpec:
         width=Width(divisor=2 if gated else 1),
         te_class=f"{_TE}:{name}",
         reference=f"{_REF}.activations:{name}",
+        token_wise=True,
     )
 
 
@@ -84,6 +85,7 @@ _CLAMPED = (
 TE_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="Linear",
+        token_wise=True,
         doc="y = x W^T + b. A TE fused op: expands to BasicLinear (+ Bias).",
         params=(Param("in_features", int), Param("out_features", int), Param("bias", bool, True), _TP_MODE),
         width=Width(in_arg="in_features", out_arg="out_features"),
@@ -97,6 +99,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="BasicLinear",
+        token_wise=True,
         doc="y = x W^T, no bias.",
         params=(Param("in_features", int), Param("out_features", int), _TP_MODE),
         width=Width(in_arg="in_features", out_arg="out_features"),
@@ -109,6 +112,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="Bias",
+        token_wise=True,
         doc="y = x + b.",
         params=(Param("size", int),),
         width=Width(in_arg="size"),
@@ -148,6 +152,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="LayerNorm",
+        token_wise=True,
         doc="Layer normalization over the last dimension.",
         params=(
             Param("normalized_shape", int),
@@ -161,6 +166,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="RMSNorm",
+        token_wise=True,
         doc="RMS normalization over the last dimension.",
         params=(
             Param("normalized_shape", int),
@@ -192,6 +198,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="ClampedSwiGLU",
+        token_wise=True,
         doc="GPT-OSS's gated activation with x = [a, b] (halves): a clamped to at most limit, b to "
         "[-limit, limit]; a * sigmoid(alpha * a) * (b + glu_linear_offset). Halves the width.",
         params=_CLAMPED,
@@ -211,6 +218,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="MakeExtraOutput",
+        token_wise=True,
         doc="Pass x through and also emit it as an extra output (e.g. a residual).",
         params=(_IN_PLACE,),
         outputs=(Slot("out", "float", doc="The tensor itself."),),
@@ -222,6 +230,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="AddExtraInput",
+        token_wise=True,
         doc="y = x + addend.",
         params=(_IN_PLACE,),
         inputs=(Slot("addend", "float", doc="Tensor of x's shape."),),
@@ -233,6 +242,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="ConstantScale",
+        token_wise=True,
         doc="y = scale * x.",
         params=(Param("scale", float),),
         te_class=f"{_TE}:ConstantScale",
@@ -242,6 +252,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="Identity",
+        token_wise=True,
         doc="y = x.",
         te_class=f"{_TE}:Identity",
         reference=f"{_REF}.passthrough:Identity",
@@ -250,6 +261,7 @@ TE_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(
         name="Dropout",
+        token_wise=True,
         doc="Dropout with probability p (identity in eval mode).",
         params=(Param("p", float, bounds=(0.0, 1.0)),),
         te_class=f"{_TE}:Dropout",

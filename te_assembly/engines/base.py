@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -16,6 +17,8 @@ from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog import OpSpec, Slot
 from te_assembly.diagnostics import did_you_mean
 from te_assembly.engines.call_checks import CallChecks, CallError, InputShapeError
+from te_assembly.engines.head_chunks import TokenReduction, reduce_whole_logits
+from te_assembly.engines.recompute import checkpointed
 from te_assembly.errors import ArgumentError
 
 
@@ -111,16 +114,6 @@ def check_checkpointing(level: str) -> None:
         raise ArgumentError(
             f"activation_checkpointing={level!r}: one of {', '.join(ACTIVATION_CHECKPOINTING)}"
         )
-
-
-def checkpointed(run: Callable[..., Any], *args: Any) -> Any:
-    """``run(*args)``, its activations recomputed in backward instead of kept (the RNG state replayed,
-    so dropout draws the same mask)."""
-    import torch.utils.checkpoint
-
-    if not torch.is_grad_enabled():
-        return run(*args)
-    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)
 
 
 class BlockScope(torch.nn.ModuleDict):
@@ -251,6 +244,8 @@ class AssembledModel(torch.nn.Module):
         self._loss_output_names = loss_output_names(plan)
         self._checks = CallChecks(plan, self.row_changing_steps)
         self._check = self._checks.check
+        self._reduction: TokenReduction | None = None
+        self._unreduced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]] | None = None
         store_ties_once(self, plan)
 
     def step_module(self, name: str) -> torch.nn.Module:
@@ -308,6 +303,36 @@ class AssembledModel(torch.nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The engine's forward, every tensor already checked."""
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def reducing(self, asked: TokenReduction) -> Iterator[None]:
+        """Inside, the main output is ``asked.reduce`` of the logits, computed chunk by chunk through the
+        plan's head (``engines/head_chunks.py``); the extra outputs are as ever."""
+        if self._reduction is not None:
+            raise ArgumentError("the model already reduces its logits for another caller")
+        saved = self.__dict__.get("_forward_positional")
+        self._unreduced = saved if saved is not None else self._forward_positional
+        self._reduction = asked
+        self.__dict__["_forward_positional"] = self._forward_reduced
+        try:
+            yield
+        finally:
+            self._reduction, self._unreduced = None, None
+            if saved is None:
+                self.__dict__.pop("_forward_positional", None)
+            else:
+                self.__dict__["_forward_positional"] = saved
+
+    def _forward_reduced(
+        self, x: torch.Tensor, *extra_inputs: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The forward inside ``reducing``; engines with a head to run per chunk override it. Here: the
+        logits whole, then reduced chunk by chunk."""
+        assert self._reduction is not None and self._unreduced is not None
+        outputs = self._unreduced(x, *extra_inputs)
+        if isinstance(outputs, torch.Tensor):
+            return reduce_whole_logits(outputs, self._reduction)
+        return (reduce_whole_logits(outputs[0], self._reduction), *outputs[1:])
 
     def configure(
         self, *, activation_checkpointing: str = "none", compile: bool = False, sharded: bool = False

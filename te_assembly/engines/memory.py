@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from te_assembly.analysis.parallel.layout import ShardPlan, rank_elements
-from te_assembly.analysis.plan import Plan
+from te_assembly.analysis.plan import Plan, PlannedStep
 from te_assembly.catalog.costs import Work
 from te_assembly.engines.data import rows_per_step
+from te_assembly.engines.free_memory import available_bytes, format_bytes, parse_size
 from te_assembly.errors import ResourceError
 
 INT_BYTES = 8
@@ -114,10 +112,13 @@ def activation_bytes(
     seq_len: int | None = None,
     fused: bool = False,
     checkpointing: str = "none",
+    chunk_tokens: int | None = None,
 ) -> int:
     """What one forward keeps for backward: ``x``, what each step keeps (``step_activation_bytes``) and
     the output (sequences of ``seq_len`` rows; default: one sequence of all ``tokens``; ``fused``: see
-    ``attention_elements``).
+    ``attention_elements``). ``chunk_tokens`` (``train.loss_chunk_tokens``): a language model's head runs
+    that many tokens at a time (``engines/head_chunks.py``): it keeps its input and, while a chunk
+    runs, that chunk's share of what it would keep; its output is a number or two per token.
 
     ``checkpointing`` (``train.activation_checkpointing``): a recomputed unit keeps only its input
     between forward and backward, and in backward the largest one holds all it would have kept while
@@ -127,6 +128,13 @@ def activation_bytes(
     per_step = step_activation_bytes(plan, tokens, dtype, seq_len, fused)
     rows = _rows_per_step(plan, tokens)
     total = _input_bytes(plan, tokens, size) + tokens * plan.out_features * size
+    head = plan.head if chunk_tokens is not None and tokens else None
+    if head is not None:
+        assert chunk_tokens is not None
+        share = min(1.0, chunk_tokens / tokens)
+        total += rows[head] * (plan.steps[head].in_width or 0) * size - tokens * plan.out_features * size
+        total += math.ceil(sum(per_step[head:]) * share)
+        per_step = per_step[:head] + [0] * (len(per_step) - head)
     if checkpointing == "none":
         return total + sum(per_step)
     if checkpointing == "all":
@@ -187,11 +195,13 @@ def estimate(
     seq_len: int | None = None,
     fused_attention: bool = False,
     checkpointing: str = "none",
+    chunk_tokens: int | None = None,
 ) -> MemoryEstimate:
     """``models`` copies of the parameters (e.g. teacher and student), ``trained`` of them with
     gradients and ``optimizer`` state, and the activations of one forward+backward of ``tokens`` rows
     (in sequences of ``seq_len`` for attention; default: one sequence; ``fused_attention``: TE's fused
-    attention kernels, see ``attention_elements``; ``checkpointing``: see ``activation_bytes``)."""
+    attention kernels, see ``attention_elements``; ``checkpointing``, ``chunk_tokens``: see
+    ``activation_bytes``)."""
     return _footprint(
         plan,
         parameter_count(plan),
@@ -203,6 +213,7 @@ def estimate(
         seq_len,
         fused_attention,
         checkpointing,
+        chunk_tokens=chunk_tokens,
     )
 
 
@@ -219,6 +230,7 @@ def _footprint(
     checkpointing: str = "none",
     gathered: int = 0,
     others: int | None = None,
+    chunk_tokens: int | None = None,
 ) -> MemoryEstimate:
     """``trained`` copies of ``elements`` parameters with gradients and optimizer state, ``models -
     trained`` more of ``others`` (default ``elements``) without, one forward+backward of ``tokens`` rows,
@@ -233,31 +245,41 @@ def _footprint(
         parameters=params * trained + untrained + gathered * size,
         gradients=learned * trained + math.ceil(gathered * size * share) * trained,
         optimizer=learned * trained * OPTIMIZER_STATES.get(optimizer, 2),
-        activations=activation_bytes(plan, tokens, dtype, seq_len, fused, checkpointing)
-        + gradient_bytes(plan, tokens, dtype)
+        activations=activation_bytes(plan, tokens, dtype, seq_len, fused, checkpointing, chunk_tokens)
+        + gradient_bytes(plan, tokens, dtype, chunk_tokens)
         if tokens
         else 0,
-        loss=loss_bytes(plan, tokens, dtype),
+        loss=loss_bytes(plan, tokens, dtype, chunk_tokens),
     )
 
 
-def gradient_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:
+def gradient_bytes(plan: Plan, tokens: int, dtype: torch.dtype, chunk_tokens: int | None = None) -> int:
     """What backward holds beside the saved tensors: the gradient arriving at a step and the one it
-    sends on, at the widest step."""
+    sends on, at the widest step (a language model's head over one chunk of ``chunk_tokens``)."""
     rows = _rows_per_step(plan, tokens)
-    widest = max(
-        (n * max(s.in_width or 0, s.out_width or 0) for s, n in zip(plan.steps, rows, strict=True)),
-        default=0,
-    )
+    head = plan.head if chunk_tokens is not None else None
+    if head is not None:
+        assert chunk_tokens is not None
+        rows = rows[:head] + [min(n, chunk_tokens) for n in rows[head:]]
+    widest = max((n * _gradient_width(s) for s, n in zip(plan.steps, rows, strict=True)), default=0)
     return 2 * widest * dtype_bytes(dtype)
 
 
-def loss_bytes(plan: Plan, tokens: int, dtype: torch.dtype) -> int:
-    """A language model's cross-entropy over ``tokens`` positions (``MemoryEstimate.loss``); 0 for other
-    models, whose objectives keep nothing of their own."""
+def _gradient_width(step: PlannedStep) -> int:
+    # An embedding's in_width is its vocabulary: it takes token ids, which get no gradient.
+    arriving = 0 if step.spec.needs_layout == "token_ids" else step.in_width or 0
+    return max(arriving, step.out_width or 0)
+
+
+def loss_bytes(plan: Plan, tokens: int, dtype: torch.dtype, chunk_tokens: int | None = None) -> int:
+    """A language model's cross-entropy over ``tokens`` positions (``MemoryEstimate.loss``), over one
+    chunk of ``chunk_tokens`` at a time when its head runs in chunks; 0 for other models, whose
+    objectives keep nothing of their own."""
     if not plan.takes_token_ids or not tokens:
         return 0
     copies = 2 + (1 if dtype_bytes(dtype) < 4 else 0)
+    if chunk_tokens is not None and plan.head is not None:
+        tokens = min(tokens, chunk_tokens)
     return tokens * plan.out_features * 4 * copies
 
 
@@ -274,6 +296,7 @@ def rank_estimate(
     checkpointing: str = "none",
     models: int = 1,
     one_unit: bool = False,
+    chunk_tokens: int | None = None,
 ) -> MemoryEstimate:
     """``estimate`` for the fullest rank of a parallel ``layout``: the parameters (with their gradients
     and optimizer state) the rank holding the most keeps, and the activations of its share of the
@@ -299,6 +322,7 @@ def rank_estimate(
         checkpointing,
         gathered,
         others=parameter_count(plan),
+        chunk_tokens=chunk_tokens,
     )
 
 
@@ -367,67 +391,6 @@ def what_would_fit(
     return out
 
 
-def format_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024 or unit == "PiB":
-            return f"{value:,.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def _meminfo_available() -> int | None:
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def _cgroup_available() -> int | None:
-    """Room left under a cgroup v2 memory limit (containers), if there is one."""
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return max(0, int(limit) - used)
-
-
-def available_bytes(device: torch.device) -> tuple[int, str] | None:
-    """Free memory on ``device`` and where the number comes from; None when it cannot be known.
-    ``TE_ASSEMBLY_MEMORY_LIMIT`` (bytes, or with a unit: ``parse_size``) caps it, e.g. to keep to a
-    share of a busy machine; a value that is not a size raises ``ResourceError``."""
-    found: list[tuple[int, str]] = []
-    if device.type == "cuda":
-        if torch.cuda.is_available():
-            free, _ = torch.cuda.mem_get_info(device)
-            found.append((int(free), f"free on {device} (torch.cuda.mem_get_info)"))
-    else:
-        meminfo = _meminfo_available()
-        if meminfo is not None:
-            found.append((meminfo, "MemAvailable in /proc/meminfo"))
-        cgroup = _cgroup_available()
-        if cgroup is not None:
-            found.append((cgroup, "left under the cgroup memory limit"))
-        if not found:
-            try:
-                import psutil  # type: ignore[import-untyped]
-
-                found.append((int(psutil.virtual_memory().available), "available RAM (psutil)"))
-            except ImportError:
-                pass
-    limit = _environment_limit()
-    if limit is not None:
-        found.append((limit, "TE_ASSEMBLY_MEMORY_LIMIT"))
-    return min(found) if found else None
-
-
 def check_fits(
     needed: MemoryEstimate,
     device: torch.device,
@@ -445,39 +408,6 @@ def check_fits(
     )
 
 
-_SIZE = re.compile(r"(\d+(?:\.\d*)?(?:[eE]\d+)?)\s*([A-Za-z]*)")
-_UNITS = {"": 1, "b": 1} | {
-    f"{prefix}{suffix}": base**power
-    for power, prefix in enumerate("kmgtp", start=1)
-    for suffix, base in (("b", 1000), ("ib", 1024), ("i", 1024))
-}
-
-
-def parse_size(text: str, what: str) -> int:
-    """Bytes from ``text``: a number of bytes (``2000000000``, ``2e9``) or one with a unit, decimal
-    (``KB``, ``MB``, ``GB``...) or binary (``KiB``, ``MiB``, ``GiB``...; ``Gi`` as Kubernetes writes
-    it), any case. A bare ``G`` is refused: it means 10^9 to some tools and 2^30 to others."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is not None and match.group(2).lower() in _UNITS:
-        number, unit = match.groups()
-        return int(float(number) * _UNITS[unit.lower()])
-    if match is not None and len(match.group(2)) == 1 and match.group(2).lower() in "kmgtp":
-        number, letter = match.group(1), match.group(2).upper()
-        raise ResourceError(
-            f"{what}={text!r}: {letter!r} alone is ambiguous (a power of 1000 or of 1024): write "
-            f"{number}{letter}B or {number}{letter}iB"
-        )
-    raise ResourceError(
-        f"{what}={text!r} is not a size: give bytes (2000000000) or a number with a unit, decimal "
-        "(500MB, 2GB) or binary (512MiB, 2GiB)"
-    )
-
-
-def _environment_limit() -> int | None:
-    raw = os.environ.get("TE_ASSEMBLY_MEMORY_LIMIT", "").strip()
-    return parse_size(raw, "TE_ASSEMBLY_MEMORY_LIMIT") if raw else None
-
-
 __all__ = [
     "MemoryEstimate",
     "activation_bytes",
@@ -489,6 +419,7 @@ __all__ = [
     "fused_attention",
     "loss_bytes",
     "parameter_count",
+    "parse_size",
     "rank_estimate",
     "step_activation_bytes",
     "what_would_fit",

@@ -218,14 +218,16 @@ class Target:
         seq_len: int | None = None,
         fused: bool | None = None,
         checkpointing: str = "none",
+        chunk_tokens: int | None = None,
     ) -> None:
         """``ResourceError`` before anything is allocated when ``models`` copies of ``plan`` (``trained``
         of them with gradients and ``optimizer`` state) and one batch of ``tokens`` rows cannot fit the
         target's device (``engines/memory.py``), for this rank of the target's parallel layout (its
         slices, FSDP2 pieces and rows; ``checkpointing``: ``train.activation_checkpointing``). ``fused``:
-        whether attention runs in TE's fused kernels (default: as the target does). A refused training
-        run is told which ``parallel.shard`` or activation checkpointing would make it fit. Each job
-        calls this once, with everything it will hold, before it builds anything."""
+        whether attention runs in TE's fused kernels (default: as the target does); ``chunk_tokens``: a
+        language model's head and loss run that many tokens at a time (``engines/head_chunks.py``). A
+        refused training run is told which ``parallel.shard`` or activation checkpointing would make it
+        fit. Each job calls this once, with everything it will hold, before it builds anything."""
         options: dict[str, Any] = {
             "tokens": tokens,
             "models": models,
@@ -233,6 +235,7 @@ class Target:
             "optimizer": optimizer,
             "seq_len": seq_len,
             "fused_attention": self.fused_attention if fused is None else fused,
+            "chunk_tokens": chunk_tokens,
         }
         if self.parallel is None:
             needed = estimate(plan, self.dtype, checkpointing=checkpointing, **options)

@@ -5,11 +5,14 @@ called; added as they are: the op already weights them), in float32 at least (``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from te_assembly.engines.base import loss_precision
+from te_assembly.engines.head_chunks import TokenReduction
+from te_assembly.jobs.token_losses import token_losses
 
 MEAN_SQUARE = "mean(y^2)"
 TEACHER_MSE = "mse(y, teacher)"
@@ -71,6 +74,7 @@ def next_token_terms(
     ahead: Mapping[str, int] | None = None,
     mtp_weight: float = 0.0,
     documents: torch.Tensor | None = None,
+    reduced: bool = False,
 ) -> dict[str, torch.Tensor]:
     """A language model's objective: the mean next-token cross-entropy of ``logits`` ``[..., vocab]``
     against ``labels`` ``[...]`` over the labels that are not ``ignore_index``, in float32 at least;
@@ -81,9 +85,13 @@ def next_token_terms(
     outputs that are multi-token prediction logits, each with its depth (``engines.base.ahead_outputs``):
     with ``mtp_weight > 0`` the term ``mtp`` is DeepSeek-V3's MTP loss, ``mtp_weight`` times the mean
     over the modules of each one's cross-entropy against the token ``depth`` past the next
-    (``ahead_labels``; ``documents``: a packed batch's, so no target is taken across a document's end)."""
-    terms = {CROSS_ENTROPY: cross_entropy(logits, labels, ignore_index=ignore_index, fused=fused)}
-    if z_loss > 0:
+    (``ahead_labels``; ``documents``: a packed batch's, so no target is taken across a document's end).
+    ``reduced``: ``logits`` are what ``next_token_reduction``'s chunks made of them instead."""
+    if reduced:
+        terms = _reduced_terms(logits, labels, z_loss, ignore_index)
+    else:
+        terms = {CROSS_ENTROPY: cross_entropy(logits, labels, ignore_index=ignore_index, fused=fused)}
+    if z_loss > 0 and not reduced:
         kept = labels.reshape(-1) != ignore_index
         lse = torch.logsumexp(loss_precision(logits).reshape(-1, logits.shape[-1]), dim=-1)
         terms[Z_LOSS] = z_loss * (lse.square() * kept).sum() / kept.sum().clamp(min=1)
@@ -116,6 +124,46 @@ def cross_entropy(
     flat = loss_precision(logits).reshape(-1, vocab)
     ce = torch.nn.functional.cross_entropy(flat, flat_labels, ignore_index=ignore_index, reduction="sum")
     return ce / count
+
+
+def next_token_reduction(
+    labels: torch.Tensor,
+    tokens: int,
+    *,
+    z_loss: float = 0.0,
+    fused: bool = False,
+    ignore_index: int = IGNORE_INDEX,
+    summed: bool = True,
+) -> TokenReduction:
+    """What a language model's loss keeps of its logits when they are computed ``tokens`` at a time
+    (``engines/head_chunks.py``): per token, its cross-entropy against ``labels`` (0 where ignored: so
+    minus the label's log-probability, what DPO sums) and, with ``z_loss > 0``, its squared log-sum-exp
+    (0 where ignored). ``summed``: the caller only adds them up (``next_token_terms``); false for DPO,
+    which weighs each row's."""
+    reduce = functools.partial(_token_losses, with_lse=z_loss > 0, fused=fused, ignore_index=ignore_index)
+    return TokenReduction(reduce, labels, tokens, summed)
+
+
+def _token_losses(
+    logits: torch.Tensor, labels: torch.Tensor, *, with_lse: bool, fused: bool, ignore_index: int
+) -> torch.Tensor:
+    if fused and not with_lse:
+        from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
+
+        per_token = parallel_cross_entropy(logits[None], labels[None], ignore_idx=ignore_index)
+        return per_token.reshape(-1, 1).float()
+    return token_losses(logits, labels, ignore_index, with_lse)
+
+
+def _reduced_terms(
+    per_token: torch.Tensor, labels: torch.Tensor, z_loss: float, ignore_index: int
+) -> dict[str, torch.Tensor]:
+    kept = labels != ignore_index
+    count = kept.sum().clamp(min=1)
+    terms = {CROSS_ENTROPY: per_token[..., 0].sum() / count}
+    if z_loss > 0:
+        terms[Z_LOSS] = z_loss * per_token[..., 1].sum() / count
+    return terms
 
 
 def ahead_labels(
@@ -168,6 +216,7 @@ __all__ = [
     "aux_losses",
     "cross_entropy",
     "loss_terms",
+    "next_token_reduction",
     "next_token_terms",
     "objective",
     "total",

@@ -104,6 +104,7 @@ def _fuser_rows(plan: Plan, view: _View) -> Table:
     for col in ("fuser", "steps", "basic ops", "ended by"):
         fusers.add_column(col)
     run: list[FuserGroup] = []
+    head_fusers = {f.index for f in plan.fusers if plan.head is not None and f.steps[0] == plan.head}
 
     def flush() -> None:
         if not run:
@@ -111,6 +112,8 @@ def _fuser_rows(plan: Plan, view: _View) -> Table:
         held = dict.fromkeys(view.item_of(i) for f in run for i in f.steps)
         inside = ", ".join(f"{u.label} ({u.what})" for u in held if u is not None)
         ends = dict.fromkeys(view.step_label(f.ended_by) for f in run if f.ended_by is not None)
+        if run[-1].ended_by is None and run[-1].index + 1 in head_fusers:
+            ends[_BEFORE_HEAD] = None
         label = str(run[0].index) if len(run) == 1 else f"{run[0].index}-{run[-1].index}"
         basic = sum(f.num_basic_ops for f in run)
         fusers.add_row(label, _t(f"inside {inside}"), f"{basic} in all", _t(", ".join(ends) or "-"))
@@ -123,9 +126,15 @@ def _fuser_rows(plan: Plan, view: _View) -> Table:
         flush()
         names = list(dict.fromkeys(_held_name(view, i) for i in f.steps))
         end = view.step_label(f.ended_by) if f.ended_by is not None else "-"
+        if f.ended_by is None and f.index + 1 in head_fusers:
+            end = _BEFORE_HEAD
         fusers.add_row(str(f.index), _t(", ".join(names)), str(f.num_basic_ops), _t(end))
     flush()
     return fusers
+
+
+_BEFORE_HEAD = "the head (run in chunks for a loss)"
+"""Why a fuser ends where no module step does: a language model's head begins (``analysis/head.py``)."""
 
 
 def _held_name(view: _View, step: int) -> str:

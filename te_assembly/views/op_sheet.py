@@ -46,6 +46,8 @@ def op_sheet(spec: OpSpec | ModuleSpec) -> list[str | SheetTable]:
         out += _slots(spec)
     out.append(f"width: {spec.width.describe()}")
     out.append(f"costs: {spec.cost.describe()}")
+    if spec.token_wise:
+        out.append("per token: each row from its own row alone; a language model's head may hold it")
     if isinstance(spec, OpSpec):
         out += _notes(spec)
     return out

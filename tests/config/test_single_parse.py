@@ -43,9 +43,9 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Counter[str]]]
         seen["hydra"][config_path] += 1
         return hydra_load(self, config_path)
 
-    def counting_passes(model: Any) -> Any:
+    def counting_passes(model: Any, *rest: Any) -> Any:
         seen["passes"]["model"] += 1
-        return passes(model)
+        return passes(model, *rest)
 
     monkeypatch.setattr(source, "_parse", counting_parse)
     monkeypatch.setattr(FileConfigSource, "load_config", counting_hydra)

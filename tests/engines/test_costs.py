@@ -5,7 +5,6 @@ glibc (``mallinfo2``) after every op of a reference-engine forward and backward 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import math
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import te_assembly
@@ -27,6 +25,7 @@ from te_assembly.engines.reference.latent_attention import LatentAttention
 from te_assembly.engines.reference.written_out import causal_mask
 from te_assembly.engines.target import Target
 from te_assembly.jobs.bench.flops import forward_flops
+from te_assembly.testing.host_memory import MEASURABLE, PeakInUse
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
@@ -117,56 +116,7 @@ def test_latent_attention_counts_its_expansion_and_both_products() -> None:
     assert causal - expansion == (every - expansion) * (SEQ + 1) // (2 * SEQ)
 
 
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def _glibc() -> Any:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _Mallinfo2
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-LIBC = _glibc()
-
-
-class _PeakInUse(TorchDispatchMode):
-    """The most bytes glibc had handed out (heap and mmapped blocks) after any op, above the start."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.start = self.in_use()
-        self.peak = 0
-
-    @staticmethod
-    def in_use() -> int:
-        info = LIBC.mallinfo2()
-        return int(info.uordblks + info.hblkhd)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, self.in_use() - self.start)
-        return out
-
-
-@pytest.mark.skipif(LIBC is None, reason="measuring the peak needs glibc's mallinfo2 (glibc 2.33+)")
+@pytest.mark.skipif(not MEASURABLE, reason="measuring the peak needs glibc's mallinfo2 (glibc 2.33+)")
 @pytest.mark.parametrize("name", SHIPPED)
 def test_the_memory_estimate_is_near_the_measured_peak_for_every_shipped_model(name: str) -> None:
     """Forward, loss and backward of a training step (no optimizer), with enough tokens that the tensors
@@ -186,12 +136,12 @@ def test_the_memory_estimate_is_near_the_measured_peak_for_every_shipped_model(n
             loss = y.float().square().mean()
         loss.backward()
 
-    with _PeakInUse():  # the first step's one-time allocations (thread pools, tables) are not the model's
+    with PeakInUse():  # the first step's one-time allocations (thread pools, tables) are not the model's
         step()
     model.zero_grad(set_to_none=True)
     x.grad = None
     gc.collect()
-    with _PeakInUse() as measured:
+    with PeakInUse() as measured:
         step()
     needed = estimate(plan, torch.float32, tokens=tokens, trained=1, seq_len=SEQ, fused_attention=fused)
     ratio = (needed.total - needed.parameters) / measured.peak

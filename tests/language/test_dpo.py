@@ -123,6 +123,24 @@ def test_step_one_is_the_loss_of_a_policy_equal_to_its_reference(loss: str, tmp_
     assert done.last_step == 4
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_in_chunks_every_step_is_the_step_with_the_logits_whole(lora: bool, tmp_path: Path) -> None:
+    """``train.loss_chunk_tokens``: the policy's and the reference's log-probabilities 16 tokens at a
+    time (each chunk recomputed in backward: DPO weighs each row), four steps of the same numbers."""
+    plan = load("dense_lm", overrides=["lora.rank=4"] if lora else []).checked_plan()
+    data = DataSettings(path=str(_pairs(tmp_path)), format="preference", val_fraction=0.0)
+    for name, chunk in (("whole", None), ("chunks", 16)):
+        train(
+            plan, Target.of("reference", dtype=F64), _dpo(tmp_path, name, loss_chunk_tokens=chunk), data=data
+        )
+    whole, chunks = (read_records(tmp_path / n / "metrics.jsonl") for n in ("whole", "chunks"))
+    assert len(whole) == len(chunks) == 4
+    for a, b in zip(whole, chunks, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-10)
+        assert b["measures"] == pytest.approx(a["measures"], rel=1e-9, abs=1e-12)
+    assert whole[-1]["loss"] != whole[0]["loss"]  # the steps moved the policy
+
+
 def test_lora_reference_is_the_base_with_adapters_off_and_no_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

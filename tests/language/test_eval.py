@@ -40,8 +40,12 @@ def test_a_stride_longer_than_the_window_is_refused() -> None:
         windows(100, 8, 9)
 
 
-@pytest.mark.parametrize(("seq_len", "stride"), [(16, 16), (16, 5), (40, 40)])
-def test_score_equals_transformers_on_the_same_windows(seq_len: int, stride: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("seq_len", "stride", "chunk"), [(16, 16, None), (16, 5, 7), (40, 40, 1024)])
+def test_score_equals_transformers_on_the_same_windows(
+    seq_len: int, stride: int, chunk: int | None, tmp_path: Path
+) -> None:
+    """``chunk``: the head and loss 7 tokens at a time (``eval.loss_chunk_tokens``), all at once, and
+    the default."""
     from te_assembly.engines.target import Target
     from te_assembly.formats.hf.convert import from_hf
     from te_assembly.jobs.verify_hf import float64_islands_removed, load_transformers
@@ -51,7 +55,7 @@ def test_score_equals_transformers_on_the_same_windows(seq_len: int, stride: int
     mine = from_hf(source, Target.of("reference", dtype=torch.float64))
     theirs = load_transformers(source, torch.float64)
     ids = torch.randint(0, 96, (157,), generator=torch.Generator().manual_seed(4))
-    total, count, made = score(mine, ids, seq_len, stride, batch=3)
+    total, count, made = score(mine, ids, seq_len, stride, batch=3, chunk_tokens=chunk)
     expected, n = 0.0, 0
     with float64_islands_removed(theirs), torch.no_grad():
         for begin, end, skip in windows(len(ids), seq_len, stride):

@@ -162,3 +162,33 @@ def test_run_on_a_language_model_computes_the_next_token_cross_entropy() -> None
     result = te_assembly.run(plan, target, te_assembly.RunSettings(steps=1, tokens=64, seq_len=8))
     # A fresh tied model's logits are near zero, so the cross-entropy is near ln(vocab) (mean(y^2) is ~0).
     assert result.loss == pytest.approx(math.log(272), abs=0.05)
+
+
+def test_the_loss_in_chunks_trains_as_the_logits_whole_from_the_command_line(tmp_path: Path) -> None:
+    """``train.loss_chunk_tokens`` (default 1024) against ``null``, with the z-loss on, from a folder of
+    the user's own: the same losses and validation losses, step by step (float32: summed in another
+    order); 0 is refused at its key before anything runs."""
+    from tests.conftest import user_cli
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text(CORPUS)
+    common = ("train", "model=llama_tiny", "data.path=notes", "train.steps=3", "train.eval_every=3")
+    common += ("train.batch_tokens=512", "train.seq_len=32", "train.z_loss=0.01", "train.plot=false")
+    env = {"TE_ASSEMBLY_CACHE": str(tmp_path / "cache")}
+    runs = {}
+    for name, chunk in (("whole", "null"), ("chunks", "100")):
+        done = user_cli(
+            tmp_path, *common, f"train.out_dir={name}", f"train.loss_chunk_tokens={chunk}", env=env
+        )
+        assert done.returncode == 0, done.stderr
+        runs[name] = [
+            json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
+    for whole, chunks in zip(runs["whole"], runs["chunks"], strict=True):
+        assert chunks["loss"] == pytest.approx(whole["loss"], rel=2e-6)
+        assert ("val_loss" in chunks) == ("val_loss" in whole)
+        assert chunks.get("val_loss", 0.0) == pytest.approx(whole.get("val_loss", 0.0), rel=2e-6)
+        assert chunks["terms"]["z_loss"] == pytest.approx(whole["terms"]["z_loss"], rel=2e-6)
+    assert "val_loss" in runs["whole"][-1]
+    refused = user_cli(tmp_path, *common, "train.loss_chunk_tokens=0", env=env)
+    assert refused.returncode == 2 and "train.loss_chunk_tokens" in refused.stderr

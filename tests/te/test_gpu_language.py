@@ -128,3 +128,32 @@ def test_instruction_fine_tuning_with_fused_cross_entropy_and_fp8(tmp_path: Path
     losses = result.losses
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
+
+
+def test_the_loss_in_chunks_through_tes_kernels_equals_the_logits_whole() -> None:
+    """``train.loss_chunk_tokens`` with TE's kernels and fused cross-entropy on the GPU: the head's
+    fusers run chunk by chunk (gradients taken in forward), against the logits whole; bfloat16's 2%."""
+    from te_assembly.engines.head_chunks import reduced_logits
+    from te_assembly.jobs import objective
+
+    te_model, _ = _models()
+    x = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(3)).cuda()
+    labels = x.roll(-1, dims=-1)
+    results = []
+    for chunks in (False, True):
+        te_model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        asked = objective.next_token_reduction(labels, 64, fused=True) if chunks else None
+        with reduced_logits(te_model, asked):  # type: ignore[arg-type]
+            y, _ = te_model(x)  # type: ignore[operator]
+        loss = objective.next_token_terms(y, labels, {}, (), fused=True, reduced=chunks)[
+            objective.CROSS_ENTROPY
+        ]
+        loss.backward()
+        grads = {n: p.grad.float().clone() for n, p in te_model.named_parameters() if p.grad is not None}  # type: ignore[attr-defined]
+        results.append((float(loss), grads))
+    (whole, whole_grads), (chunked, chunked_grads) = results
+    assert abs(chunked - whole) <= 0.02 * abs(whole)
+    assert whole_grads.keys() == chunked_grads.keys()
+    for name, grad in whole_grads.items():
+        difference = (chunked_grads[name] - grad).norm() / grad.norm().clamp(min=1e-12)
+        assert difference <= 0.02, (name, float(difference))

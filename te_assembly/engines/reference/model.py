@@ -25,6 +25,7 @@ from te_assembly.engines.base import (
     step_module,
     tie_weights,
 )
+from te_assembly.engines.head_chunks import reduced_in_chunks
 from te_assembly.errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -55,14 +56,24 @@ class ReferenceModel(AssembledModel):
     ) -> None:
         super().__init__(plan)
         units = block_use_scopes(plan)
+        split_steps = set()
         for step in plan.steps:
             split = parallel.reference_module(step, device, dtype) if parallel is not None else None
             module = split if split is not None else _instantiate(step, device, dtype)
             add_step(self.steps, step.name, module, units)
+            if split is not None:
+                split_steps.add(step.index)
         tie_weights(self.steps, plan)
         self._program, self._num_registers, self._input_registers, self._output_registers = _compile(
             plan, self.steps
         )
+        head = plan.head
+        if head is not None and any(index >= head for index in split_steps):
+            head = None
+        self._head = head
+        """Where the head the logits are reduced through begins (``engines/head_chunks.py``); None: the
+        plan has none, or a tensor-parallel split of it gathers across ranks."""
+        self._tail = _Unit(self._program[head:], (), (), False) if head is not None else None
         self._recording = False
         self._segments: tuple[_Segment, ...] = ()
         self.channel_tensors: dict[str, torch.Tensor] = {}
@@ -86,7 +97,7 @@ class ReferenceModel(AssembledModel):
             raise ArgumentError(_FLAT_ONLY)
         if compile:
             _import_quietly_without_cuda()
-        segments = _segments(self.plan, self._program, self._output_registers, self.steps)
+        segments = _segments(self.plan, self._program, self._output_registers, self.steps, self._head)
         has_blocks = any(seg.scope is not None for seg in segments)
         for seg in segments:
             whole = activation_checkpointing == "blocks" and (seg.scope is not None or not has_blocks)
@@ -133,6 +144,41 @@ class ReferenceModel(AssembledModel):
         if not self._output_registers:
             return x
         return (x, *(registers[i] for i in self._output_registers))  # type: ignore[misc,arg-type]
+
+    def _forward_reduced(
+        self, x: torch.Tensor, *extra_inputs: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The steps before the head (as units when configured), then the head chunk by chunk."""
+        if self._tail is None or self._recording:
+            return super()._forward_reduced(x, *extra_inputs)
+        assert self._reduction is not None and self._head is not None and self._tail is not None
+        registers: list[torch.Tensor | None] = [None] * self._num_registers
+        for register, value in zip(self._input_registers, extra_inputs, strict=True):
+            registers[register] = value
+        if self._segments:
+            for seg in self._segments:
+                if seg.head:
+                    break
+                assert seg.call is not None
+                x, *written = seg.call(x, *(registers[i] for i in seg.reads))
+                for register, value in zip(seg.writes, written, strict=True):
+                    registers[register] = value
+        else:
+            for ins in self._program[: self._head]:
+                if not ins.is_op:
+                    x = ins.module(x)
+                    continue
+                x, extra = ins.module(x, [registers[i] for i in ins.inputs])
+                for register, value in zip(ins.outputs, extra, strict=True):
+                    registers[register] = value
+        y = reduced_in_chunks(x, self._run_tail, self._reduction, [ins.module for ins in self._tail.program])
+        if not self._output_registers:
+            return y
+        return (y, *(registers[i] for i in self._output_registers))  # type: ignore[misc,arg-type]
+
+    def _run_tail(self, x: torch.Tensor) -> torch.Tensor:
+        assert self._tail is not None
+        return self._tail(x)[0]
 
     def record_channels(self, enabled: bool = True) -> ReferenceModel:
         """Opt in to keeping every channel tensor of the next forwards in ``channel_tensors``.
@@ -242,13 +288,19 @@ class _Segment:
     reads: tuple[int, ...] = ()
     writes: tuple[int, ...] = ()
     call: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    head: bool = False
+    """Part of the head (``engines/head_chunks.py``)."""
 
 
 def _segments(
-    plan: Plan, program: list[_Instruction], returned: tuple[int, ...], steps: torch.nn.Module
+    plan: Plan,
+    program: list[_Instruction],
+    returned: tuple[int, ...],
+    steps: torch.nn.Module,
+    head: int | None,
 ) -> list[_Segment]:
-    """The program cut at block-use boundaries, with the registers each piece reads from before it and
-    writes for after it (or for the caller)."""
+    """The program cut at block-use boundaries and where the head begins, with the registers each piece
+    reads from before it and writes for after it (or for the caller)."""
     scope_of: dict[int, str] = {}
     for group in plan.blocks:
         for use in group.uses:
@@ -257,9 +309,12 @@ def _segments(
     segments: list[_Segment] = []
     for step, ins in zip(plan.steps, program, strict=True):
         name = scope_of.get(step.index, "")
-        if not segments or segments[-1].name != name:
+        if not segments or segments[-1].name != name or step.index == head:
             scope = step_module(steps, name) if name else None
-            segments.append(_Segment(name, scope if isinstance(scope, BlockScope) else None, []))
+            in_head = head is not None and step.index >= head
+            segments.append(
+                _Segment(name, scope if isinstance(scope, BlockScope) else None, [], head=in_head)
+            )
         segments[-1].instructions.append(ins)
     later_reads: set[int] = set(returned)
     for seg in reversed(segments):

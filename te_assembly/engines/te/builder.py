@@ -50,6 +50,7 @@ def build_te(
         split = parallel.te_op(step, kernels, dev, dtype) if parallel is not None else None
         if split is not None:
             _check_slots(step, split)
+            model.head_splits |= plan.head is not None and step.index >= plan.head
         add_step(
             model.steps, step.name, split if split is not None else _construct(step, kernels, dev, dtype)
         )

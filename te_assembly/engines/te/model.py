@@ -18,6 +18,7 @@ from te_assembly.engines.base import (
     check_checkpointing,
     checkpointed,
 )
+from te_assembly.engines.head_chunks import reduced_in_chunks
 from te_assembly.engines.te.routing import FuserIO, fuser_io
 from te_assembly.errors import ArgumentError
 
@@ -77,6 +78,11 @@ class TEModel(AssembledModel):
         """(multiple, step): the recipe quantizes a GEMM over the caller's token rows."""
         self._program: tuple[tuple[Callable[..., Any], int], ...] = ()
         self._routed: tuple[tuple[Callable[..., Any], FuserIO | None], ...] = ()
+        self.head_splits = False
+        """A step of the plan's head is split across tensor-parallel ranks: the logits are reduced whole
+        (``engines/head_chunks.py``)."""
+        self._head_group: int | None = None
+        self._head_calls: tuple[Callable[..., Any], ...] = ()
         # Without a GPU and without a recipe, even ``autocast(enabled=False)`` asks the GPU for TE's
         # default recipe; and asking torch for the GPU on every call costs time, so decide once.
         self._autocast = te_recipe is not None or torch.cuda.is_available()
@@ -92,6 +98,8 @@ class TEModel(AssembledModel):
         self._routed = tuple(
             (g, next(ios)) if isinstance(g, OperationFuser) else (self.step_module(g), None) for g in groups
         )
+        self._head_group = None if self.head_splits else _head_group(self.plan)
+        self._head_calls = self._head_group_calls(sharded=False)
         self.__dict__.pop("_forward_positional", None)
         if len(groups) == 1 and isinstance(groups[0], OperationFuser) and not self._autocast:
             # One fuser and nothing around it (the common case on CPU): a checked call goes straight to
@@ -119,6 +127,17 @@ class TEModel(AssembledModel):
 
         self._program = tuple((wrapped(g), count) for g, count in self._program)
         self._routed = tuple((wrapped(g), io) for g, io in self._routed)
+        self._head_calls = self._head_group_calls(sharded)
+
+    def _head_group_calls(self, sharded: bool) -> tuple[Callable[..., Any], ...]:
+        """The head's fusers and module steps as callables, without activation checkpointing (each
+        chunk of the head is recomputed as a whole already)."""
+        if self._head_group is None:
+            return ()
+        return tuple(
+            (_FreshParams(g) if sharded else g) if isinstance(g, OperationFuser) else self.step_module(g)
+            for g in self.groups[self._head_group :]
+        )
 
     @property
     def fusers(self) -> list[OperationFuser]:
@@ -142,12 +161,40 @@ class TEModel(AssembledModel):
             result = self._run(x, extra_inputs)
         return result
 
+    def _forward_reduced(
+        self, x: torch.Tensor, *extra_inputs: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The fusers before the head, then the head's chunk by chunk (``engines/head_chunks.py``)."""
+        if self._head_group is None:
+            return super()._forward_reduced(x, *extra_inputs)
+        assert self._reduction is not None
+        self._check_token_rows(x)
+        with self.quantization():
+            result = self._run(x, extra_inputs, self._head_group)
+            hidden = result if isinstance(result, torch.Tensor) else result[0]
+            y = reduced_in_chunks(hidden, self._run_head, self._reduction, self._head_modules())
+        return y if isinstance(result, torch.Tensor) else (y, *result[1:])
+
+    def _head_modules(self) -> list[torch.nn.Module]:
+        """The modules the head runs: its fusers' basic ops and its module steps."""
+        assert self._head_group is not None
+        return [
+            op
+            for g in self.groups[self._head_group :]
+            for op in (g._basic_ops if isinstance(g, OperationFuser) else [self.step_module(g)])
+        ]
+
+    def _run_head(self, x: torch.Tensor) -> torch.Tensor:
+        for call in self._head_calls:
+            x = call(x)
+        return x
+
     def _run(
-        self, x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
+        self, x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...], stop: int | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self._num_registers:
-            return self._run_rerouted(x, extra_inputs)
-        program = self._program
+            return self._run_rerouted(x, extra_inputs, stop)
+        program = self._program if stop is None else self._program[:stop]
         if len(program) == 1 and program[0][1] >= 0:  # one fuser, no module step: no bookkeeping
             return program[0][0](x, *extra_inputs)  # type: ignore[no-any-return]
         outputs: list[torch.Tensor] = []
@@ -166,12 +213,12 @@ class TEModel(AssembledModel):
         return (x, *outputs) if outputs else x
 
     def _run_rerouted(
-        self, x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
+        self, x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...], stop: int | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Fusers and modules in order, the rerouted channels passed from fuser to fuser (``routing.py``)."""
         registers: list[torch.Tensor | None] = [None] * self._num_registers
         outputs: list[torch.Tensor | None] = [None] * len(self._output_names)
-        for group, io in self._routed:
+        for group, io in self._routed if stop is None else self._routed[:stop]:
             if io is None:
                 x = group(x)
                 continue
@@ -200,3 +247,21 @@ class TEModel(AssembledModel):
                 f"recipe {name} quantizes step {step!r}, a GEMM over all {rows} token rows of x; its "
                 f"GEMMs need a multiple of {multiple} rows (pad the batch to {padded} rows)"
             )
+
+
+def _head_group(plan: Plan) -> int | None:
+    """How many fusers and module steps run before the plan's head (the fusers are cut where it
+    begins: ``analysis/fusers.py``), or None without a head."""
+    if plan.head is None:
+        return None
+    fusers: set[int] = set()
+    groups = 0
+    for step in plan.steps:
+        if step.index == plan.head:
+            return groups
+        if step.kind == "module":
+            groups += 1
+        elif step.fuser not in fusers:
+            fusers.add(step.fuser)  # type: ignore[arg-type]
+            groups += 1
+    return None

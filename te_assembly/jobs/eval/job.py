@@ -26,10 +26,12 @@ from te_assembly.data.cache import prepare
 from te_assembly.data.corpus import bits_per_byte, bytes_per_token
 from te_assembly.data.settings import DataSettings
 from te_assembly.engines.base import AssembledModel, loss_precision
+from te_assembly.engines.head_chunks import CHUNK_TOKENS, reduced_logits
 from te_assembly.engines.target import Target, as_target
 from te_assembly.errors import ArgumentError, DataError
 from te_assembly.jobs.eval.settings import EvalSettings
 from te_assembly.jobs.events import Advanced, OnEvent, ignore
+from te_assembly.jobs.objective import next_token_reduction
 from te_assembly.jobs.window import DEFAULT, check_model_window_fits, window
 
 IGNORE = -100
@@ -79,6 +81,7 @@ def score(
     stride: int | None = None,
     batch: int = 8,
     on_event: OnEvent = ignore,
+    chunk_tokens: int | None = CHUNK_TOKENS,
 ) -> tuple[float, int, int]:
     """``(summed cross-entropy in nats, targets scored, windows)`` of ``model`` on the token ``ids``
     (module docstring). The model runs in eval mode without gradients; the loss is summed in float64
@@ -99,19 +102,27 @@ def score(
             labels = torch.stack([flat[b + 1 : e + 1] for b, e, _ in chunk]).to(device)
             for row, (_, _, skip) in enumerate(chunk):
                 labels[row, :skip] = IGNORE
-            summed, labelled = _summed_loss(model, x, labels)
+            summed, labelled = _summed_loss(model, x, labels, chunk_tokens)
             total, count, done = total + summed, count + labelled, done + len(chunk)
             on_event(Advanced("eval", done, len(cut), f"{count:,} tokens"))
     return total, count, len(cut)
 
 
-def _summed_loss(model: AssembledModel, x: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
+def _summed_loss(
+    model: AssembledModel, x: torch.Tensor, labels: torch.Tensor, chunk_tokens: int | None
+) -> tuple[float, int]:
     """The next-token cross-entropy of ``model`` on ``x`` summed over the labels that are not
-    ``IGNORE`` (float32 at least, the sum in float64), and how many they are."""
-    logits = loss_precision(model(x).y)
-    summed = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
-    )
+    ``IGNORE`` (float32 at least, the sum in float64), and how many they are; the logits computed
+    ``chunk_tokens`` at a time (``engines/head_chunks.py``; None: whole)."""
+    if chunk_tokens is not None:
+        with reduced_logits(model, next_token_reduction(labels, chunk_tokens, ignore_index=IGNORE)):
+            per_token = model(x).y
+        summed = per_token.double().sum()
+    else:
+        logits = loss_precision(model(x).y)
+        summed = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+        )
     return float(summed.double()), int((labels != IGNORE).sum())
 
 
@@ -160,7 +171,9 @@ def evaluate(
         ids = kept[kept != corpus.tokenizer.eot_id]
         per_token = per_token * len(kept) / len(ids) if per_token is not None and len(ids) else per_token
     check_model_window_fits(model, settings.batch, min(seq_len, max(len(ids) - 1, 1)), FIT_KEYS)
-    total, count, made = score(model, ids, seq_len, settings.stride, settings.batch, on_event)
+    total, count, made = score(
+        model, ids, seq_len, settings.stride, settings.batch, on_event, settings.loss_chunk_tokens
+    )
     loss = total / count
     return Evaluated(
         loss=loss,
@@ -192,7 +205,9 @@ def _evaluate_answers(
     with torch.no_grad():
         for start in range(0, len(examples), settings.batch):
             x, labels = corpus.rows(examples[start : start + settings.batch])
-            summed, labelled = _summed_loss(model, x.to(device), labels.to(device))
+            summed, labelled = _summed_loss(
+                model, x.to(device), labels.to(device), settings.loss_chunk_tokens
+            )
             total, count = total + summed, count + labelled
             on_event(
                 Advanced(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from te_assembly.analysis.head import CHUNK_TOKENS
 from te_assembly.fields import FieldSpec
 from te_assembly.sections import setting
 
@@ -33,6 +34,12 @@ class EvalSettings:
         "scored once, with up to seq_len - stride tokens of context before it",
     )
     batch: int = setting(8, minimum=1, doc="windows per forward")
+    loss_chunk_tokens: int | None = setting(
+        CHUNK_TOKENS,
+        minimum=1,
+        doc="compute the vocabulary head and the loss this many tokens at a time, so a batch's logits "
+        "never exist whole (null: whole)",
+    )
     add_eot: bool = setting(
         True,
         doc="score the end-of-text token after each document, as training sees the text; false: the "

@@ -27,6 +27,7 @@ import torch
 from torch.nn import functional
 
 from te_assembly.engines.base import loss_precision
+from te_assembly.engines.head_chunks import TokenReduction, reduced_logits
 from te_assembly.engines.reference.ops.adapters import adapters_disabled
 from te_assembly.jobs import objective
 from te_assembly.jobs.train.lm_task import LanguageTask
@@ -50,12 +51,16 @@ class PairLogps:
         return self.chosen / self.chosen_tokens, self.rejected / self.rejected_tokens
 
 
-def pair_logps(logits: torch.Tensor, labels: torch.Tensor) -> PairLogps:
+def pair_logps(logits: torch.Tensor, labels: torch.Tensor, reduced: bool = False) -> PairLogps:
     """``logits`` ``[2 * pairs, seq, vocab]`` and ``labels`` ``[2 * pairs, seq]`` (the chosen rows, then
-    the rejected; -100 outside the answers) as each answer's summed log-probability and token count."""
+    the rejected; -100 outside the answers) as each answer's summed log-probability and token count;
+    ``reduced``: ``logits`` are ``objective.next_token_reduction``'s per-token cross-entropies instead."""
     kept = labels != objective.IGNORE_INDEX
-    safe = labels.masked_fill(~kept, 0)
-    per_token = torch.gather(functional.log_softmax(loss_precision(logits), dim=-1), -1, safe[..., None])
+    if reduced:
+        per_token = -logits
+    else:
+        safe = labels.masked_fill(~kept, 0)
+        per_token = torch.gather(functional.log_softmax(loss_precision(logits), dim=-1), -1, safe[..., None])
     sums = (per_token[..., 0] * kept).sum(-1)
     counts = kept.sum(-1).clamp(min=1).to(sums.dtype)
     pairs = labels.shape[0] // 2
@@ -102,6 +107,8 @@ class PreferenceTask(LanguageTask):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.dpo = dpo
         self.reference: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.reference_model: torch.nn.Module | None = None
+        """The model ``reference`` runs (chunks of its logits reduced as the policy's are)."""
         self.measures: dict[str, float] = {}
 
     def attach(
@@ -112,25 +119,32 @@ class PreferenceTask(LanguageTask):
         if self.dpo.loss == "simpo":
             return  # reference-free
         if adapters:
-            self.reference = lambda x: _without_adapters(model, x)
+            self.reference, self.reference_model = (lambda x: _without_adapters(model, x)), model
             return
         frozen = copy.deepcopy(model).eval().requires_grad_(False)
         load_start(frozen)
-        self.reference = lambda x: frozen(x)[0]
+        self.reference, self.reference_model = (lambda x: frozen(x)[0]), frozen
 
     def batch(self, step: int, micro: int = 0, micros: int = 1) -> Batch:
         batch = super().batch(step, micro, micros)
         reference = None
         if self.reference is not None:
-            with torch.no_grad():
-                reference = pair_logps(self.reference(batch.x), batch.target)
+            assert self.reference_model is not None
+            asked = self.reduction(batch.target, summed=False)
+            with torch.no_grad(), reduced_logits(self.reference_model, asked):
+                reference = pair_logps(self.reference(batch.x), batch.target, asked is not None)
         return PreferenceBatch(batch.x, batch.inputs, batch.target, reference=reference)
+
+    def head_request(self, batch: Batch) -> TokenReduction | None:
+        """Each row's log-probabilities, weighed by its pair: recomputed in backward, not summed."""
+        return self.reduction(batch.target, summed=False)
 
     def terms(
         self, y: torch.Tensor, extras: Mapping[str, torch.Tensor], batch: Batch, loss_names: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         reference = batch.reference if isinstance(batch, PreferenceBatch) else None
-        loss, measures = dpo_loss(pair_logps(y, batch.target), reference, self.dpo)
+        policy = pair_logps(y, batch.target, self.chunk_tokens is not None)
+        loss, measures = dpo_loss(policy, reference, self.dpo)
         self.measures = {name: float(value) for name, value in measures.items()}
         terms = {DPO_LOSS: loss}
         terms.update(objective.aux_losses(extras, loss_names))

@@ -72,6 +72,7 @@ def check_can_train(plan: Plan, settings: TrainSettings, target: Target) -> None
         optimizer=settings.optimizer,
         seq_len=settings.positions,
         checkpointing=settings.activation_checkpointing,
+        chunk_tokens=settings.loss_chunk_tokens if plan.takes_token_ids else None,
     )
 
 
@@ -224,7 +225,14 @@ def _language(
         from te_assembly.data.preference import PreferenceCorpus
 
         pairs = PreferenceCorpus.prepare(data, settings.positions)
-        language = PreferenceTask(plan, pairs, target, tokens=settings.tokens, dpo=settings.dpo)
+        language = PreferenceTask(
+            plan,
+            pairs,
+            target,
+            tokens=settings.tokens,
+            dpo=settings.dpo,
+            chunk_tokens=settings.loss_chunk_tokens,
+        )
     else:
         language = LanguageTask.prepare(
             plan,
@@ -234,6 +242,7 @@ def _language(
             seq_len=settings.positions,
             z_loss=settings.z_loss,
             mtp_weight=settings.mtp_weight,
+            chunk_tokens=settings.loss_chunk_tokens,
             progress=lambda done, total: on_event(Advanced("tokenize", done, total, "tokenizing")),
         )
     if settings.init_from is not None:

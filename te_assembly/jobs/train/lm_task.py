@@ -21,6 +21,7 @@ from te_assembly.data.corpus import Corpus, bits_per_byte
 from te_assembly.data.settings import DataSettings
 from te_assembly.diagnostics import error
 from te_assembly.engines.base import ahead_outputs
+from te_assembly.engines.head_chunks import TokenReduction, reduced_logits
 from te_assembly.engines.reference.packing import packed
 from te_assembly.engines.target import Target
 from te_assembly.errors import ConfigError
@@ -83,10 +84,14 @@ class LanguageTask:
         tokens: int,
         z_loss: float = 0.0,
         mtp_weight: float = 0.0,
+        chunk_tokens: int | None = None,
     ) -> None:
         check_language_model(plan)
         corpus.check_fits(plan.in_features, plan.name)
         self.plan, self.corpus, self.target, self.z_loss = plan, corpus, target, z_loss
+        self.chunk_tokens = chunk_tokens
+        """``train.loss_chunk_tokens``: the logits and the loss computed this many tokens at a time
+        (``engines/head_chunks.py``); None: whole."""
         self.mtp_weight, self.ahead = mtp_weight, ahead_outputs(plan)
         self.sequences = tokens // corpus.seq_len
         self.fused = uses_fused_cross_entropy(target)
@@ -102,16 +107,18 @@ class LanguageTask:
         seq_len: int,
         z_loss: float = 0.0,
         mtp_weight: float = 0.0,
+        chunk_tokens: int | None = None,
         progress: Progress | None = None,
     ) -> LanguageTask:
         check_language_model(plan)
+        loss = {"z_loss": z_loss, "mtp_weight": mtp_weight, "chunk_tokens": chunk_tokens}
         if data.format == "chat":
             from te_assembly.data.conversations import ChatCorpus
 
             chat = ChatCorpus.prepare(data, seq_len)
-            return cls(plan, chat, target, tokens=tokens, z_loss=z_loss, mtp_weight=mtp_weight)  # type: ignore[arg-type]
+            return cls(plan, chat, target, tokens=tokens, **loss)  # type: ignore[arg-type]
         corpus = Corpus(prepare(data, progress), seq_len, data.packing)
-        return cls(plan, corpus, target, tokens=tokens, z_loss=z_loss, mtp_weight=mtp_weight)
+        return cls(plan, corpus, target, tokens=tokens, **loss)  # type: ignore[arg-type]
 
     def record(self, data: DataSettings) -> dict[str, Any]:
         """What the run record keeps of the data: a resume on other text or tokenizer is another run."""
@@ -155,6 +162,19 @@ class LanguageTask:
             x, labels, documents = local(x), local(labels), [local(d) for d in documents]
         return Batch(x, {}, labels, documents[0] if documents else None)
 
+    def reduction(self, labels: torch.Tensor, summed: bool = True) -> TokenReduction | None:
+        """What the loss keeps of the logits for ``labels``, computed chunk by chunk (``chunk_tokens``;
+        ``summed``: see ``objective.next_token_reduction``); None: the logits whole."""
+        if self.chunk_tokens is None:
+            return None
+        return objective.next_token_reduction(
+            labels, self.chunk_tokens, z_loss=self.z_loss, fused=self.fused, summed=summed
+        )
+
+    def head_request(self, batch: Batch) -> TokenReduction | None:
+        """The training step's ``reduction`` of ``batch``'s labels."""
+        return self.reduction(batch.target)
+
     def terms(
         self, y: torch.Tensor, extras: Mapping[str, torch.Tensor], batch: Batch, loss_names: Sequence[str]
     ) -> dict[str, torch.Tensor]:
@@ -168,6 +188,7 @@ class LanguageTask:
             ahead=self.ahead,
             mtp_weight=self.mtp_weight,
             documents=batch.documents,
+            reduced=self.chunk_tokens is not None,
         )
 
     def evaluate(self, model: torch.nn.Module, batches: int) -> Evaluation | None:
@@ -181,11 +202,12 @@ class LanguageTask:
             with torch.no_grad():
                 for rows in self.corpus.eval_batches(batches, self.sequences):
                     x, labels, *documents = (t.to(self.target.device) for t in rows)
-                    with packed(model, documents[0] if documents else None):
+                    asked = self.reduction(labels)
+                    with packed(model, documents[0] if documents else None), reduced_logits(model, asked):
                         y, _ = model(x)
-                    ce = objective.next_token_terms(y, labels, {}, (), fused=self.fused)[
-                        objective.CROSS_ENTROPY
-                    ]
+                    ce = objective.next_token_terms(
+                        y, labels, {}, (), fused=self.fused, reduced=asked is not None
+                    )[objective.CROSS_ENTROPY]
                     labelled = int((labels != objective.IGNORE_INDEX).sum())
                     total += float(ce) * labelled
                     count += labelled

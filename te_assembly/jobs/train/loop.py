@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from te_assembly.engines.head_chunks import reduced_logits
 from te_assembly.engines.parallel.context import ParallelContext
 from te_assembly.engines.parallel.pieces import local_piece
 from te_assembly.engines.reference.packing import packed
@@ -82,7 +83,8 @@ class Stepper:
         inject = settings.inject_nan_at_step == step
         value, summed, measures = 0.0, dict[str, float](), dict[str, float]()
         for batch in batches:
-            with packed(self.student, batch.documents):
+            asked = self.task.head_request(batch)
+            with packed(self.student, batch.documents), reduced_logits(self.student, asked):
                 y, extras = self.model(batch.x, **batch.inputs)
             terms = self.task.terms(y, extras, batch, self.loss_names)
             for name, measured in getattr(self.task, "measures", {}).items():

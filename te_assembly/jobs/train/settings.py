@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from te_assembly.analysis.head import CHUNK_TOKENS
 from te_assembly.diagnostics import error
 from te_assembly.errors import ConfigError
 from te_assembly.fields import FieldSpec
@@ -143,6 +144,13 @@ class TrainSettings:
         doc="recompute activations in backward instead of keeping them: blocks, each block use (TE "
         "engine: each fuser; a model without blocks: the whole forward); all, every step",
     )
+    loss_chunk_tokens: int | None = setting(
+        CHUNK_TOKENS,
+        minimum=1,
+        doc="language models: compute the vocabulary head and the loss this many tokens at a time, so the "
+        "batch's logits never exist whole (the next-token loss takes each chunk's gradient at once; DPO "
+        "recomputes each chunk in backward); null: whole",
+    )
     plot: bool = setting(True, doc="write loss_curve.png")
     loggers: list[str] | None = setting(
         None,
@@ -241,6 +249,7 @@ RESUMABLE = (
 """Settings a resumed run may change (a changed ``steps`` reshapes the cosine schedule: noted)."""
 NOT_RECORDED = (
     "out_dir",
+    "loss_chunk_tokens",
     "async_checkpoint",
     "resume",
     "overwrite",

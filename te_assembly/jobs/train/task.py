@@ -60,6 +60,10 @@ class TeacherTask:
             target = self.teacher(x, **inputs).y.detach()
         return Batch(x, inputs, target)
 
+    def head_request(self, batch: Batch) -> None:
+        """The teacher's regression needs the whole output (``LanguageTask.head_request``)."""
+        return None
+
     def terms(
         self, y: torch.Tensor, extras: Mapping[str, torch.Tensor], batch: Batch, loss_names: Sequence[str]
     ) -> dict[str, torch.Tensor]:
