@@ -280,3 +280,14 @@ def test_a_frozen_model_reduces_in_chunks_with_gradients_on() -> None:
     torch.testing.assert_close(
         objective.next_token_terms(y, labels, {}, (), reduced=True)["cross_entropy"], whole
     )
+
+
+def test_explain_and_the_op_sheet_say_where_the_head_begins_and_what_runs_per_token() -> None:
+    from te_assembly.catalog import OPS
+    from te_assembly.views.op_sheet import op_sheet
+
+    summary = _reference("llama_tiny").summary(width=240, expand=["all"])
+    fuser_rows = [line for line in summary.splitlines() if "the head (run in chunks for a loss)" in line]
+    assert len(fuser_rows) == 1 and "layers.1.add_mlp" in summary
+    assert any("per token" in str(line) for line in op_sheet(OPS["Softcap"]))
+    assert not any("per token" in str(line) for line in op_sheet(OPS["TopKRouter"]))
