@@ -25,11 +25,11 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from torch.nn import functional as F
 
 from te_assembly.data.chat import special_tokens
 from te_assembly.data.tokenizer import Tokenizer
 from te_assembly.engines.base import AssembledModel, loss_precision
+from te_assembly.engines.head_chunks import CHUNK_TOKENS, TokenReduction, reduced_logits
 from te_assembly.engines.reference.kv_cache import cache_layouts
 from te_assembly.engines.target import DTYPES, Target
 from te_assembly.errors import ArgumentError
@@ -162,31 +162,38 @@ class TEAssemblyLM(TemplateLM):  # type: ignore[misc]
     ) -> list[Any]:
         """``(sum of the continuation's log-probabilities, whether each of its tokens is the greedy
         choice)`` per request, longest first in batches of ``batch_size`` right-padded rows."""
-        rows = [
-            (context + continuation)[-(self.max_length + 1) :][:-1] for _, context, continuation in requests
+        windows = [
+            (context + continuation)[-(self.max_length + 1) :] for _, context, continuation in requests
         ]
-        order = sorted(range(len(requests)), key=lambda i: -len(rows[i]))
+        order = sorted(range(len(requests)), key=lambda i: -len(windows[i]))
         out: list[Any] = [None] * len(requests)
         batch = self.batch if self.causal else 1
         with torch.no_grad():
             for start in range(0, len(order), batch):
                 chosen = order[start : start + batch]
-                logprobs = self._logprobs([rows[i] for i in chosen])
+                scored = self._label_scores([windows[i] for i in chosen])
                 for row, index in enumerate(chosen):
                     continuation = requests[index][2]
-                    end = len(rows[index])
-                    scores = logprobs[row, end - len(continuation) : end]
-                    wanted = torch.tensor(continuation, device=scores.device)
-                    total = float(scores.gather(-1, wanted[:, None]).sum().double())
-                    out[index] = (total, bool((scores.argmax(-1) == wanted).all()))
+                    end = len(windows[index]) - 1
+                    scores = scored[row, end - len(continuation) : end]
+                    total = float(scores[:, 0].double().sum())
+                    out[index] = (total, bool((scores[:, 1] > 0).all()))
                     self.cache_hook.add_partial("loglikelihood", requests[index][0], out[index])
         return out
 
-    def _logprobs(self, rows: list[list[int]]) -> torch.Tensor:
-        longest = max(len(r) for r in rows)
-        check_model_window_fits(self.model, len(rows), longest, "batch_size or max_length")
-        ids = torch.tensor([r + [0] * (longest - len(r)) for r in rows], device=self._device)
-        return F.log_softmax(loss_precision(self.model(ids).y), dim=-1)
+    def _label_scores(self, windows: list[list[int]]) -> torch.Tensor:
+        """``[rows, positions, 2]``: at each position of each window but its last token, the
+        log-probability of the token after it and whether that token is the model's greedy choice; the
+        head and softmax run over chunks of tokens (``engines/head_chunks.py``), never the batch's whole
+        logits over the vocabulary."""
+        longest = max(len(w) for w in windows) - 1
+        check_model_window_fits(self.model, len(windows), longest, "batch_size or max_length")
+        ids = torch.tensor([w[:-1] + [0] * (longest + 1 - len(w)) for w in windows], device=self._device)
+        labels = torch.tensor(
+            [w[1:] + [IGNORE] * (longest + 1 - len(w)) for w in windows], device=self._device
+        )
+        with reduced_logits(self.model, TokenReduction(_label_scores, labels, CHUNK_TOKENS)):
+            return self.model(ids).y
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """A whole text's log-likelihood: lm-eval's disjoint windows of ``max_length`` tokens, the
@@ -275,6 +282,20 @@ def _batch_size(batch_size: int | str, largest: int | None) -> int:
     if value < 1:
         raise ArgumentError(f"batch_size={batch_size}: at least 1")
     return value
+
+
+IGNORE = -100
+"""Positions past a window's end in a right-padded batch: not scored."""
+
+
+def _label_scores(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``[n, 2]``: each label's log-probability under ``logits`` ``[n, vocab]`` (float32 at least), and
+    1.0 where it is their argmax (lm-eval's is-greedy)."""
+    wide = loss_precision(logits)
+    safe = labels.clamp(min=0)[:, None]
+    picked = wide.gather(-1, safe)[:, 0] - torch.logsumexp(wide, dim=-1)
+    greedy = wide.argmax(dim=-1) == safe[:, 0]
+    return torch.stack([picked, greedy.to(picked.dtype)], dim=-1)
 
 
 __all__ = ["NAME", "TEAssemblyLM"]
