@@ -3,9 +3,8 @@
 A loss over a large vocabulary needs one float32 row of ``vocab`` logits per token, which is most of
 what a fine-tuning step holds (49,152 per token for SmolLM2). The steps a language model ends with, when
 each computes a token's row from that token's row alone (the catalog's ``token_wise``: the final norm,
-the vocabulary head, a soft-cap), can instead run over a few thousand tokens at a time, the loss taken
-per chunk and the chunk recomputed in backward (``engines/head_chunks.py``), so no more than one chunk
-of logits ever exists.
+the vocabulary head, a soft-cap), can instead run over a thousand or so tokens at a time, the loss taken
+per chunk (``engines/head_chunks.py``), so no more than one chunk of logits ever exists.
 
 The head is the longest such run at the end of the model that lies outside every block use (a block use
 is one unit to FSDP2 and to activation checkpointing), returns nothing to the caller but the main

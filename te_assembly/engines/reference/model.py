@@ -74,6 +74,13 @@ class ReferenceModel(AssembledModel):
         """Where the head the logits are reduced through begins (``engines/head_chunks.py``); None: the
         plan has none, or a tensor-parallel split of it gathers across ranks."""
         self._tail = _Unit(self._program[head:], (), (), False) if head is not None else None
+        self._body: tuple[_Segment, ...] = ()
+        """What runs before the head inside ``reducing``: the flat program up to it as one segment, or
+        (``configure``) the units before it."""
+        if head is not None:
+            ins, reads, writes = self._program[:head], self._input_registers, self._output_registers
+            self._body = (_Segment("", None, ins, reads, writes, _Unit(ins, reads, writes, False)),)
+        self._flat_body = self._body
         self._recording = False
         self._segments: tuple[_Segment, ...] = ()
         self.channel_tensors: dict[str, torch.Tensor] = {}
@@ -90,7 +97,7 @@ class ReferenceModel(AssembledModel):
         check_checkpointing(activation_checkpointing)
         self.configured = {"activation_checkpointing": activation_checkpointing, "compile": compile}
         self.__dict__.pop("_forward_positional", None)
-        self._segments = ()
+        self._segments, self._body = (), self._flat_body
         if activation_checkpointing == "none" and not compile and not sharded:
             return
         if self._recording:
@@ -112,6 +119,8 @@ class ReferenceModel(AssembledModel):
                 seg.scope.runner = run
             seg.call = seg.scope if seg.scope is not None else run
         self._segments = tuple(segments)
+        if self._head is not None:
+            self._body = tuple(seg for seg in segments if not seg.head)
         self.__dict__["_forward_positional"] = self._forward_units
 
     @property
@@ -133,17 +142,29 @@ class ReferenceModel(AssembledModel):
     def _forward_units(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        x, registers = self._run_segments(self._segments, x, extra_inputs)
+        return self._returned(x, registers)
+
+    def _run_segments(
+        self, segments: tuple[_Segment, ...], x: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """``segments`` in order from the caller's tensors: ``x`` after them, and every register."""
         registers: list[torch.Tensor | None] = [None] * self._num_registers
         for register, value in zip(self._input_registers, extra_inputs, strict=True):
             registers[register] = value
-        for seg in self._segments:
+        for seg in segments:
             assert seg.call is not None
             x, *written = seg.call(x, *(registers[i] for i in seg.reads))
             for register, value in zip(seg.writes, written, strict=True):
                 registers[register] = value
+        return x, registers
+
+    def _returned(
+        self, y: torch.Tensor, registers: list[torch.Tensor | None]
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if not self._output_registers:
-            return x
-        return (x, *(registers[i] for i in self._output_registers))  # type: ignore[misc,arg-type]
+            return y
+        return (y, *(registers[i] for i in self._output_registers))  # type: ignore[misc,arg-type]
 
     def _forward_reduced(
         self, x: torch.Tensor, *extra_inputs: torch.Tensor
@@ -151,30 +172,10 @@ class ReferenceModel(AssembledModel):
         """The steps before the head (as units when configured), then the head chunk by chunk."""
         if self._tail is None or self._recording:
             return super()._forward_reduced(x, *extra_inputs)
-        assert self._reduction is not None and self._head is not None and self._tail is not None
-        registers: list[torch.Tensor | None] = [None] * self._num_registers
-        for register, value in zip(self._input_registers, extra_inputs, strict=True):
-            registers[register] = value
-        if self._segments:
-            for seg in self._segments:
-                if seg.head:
-                    break
-                assert seg.call is not None
-                x, *written = seg.call(x, *(registers[i] for i in seg.reads))
-                for register, value in zip(seg.writes, written, strict=True):
-                    registers[register] = value
-        else:
-            for ins in self._program[: self._head]:
-                if not ins.is_op:
-                    x = ins.module(x)
-                    continue
-                x, extra = ins.module(x, [registers[i] for i in ins.inputs])
-                for register, value in zip(ins.outputs, extra, strict=True):
-                    registers[register] = value
-        y = reduced_in_chunks(x, self._run_tail, self._reduction, [ins.module for ins in self._tail.program])
-        if not self._output_registers:
-            return y
-        return (y, *(registers[i] for i in self._output_registers))  # type: ignore[misc,arg-type]
+        assert self._reduction is not None
+        x, registers = self._run_segments(self._body, x, extra_inputs)
+        modules = [ins.module for ins in self._tail.program]
+        return self._returned(reduced_in_chunks(x, self._run_tail, self._reduction, modules), registers)
 
     def _run_tail(self, x: torch.Tensor) -> torch.Tensor:
         assert self._tail is not None

@@ -28,7 +28,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from te_assembly.data.chat import special_tokens
 from te_assembly.data.tokenizer import Tokenizer
-from te_assembly.engines.base import AssembledModel, loss_precision
+from te_assembly.engines.base import AssembledModel
 from te_assembly.engines.head_chunks import CHUNK_TOKENS, TokenReduction, reduced_logits
 from te_assembly.engines.reference.kv_cache import cache_layouts
 from te_assembly.engines.target import DTYPES, Target
@@ -36,6 +36,7 @@ from te_assembly.errors import ArgumentError
 from te_assembly.jobs.generate.decode import decode
 from te_assembly.jobs.generate.job import load_source, model_folder, next_token, stop_ids_of, tokenizer_for
 from te_assembly.jobs.generate.settings import GenerateSettings
+from te_assembly.jobs.token_losses import token_losses
 from te_assembly.jobs.window import DEFAULT, check_model_window_fits, model_context
 
 LOG = logging.getLogger(__name__)
@@ -289,13 +290,11 @@ IGNORE = -100
 
 
 def _label_scores(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``[n, 2]``: each label's log-probability under ``logits`` ``[n, vocab]`` (float32 at least), and
-    1.0 where it is their argmax (lm-eval's is-greedy)."""
-    wide = loss_precision(logits)
-    safe = labels.clamp(min=0)[:, None]
-    picked = wide.gather(-1, safe)[:, 0] - torch.logsumexp(wide, dim=-1)
-    greedy = wide.argmax(dim=-1) == safe[:, 0]
-    return torch.stack([picked, greedy.to(picked.dtype)], dim=-1)
+    """``[n, 2]``: each label's log-probability under ``logits`` ``[n, vocab]`` (minus its cross-entropy,
+    ``token_losses``: float32 at least), and 1.0 where it is their argmax (lm-eval's is-greedy)."""
+    picked = -token_losses(logits, labels, IGNORE)
+    greedy = logits.argmax(dim=-1, keepdim=True) == labels[:, None]
+    return torch.cat([picked, greedy.to(picked.dtype)], dim=-1)
 
 
 __all__ = ["NAME", "TEAssemblyLM"]

@@ -106,9 +106,10 @@ class PreferenceTask(LanguageTask):
     def __init__(self, *args: object, dpo: DPOSettings, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.dpo = dpo
-        self.reference: Callable[[torch.Tensor], torch.Tensor] | None = None
-        self.reference_model: torch.nn.Module | None = None
-        """The model ``reference`` runs (chunks of its logits reduced as the policy's are)."""
+        self.reference: torch.nn.Module | None = None
+        """The model the reference log-probabilities come from: the policy itself with its adapters off
+        (``adapters_off``), or a frozen copy with the starting weights; None: reference-free (SimPO)."""
+        self.adapters_off = False
         self.measures: dict[str, float] = {}
 
     def attach(
@@ -119,20 +120,23 @@ class PreferenceTask(LanguageTask):
         if self.dpo.loss == "simpo":
             return  # reference-free
         if adapters:
-            self.reference, self.reference_model = (lambda x: _without_adapters(model, x)), model
+            self.reference, self.adapters_off = model, True
             return
         frozen = copy.deepcopy(model).eval().requires_grad_(False)
         load_start(frozen)
-        self.reference, self.reference_model = (lambda x: frozen(x)[0]), frozen
+        self.reference = frozen
 
     def batch(self, step: int, micro: int = 0, micros: int = 1) -> Batch:
         batch = super().batch(step, micro, micros)
         reference = None
         if self.reference is not None:
-            assert self.reference_model is not None
             asked = self.reduction(batch.target, summed=False)
-            with torch.no_grad(), reduced_logits(self.reference_model, asked):
-                reference = pair_logps(self.reference(batch.x), batch.target, asked is not None)
+            with torch.no_grad(), reduced_logits(self.reference, asked):
+                if self.adapters_off:
+                    y = _without_adapters(self.reference, batch.x)
+                else:
+                    y = self.reference(batch.x)[0]
+                reference = pair_logps(y, batch.target, asked is not None)
         return PreferenceBatch(batch.x, batch.inputs, batch.target, reference=reference)
 
     def head_request(self, batch: Batch) -> TokenReduction | None:
